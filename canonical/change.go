@@ -1,0 +1,62 @@
+// Package canonical defines cdcout's change record and its canonical JSON:
+// object keys sorted at every depth, no insignificant whitespace, and one
+// lossless representation per MySQL type, so the same row change produces the
+// same bytes, and the same digest, on every replica.
+package canonical
+
+// Op is the kind of a change, as in Debezium's envelope.
+type Op string
+
+// The change kinds.
+const (
+	OpCreate Op = "c" // INSERT
+	OpUpdate Op = "u" // UPDATE
+	OpDelete Op = "d" // DELETE
+	OpRead   Op = "r" // a row read by a backfill (snapshot)
+)
+
+// Row is one row image: column name → canonical value.
+//
+// Canonical values are the Go types the encoder accepts (see Marshal): nil,
+// bool, int64, uint64, float32, float64, string, json.Number, RawJSON, []byte
+// (encoded as base64), Row / map[string]any and []any.
+type Row map[string]any
+
+// RawJSON is a JSON document taken from a JSON column. The encoder parses it
+// and re-emits it canonically (sorted keys, no whitespace, numbers kept as
+// written), so it is embedded as JSON rather than as an escaped string.
+type RawJSON []byte
+
+// Source says where a change came from. Field names follow Debezium's
+// source block where one exists.
+type Source struct {
+	Connector string `json:"connector"` // always "cdcout"
+	Version   string `json:"version"`   // cdcout's version
+	Instance  string `json:"instance"`  // the --instance namespace
+	DB        string `json:"db"`
+	Table     string `json:"table"`
+	ServerID  uint32 `json:"server_id"` // server_id of the event's origin
+	GTID      string `json:"gtid"`      // the transaction's GTID, "" without GTIDs
+	File      string `json:"file"`      // binlog file of the rows event
+	Pos       uint32 `json:"pos"`       // binlog position of the rows event
+	Row       int    `json:"row"`       // ordinal of this row image in its transaction, from 0
+	TsMs      int64  `json:"ts_ms"`     // commit time on the source (event header), ms
+}
+
+// Change is one row change.
+type Change struct {
+	Op     Op
+	Before Row // nil for inserts and reads
+	After  Row // nil for deletes
+	// Key holds the primary key columns (or the first NOT NULL unique
+	// key's). Nil when the table has neither: the change is still emitted,
+	// with "key": null.
+	Key    Row
+	Source Source
+	// TsMs is when cdcout decoded the change, ms since the epoch.
+	TsMs int64
+	// ChangeKey is the change's durable identity (DESIGN.md): in GTID mode
+	// "g:<gtid>:<ordinal>", in digest mode "d:<digest>:<occurrence>", for a
+	// backfill "b:<backfill id>:<key digest>".
+	ChangeKey string
+}

@@ -1,0 +1,115 @@
+// Package command implements cdcout's command line. It is kept apart from
+// main so tests can run every command in-process with their own arguments
+// and output streams.
+package command
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/cdcout/cdcout/internal/buildinfo"
+)
+
+// Exit codes.
+const (
+	ExitOK      = 0
+	ExitFailure = 1 // runtime failure (server unreachable, stream error)
+	ExitConfig  = 2 // the configuration or command line is wrong
+)
+
+// configError marks errors the user fixes by changing flags or config; they
+// exit with ExitConfig.
+type configError struct{ err error }
+
+func (e *configError) Error() string { return e.err.Error() }
+func (e *configError) Unwrap() error { return e.err }
+
+// ConfigErrorf builds an error that exits with ExitConfig.
+func ConfigErrorf(format string, args ...any) error {
+	return &configError{err: fmt.Errorf(format, args...)}
+}
+
+// NewApp builds the cdcout command tree writing to the given streams.
+func NewApp(stdin io.Reader, stdout, stderr io.Writer) *cli.App {
+	return &cli.App{
+		Name:                 "cdcout",
+		Usage:                "stream MySQL/MariaDB row changes to webhooks, Kafka, NATS and files",
+		Version:              buildinfo.Version(),
+		Reader:               stdin,
+		Writer:               stdout,
+		ErrWriter:            stderr,
+		EnableBashCompletion: false,
+		HideVersion:          true,
+		Commands: []*cli.Command{
+			tailCommand(),
+			versionCommand(),
+		},
+		// Errors are printed once, by Main, as one line.
+		ExitErrHandler: func(*cli.Context, error) {},
+	}
+}
+
+// Main runs cdcout with args (args[0] is the program name) and returns the
+// process exit code. SIGINT/SIGTERM cancel the context; a second signal
+// exits at once.
+func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	go func() {
+		if _, ok := <-sigs; !ok {
+			return
+		}
+		cancel()
+		if _, ok := <-sigs; ok {
+			fmt.Fprintln(stderr, "cdcout: second signal, exiting now")
+			os.Exit(ExitFailure)
+		}
+	}()
+	return run(ctx, args, stdin, stdout, stderr)
+}
+
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	err := NewApp(stdin, stdout, stderr).RunContext(ctx, args)
+	if err == nil {
+		return ExitOK
+	}
+	fmt.Fprintf(stderr, "cdcout: %v\n", err)
+	var ce *configError
+	if errors.As(err, &ce) || isUsageError(err) {
+		return ExitConfig
+	}
+	return ExitFailure
+}
+
+// isUsageError recognises urfave/cli's own complaints about the command line.
+func isUsageError(err error) bool {
+	msg := err.Error()
+	for _, p := range []string{"flag provided but not defined", "Required flag", "invalid value", "No help topic"} {
+		if strings.Contains(msg, p) {
+			return true
+		}
+	}
+	return false
+}
+
+func versionCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "version",
+		Usage: "print cdcout's version and commit",
+		Action: func(c *cli.Context) error {
+			fmt.Fprintf(c.App.Writer, "cdcout %s (commit %s)\n", buildinfo.Version(), buildinfo.Commit())
+			return nil
+		},
+	}
+}

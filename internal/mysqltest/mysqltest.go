@@ -1,0 +1,429 @@
+// Package mysqltest starts throwaway MariaDB servers with the binary log on,
+// for tests, benchmarks and the demo.
+//
+// Every integration test in cdcout runs against a real server: the binlog is
+// the product's input, and a mock of it would only test our reading of the
+// mock. A server takes about two seconds to start, so a test package shares
+// one (Shared) and gives each test its own databases (Server.CreateDB); tests
+// that restart or reconfigure the server start their own (Start).
+//
+// CDCOUT_TEST_DSN points the shared server at an existing MySQL/MariaDB
+// instead (for example a user's MySQL 8 with binlog_format=ROW). When the
+// server cannot be started the test fails under CI=true and is skipped
+// otherwise, so a missing database never turns CI green.
+package mysqltest
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+)
+
+// Options change how a server is started.
+type Options struct {
+	// ServerID is the server's --server-id; 0 means 1.
+	ServerID int
+	// RowMetadata is --binlog-row-metadata; "" means FULL.
+	RowMetadata string
+	// Args are appended to the mariadbd command line, e.g.
+	// "--log-bin-compress=ON".
+	Args []string
+}
+
+// Server is one running throwaway server (or the server CDCOUT_TEST_DSN
+// names, which is never stopped by this package).
+type Server struct {
+	// DSN is a go-sql-driver DSN for root with no default database.
+	DSN  string
+	Host string
+	Port int
+	User string
+	// Password is empty for throwaway servers.
+	Password string
+
+	opts    Options
+	dataDir string
+	cmd     *exec.Cmd
+	exited  chan struct{}
+	owned   bool
+	mu      sync.Mutex
+}
+
+var (
+	sharedOnce sync.Once
+	shared     *Server
+	sharedErr  error
+	dbCounter  atomic.Int64
+)
+
+// Shared returns the package-wide server, starting it on first use. Call
+// StopShared from TestMain (or use RunMain) to remove it.
+func Shared(tb testing.TB) *Server {
+	tb.Helper()
+	sharedOnce.Do(func() {
+		if dsn := os.Getenv("CDCOUT_TEST_DSN"); dsn != "" {
+			shared, sharedErr = FromDSN(dsn)
+			return
+		}
+		shared, sharedErr = StartServer(Options{})
+	})
+	if sharedErr != nil {
+		unavailable(tb, sharedErr)
+	}
+	return shared
+}
+
+// RunMain runs the package's tests and then stops the shared server.
+func RunMain(m *testing.M) {
+	code := m.Run()
+	StopShared()
+	os.Exit(code)
+}
+
+// StopShared stops the shared server if this process started it.
+func StopShared() {
+	if shared != nil {
+		shared.Stop()
+	}
+}
+
+// Start starts a server of the test's own, stopped when the test ends.
+func Start(tb testing.TB, opts Options) *Server {
+	tb.Helper()
+	s, err := StartServer(opts)
+	if err != nil {
+		unavailable(tb, err)
+	}
+	tb.Cleanup(s.Stop)
+	return s
+}
+
+func unavailable(tb testing.TB, err error) {
+	tb.Helper()
+	if os.Getenv("CI") == "true" {
+		tb.Fatalf("test database unavailable (CI=true, so this fails): %v", err)
+	}
+	tb.Skipf("test database unavailable: %v", err)
+}
+
+// FromDSN wraps an existing server; Stop leaves it running.
+func FromDSN(dsn string) (*Server, error) {
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("parse CDCOUT_TEST_DSN: %w", err)
+	}
+	host, portStr, err := net.SplitHostPort(cfg.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("CDCOUT_TEST_DSN address %q: %w", cfg.Addr, err)
+	}
+	port, _ := strconv.Atoi(portStr)
+	cfg.DBName = ""
+	s := &Server{DSN: cfg.FormatDSN(), Host: host, Port: port, User: cfg.User, Password: cfg.Passwd}
+	if err := s.waitReady(30 * time.Second); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// StartServer starts a new throwaway server. The caller must Stop it.
+func StartServer(opts Options) (*Server, error) {
+	if err := ensureInstalled(); err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "cdcout-mariadb-")
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{Host: "127.0.0.1", User: "root", opts: opts, dataDir: dir, owned: true}
+	install := exec.Command("mariadb-install-db", "--no-defaults",
+		"--datadir="+filepath.Join(dir, "data"), "--user="+currentUser(),
+		"--auth-root-authentication-method=normal", "--skip-test-db")
+	if out, err := install.CombinedOutput(); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("mariadb-install-db: %w: %s", err, lastLines(string(out), 5))
+	}
+	var lastErr error
+	for attempt := 0; attempt < 3; attempt++ {
+		if lastErr = s.launch(); lastErr == nil {
+			return s, nil
+		}
+	}
+	os.RemoveAll(dir)
+	return nil, lastErr
+}
+
+func (s *Server) launch() error {
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	s.Port = port
+	s.DSN = fmt.Sprintf("root@tcp(127.0.0.1:%d)/?parseTime=false&multiStatements=true", port)
+	serverID := s.opts.ServerID
+	if serverID == 0 {
+		serverID = 1
+	}
+	meta := s.opts.RowMetadata
+	if meta == "" {
+		meta = "FULL"
+	}
+	args := []string{
+		"--no-defaults",
+		"--datadir=" + filepath.Join(s.dataDir, "data"),
+		"--socket=" + filepath.Join(s.dataDir, "mysqld.sock"),
+		"--pid-file=" + filepath.Join(s.dataDir, "mysqld.pid"),
+		"--log-error=" + filepath.Join(s.dataDir, "error.log"),
+		"--port=" + strconv.Itoa(port),
+		"--bind-address=127.0.0.1",
+		"--user=" + currentUser(),
+		"--skip-name-resolve",
+		"--log-bin=" + filepath.Join(s.dataDir, "data", "binlog"),
+		"--binlog-format=ROW",
+		"--binlog-row-image=FULL",
+		"--binlog-row-metadata=" + meta,
+		"--server-id=" + strconv.Itoa(serverID),
+		"--gtid-strict-mode=ON",
+		"--log-slave-updates=ON",
+		"--character-set-server=utf8mb4",
+		"--collation-server=utf8mb4_general_ci",
+		"--default-time-zone=+00:00",
+		"--innodb-buffer-pool-size=256M",
+		"--innodb-log-file-size=256M",
+		"--innodb-flush-log-at-trx-commit=2",
+		"--sync-binlog=0",
+		"--max-connections=500",
+		"--max-allowed-packet=256M",
+	}
+	args = append(args, s.opts.Args...)
+	cmd := exec.Command(mariadbd(), args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start mariadbd: %w", err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	s.mu.Lock()
+	s.cmd, s.exited = cmd, exited
+	s.mu.Unlock()
+	if err := s.waitReady(60 * time.Second); err != nil {
+		s.kill()
+		log, _ := os.ReadFile(filepath.Join(s.dataDir, "error.log"))
+		return fmt.Errorf("%w; mariadbd log: %s", err, lastLines(string(log), 8))
+	}
+	return nil
+}
+
+func (s *Server) waitReady(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	var err error
+	for time.Now().Before(deadline) {
+		if s.exited != nil {
+			select {
+			case <-s.exited:
+				return errors.New("mariadbd exited during start-up")
+			default:
+			}
+		}
+		var db *sql.DB
+		if db, err = sql.Open("mysql", s.DSN); err == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			err = db.PingContext(ctx)
+			cancel()
+			db.Close()
+			if err == nil {
+				return nil
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("server at %s:%d not ready after %s: %v", s.Host, s.Port, timeout, err)
+}
+
+// Stop stops the server and removes its data directory. Servers given by
+// CDCOUT_TEST_DSN are left running.
+func (s *Server) Stop() {
+	if !s.owned {
+		return
+	}
+	s.kill()
+	os.RemoveAll(s.dataDir)
+}
+
+func (s *Server) kill() {
+	s.mu.Lock()
+	cmd, exited := s.cmd, s.exited
+	s.mu.Unlock()
+	if cmd == nil || cmd.Process == nil {
+		return
+	}
+	syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	<-exited
+}
+
+// Restart stops the server abruptly (SIGKILL, as a crash) and starts it
+// again on the same port and data directory.
+func (s *Server) Restart() error {
+	if !s.owned {
+		return errors.New("cannot restart a server given by CDCOUT_TEST_DSN")
+	}
+	port := s.Port
+	s.kill()
+	s.Port = port
+	return s.relaunchOnPort(port)
+}
+
+// Kill stops the server abruptly and leaves it stopped; Restart or
+// StartAgain brings it back.
+func (s *Server) Kill() { s.kill() }
+
+// StartAgain starts a killed server on its old port.
+func (s *Server) StartAgain() error { return s.relaunchOnPort(s.Port) }
+
+func (s *Server) relaunchOnPort(port int) error {
+	// launch picks a free port; keep the old one so DSNs stay valid.
+	orig := freePortOverride
+	freePortOverride = port
+	defer func() { freePortOverride = orig }()
+	var err error
+	for i := 0; i < 50; i++ {
+		if err = s.launch(); err == nil {
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return err
+}
+
+// DataDir is the server's temporary directory (datadir is DataDir/data).
+func (s *Server) DataDir() string { return s.dataDir }
+
+// Open opens a connection pool to the server, closed when the test ends.
+func (s *Server) Open(tb testing.TB) *sql.DB {
+	tb.Helper()
+	db, err := sql.Open("mysql", s.DSN)
+	if err != nil {
+		tb.Fatalf("open %s: %v", s.Host, err)
+	}
+	tb.Cleanup(func() { db.Close() })
+	return db
+}
+
+// CreateDB creates a database with a unique name for one test and drops it
+// when the test ends.
+func (s *Server) CreateDB(tb testing.TB, prefix string) string {
+	tb.Helper()
+	name := fmt.Sprintf("%s_%d_%d", prefix, os.Getpid(), dbCounter.Add(1))
+	db := s.Open(tb)
+	if _, err := db.Exec("CREATE DATABASE `" + name + "`"); err != nil {
+		tb.Fatalf("create database %s: %v", name, err)
+	}
+	tb.Cleanup(func() {
+		d, err := sql.Open("mysql", s.DSN)
+		if err == nil {
+			d.Exec("DROP DATABASE IF EXISTS `" + name + "`")
+			d.Close()
+		}
+	})
+	return name
+}
+
+// Exec runs statements on the server, failing the test on error.
+func (s *Server) Exec(tb testing.TB, stmts ...string) {
+	tb.Helper()
+	db, err := sql.Open("mysql", s.DSN)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer db.Close()
+	for _, q := range stmts {
+		if _, err := db.Exec(q); err != nil {
+			tb.Fatalf("exec %q: %v", q, err)
+		}
+	}
+}
+
+var freePortOverride int
+
+func freePort() (int, error) {
+	if freePortOverride != 0 {
+		return freePortOverride, nil
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+var installMu sync.Mutex
+
+// ensureInstalled installs Debian's mariadb-server when the binaries are
+// missing (a fresh CI machine), as the project's own set-up step.
+func ensureInstalled() error {
+	installMu.Lock()
+	defer installMu.Unlock()
+	if _, err := exec.LookPath("mariadb-install-db"); err == nil && mariadbd() != "" {
+		return nil
+	}
+	if os.Geteuid() != 0 {
+		return errors.New("mariadb-server is not installed; run: sudo apt-get install -y mariadb-server")
+	}
+	for _, args := range [][]string{{"update"}, {"install", "-y", "--no-install-recommends", "mariadb-server", "mariadb-client"}} {
+		cmd := exec.Command("apt-get", args...)
+		cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("apt-get %s: %w: %s", strings.Join(args, " "), err, lastLines(string(out), 5))
+		}
+	}
+	if mariadbd() == "" {
+		return errors.New("mariadbd not found after installing mariadb-server")
+	}
+	return nil
+}
+
+func mariadbd() string {
+	for _, name := range []string{"mariadbd", "mysqld"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	for _, p := range []string{"/usr/sbin/mariadbd", "/usr/sbin/mysqld"} {
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	return ""
+}
+
+func currentUser() string {
+	if u := os.Getenv("USER"); u != "" {
+		return u
+	}
+	if os.Geteuid() == 0 {
+		return "root"
+	}
+	return strconv.Itoa(os.Geteuid())
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, " | ")
+}

@@ -1,0 +1,13 @@
+// Command cdcout streams MySQL/MariaDB row changes to webhooks, Kafka, NATS
+// and files. See README.md.
+package main
+
+import (
+	"os"
+
+	"github.com/cdcout/cdcout/command"
+)
+
+func main() {
+	os.Exit(command.Main(os.Args, os.Stdin, os.Stdout, os.Stderr))
+}
