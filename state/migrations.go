@@ -1,0 +1,107 @@
+package state
+
+// migration is one schema version. Statements must be idempotent: DDL is
+// not transactional, so a replica that dies half-way re-runs the whole
+// version on its next start.
+type migration struct {
+	version int
+	name    string
+	stmts   func(schema string) []string
+}
+
+// tableOptions: utf8mb4_bin so identifiers (pipes, holders, table names)
+// compare byte for byte, as they do on a case-sensitive source server.
+const tableOptions = " ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
+
+// migrations are applied in order; append, never edit a released one.
+var migrations = []migration{
+	{version: 1, name: "initial tables", stmts: func(s string) []string {
+		return []string{
+			`CREATE TABLE IF NOT EXISTS ` + Table(s, "outbox") + ` (
+  id CHAR(36) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  pipe VARCHAR(255) NOT NULL,
+  sink VARCHAR(128) NOT NULL,
+  change_key VARCHAR(191) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  db VARCHAR(64) NOT NULL,
+  tbl VARCHAR(64) NOT NULL,
+  op CHAR(1) NOT NULL,
+  row_key MEDIUMTEXT NOT NULL,
+  key_hash CHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  status ENUM('pending','delivering','delivered','dead') NOT NULL DEFAULT 'pending',
+  attempts INT NOT NULL DEFAULT 0,
+  next_attempt_at DATETIME(6) NOT NULL DEFAULT NOW(6),
+  claimed_by VARCHAR(255) NULL,
+  claim_expires_at DATETIME(6) NULL,
+  last_error TEXT NULL,
+  last_error_at DATETIME(6) NULL,
+  commit_ts DATETIME(6) NOT NULL,
+  created_at DATETIME(6) NOT NULL DEFAULT NOW(6),
+  delivered_at DATETIME(6) NULL,
+  payload LONGBLOB NOT NULL,
+  PRIMARY KEY (id),
+  KEY due (pipe, status, next_attempt_at, id),
+  KEY by_key (pipe, key_hash, id),
+  KEY retention (status, created_at)
+)` + tableOptions,
+			`CREATE TABLE IF NOT EXISTS ` + Table(s, "claims") + ` (
+  pipe VARCHAR(255) NOT NULL,
+  change_key VARCHAR(191) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  digest CHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  claimed_by VARCHAR(255) NOT NULL,
+  outbox_id CHAR(36) CHARACTER SET ascii COLLATE ascii_bin NULL,
+  created_at DATETIME(6) NOT NULL DEFAULT NOW(6),
+  PRIMARY KEY (pipe, change_key),
+  KEY created_at (created_at)
+)` + tableOptions,
+			`CREATE TABLE IF NOT EXISTS ` + Table(s, "leases") + ` (
+  name VARCHAR(255) NOT NULL,
+  holder VARCHAR(255) NOT NULL DEFAULT '',
+  epoch BIGINT UNSIGNED NOT NULL DEFAULT 0,
+  expires_at DATETIME(6) NOT NULL,
+  acquired_at DATETIME(6) NULL,
+  renewed_at DATETIME(6) NULL,
+  PRIMARY KEY (name)
+)` + tableOptions,
+			`CREATE TABLE IF NOT EXISTS ` + Table(s, "checkpoints") + ` (
+  source VARCHAR(255) NOT NULL,
+  position MEDIUMTEXT NOT NULL,
+  epoch BIGINT UNSIGNED NOT NULL,
+  holder VARCHAR(255) NOT NULL,
+  updated_at DATETIME(6) NOT NULL,
+  PRIMARY KEY (source)
+)` + tableOptions,
+			`CREATE TABLE IF NOT EXISTS ` + Table(s, "attempts") + ` (
+  outbox_id CHAR(36) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  n INT NOT NULL,
+  at DATETIME(6) NOT NULL,
+  duration_us BIGINT NOT NULL,
+  error TEXT NULL,
+  PRIMARY KEY (outbox_id, n)
+)` + tableOptions,
+			`CREATE TABLE IF NOT EXISTS ` + Table(s, "replicas") + ` (
+  replica_id VARCHAR(255) NOT NULL,
+  kind VARCHAR(32) NOT NULL,
+  started_at DATETIME(6) NOT NULL DEFAULT NOW(6),
+  version VARCHAR(64) NOT NULL DEFAULT '',
+  payload MEDIUMTEXT NULL,
+  reachable_at VARCHAR(255) NULL,
+  written_at DATETIME(6) NOT NULL DEFAULT NOW(6),
+  PRIMARY KEY (replica_id, kind)
+)` + tableOptions,
+			`CREATE TABLE IF NOT EXISTS ` + Table(s, "backfills") + ` (
+  id VARCHAR(64) NOT NULL,
+  tbl VARCHAR(130) NOT NULL,
+  sinks TEXT NOT NULL,
+  where_sql TEXT NULL,
+  last_key MEDIUMTEXT NULL,
+  rows_done BIGINT NOT NULL DEFAULT 0,
+  rows_estimate BIGINT NOT NULL DEFAULT 0,
+  status VARCHAR(16) NOT NULL DEFAULT 'pending',
+  error TEXT NULL,
+  created_at DATETIME(6) NOT NULL DEFAULT NOW(6),
+  updated_at DATETIME(6) NOT NULL DEFAULT NOW(6),
+  PRIMARY KEY (id)
+)` + tableOptions,
+		}
+	}},
+}
