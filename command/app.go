@@ -50,6 +50,8 @@ func NewApp(stdin io.Reader, stdout, stderr io.Writer) *cli.App {
 		HideVersion:          true,
 		Commands: []*cli.Command{
 			tailCommand(),
+			receiveCommand(),
+			probeCommand(),
 			versionCommand(),
 		},
 		// Errors are printed once, by Main, as one line.
