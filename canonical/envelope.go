@@ -1,0 +1,212 @@
+package canonical
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+)
+
+// MarshalEnvelope returns the Debezium-compatible envelope of c as canonical
+// JSON:
+//
+//	{"after":…,"before":…,"change_key":…,"id":…,"key":…,"op":…,
+//	 "source":{"connector","db","file","gtid","instance","pos","row",
+//	           "server_id","table","ts_ms","version"},"ts_ms":…}
+//
+// "id" (the delivery key) is present only when id != "". Keys are written
+// in sorted order directly, without a map, because this runs once per change
+// on the hot path.
+func MarshalEnvelope(c *Change, id string) ([]byte, error) {
+	return AppendEnvelope(make([]byte, 0, 512), c, id)
+}
+
+// AppendEnvelope appends the envelope of c (see MarshalEnvelope) to dst.
+func AppendEnvelope(dst []byte, c *Change, id string) ([]byte, error) {
+	if c == nil {
+		return dst, errors.New("canonical json: nil change")
+	}
+	switch c.Op {
+	case OpCreate, OpUpdate, OpDelete, OpRead:
+	default:
+		return dst, fmt.Errorf("canonical json: invalid op %q", string(c.Op))
+	}
+	e := getEncoder()
+	defer putEncoder(e)
+	orig := dst
+	var err error
+	dst = append(dst, `{"after":`...)
+	if dst, err = e.object(dst, c.After, 0); err != nil {
+		return orig, fmt.Errorf("encode after: %w", err)
+	}
+	dst = append(dst, `,"before":`...)
+	if dst, err = e.object(dst, c.Before, 0); err != nil {
+		return orig, fmt.Errorf("encode before: %w", err)
+	}
+	dst = append(dst, `,"change_key":`...)
+	if dst, err = appendString(dst, c.ChangeKey); err != nil {
+		return orig, fmt.Errorf("encode change_key: %w", err)
+	}
+	if id != "" {
+		dst = append(dst, `,"id":`...)
+		if dst, err = appendString(dst, id); err != nil {
+			return orig, fmt.Errorf("encode id: %w", err)
+		}
+	}
+	dst = append(dst, `,"key":`...)
+	if dst, err = e.object(dst, c.Key, 0); err != nil {
+		return orig, fmt.Errorf("encode key: %w", err)
+	}
+	dst = append(dst, `,"op":"`...)
+	dst = append(dst, c.Op...)
+	s := &c.Source
+	dst = append(dst, `","source":{"connector":`...)
+	if dst, err = appendString(dst, s.Connector); err != nil {
+		return orig, fmt.Errorf("encode source.connector: %w", err)
+	}
+	dst = append(dst, `,"db":`...)
+	if dst, err = appendString(dst, s.DB); err != nil {
+		return orig, fmt.Errorf("encode source.db: %w", err)
+	}
+	dst = append(dst, `,"file":`...)
+	if dst, err = appendString(dst, s.File); err != nil {
+		return orig, fmt.Errorf("encode source.file: %w", err)
+	}
+	dst = append(dst, `,"gtid":`...)
+	if dst, err = appendString(dst, s.GTID); err != nil {
+		return orig, fmt.Errorf("encode source.gtid: %w", err)
+	}
+	dst = append(dst, `,"instance":`...)
+	if dst, err = appendString(dst, s.Instance); err != nil {
+		return orig, fmt.Errorf("encode source.instance: %w", err)
+	}
+	dst = append(dst, `,"pos":`...)
+	dst = strconv.AppendUint(dst, uint64(s.Pos), 10)
+	dst = append(dst, `,"row":`...)
+	dst = strconv.AppendInt(dst, int64(s.Row), 10)
+	dst = append(dst, `,"server_id":`...)
+	dst = strconv.AppendUint(dst, uint64(s.ServerID), 10)
+	dst = append(dst, `,"table":`...)
+	if dst, err = appendString(dst, s.Table); err != nil {
+		return orig, fmt.Errorf("encode source.table: %w", err)
+	}
+	dst = append(dst, `,"ts_ms":`...)
+	dst = strconv.AppendInt(dst, s.TsMs, 10)
+	dst = append(dst, `,"version":`...)
+	if dst, err = appendString(dst, s.Version); err != nil {
+		return orig, fmt.Errorf("encode source.version: %w", err)
+	}
+	dst = append(dst, `},"ts_ms":`...)
+	dst = strconv.AppendInt(dst, c.TsMs, 10)
+	return append(dst, '}'), nil
+}
+
+// envelopeJSON is the decoding shape of an envelope.
+type envelopeJSON struct {
+	After     Row     `json:"after"`
+	Before    Row     `json:"before"`
+	ChangeKey string  `json:"change_key"`
+	ID        string  `json:"id"`
+	Key       Row     `json:"key"`
+	Op        Op      `json:"op"`
+	Source    *Source `json:"source"`
+	TsMs      int64   `json:"ts_ms"`
+}
+
+// UnmarshalEnvelope parses an envelope written by MarshalEnvelope and
+// returns the change and its id ("" when absent). Row values come back as
+// generic JSON values (json.Number for numbers, string for base64 bytes,
+// map[string]any and []any for JSON columns), which re-marshal to the same
+// bytes: MarshalEnvelope(UnmarshalEnvelope(b)) == b for canonical b.
+func UnmarshalEnvelope(b []byte) (*Change, string, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var env envelopeJSON
+	if err := dec.Decode(&env); err != nil {
+		return nil, "", fmt.Errorf("decode envelope: %w", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, "", errors.New("decode envelope: trailing data after the envelope")
+	}
+	switch env.Op {
+	case OpCreate, OpUpdate, OpDelete, OpRead:
+	default:
+		return nil, "", fmt.Errorf("decode envelope: invalid op %q", string(env.Op))
+	}
+	if env.Source == nil {
+		return nil, "", errors.New("decode envelope: missing source")
+	}
+	return &Change{
+		Op:        env.Op,
+		Before:    env.Before,
+		After:     env.After,
+		Key:       env.Key,
+		Source:    *env.Source,
+		TsMs:      env.TsMs,
+		ChangeKey: env.ChangeKey,
+	}, env.ID, nil
+}
+
+// KeyJSON returns the canonical JSON of a change key, "null" for a nil key
+// (a table without a primary or NOT NULL unique key). Key values must be
+// canonical values; one that cannot be encoded (which binlog's decoder never
+// produces) yields "".
+func KeyJSON(key Row) string {
+	e := getEncoder()
+	defer putEncoder(e)
+	b, err := e.object(make([]byte, 0, 64), key, 0)
+	if err != nil {
+		return ""
+	}
+	return string(b)
+}
+
+// Digest is the change digest of DESIGN.md's digest mode: the hex SHA-256 of
+// the canonical JSON of {"key":key,"next":next,"op":op,"pipe":pipe,
+// "prev":prev}, where next is the row after the change and prev the row
+// before it (nil rows are null). Two replicas that decoded the same change
+// the same way get the same digest. Row values must be canonical values;
+// one that cannot be encoded yields "" (binlog's decoder never produces
+// such values, and MarshalEnvelope reports them as errors).
+func Digest(pipe string, op Op, key, next, prev Row) string {
+	b, err := AppendDigestInput(make([]byte, 0, 256), pipe, op, key, next, prev)
+	if err != nil {
+		return ""
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// AppendDigestInput appends the document Digest hashes to dst; exported so
+// tests and tools can show what a digest covers.
+func AppendDigestInput(dst []byte, pipe string, op Op, key, next, prev Row) ([]byte, error) {
+	e := getEncoder()
+	defer putEncoder(e)
+	orig := dst
+	var err error
+	dst = append(dst, `{"key":`...)
+	if dst, err = e.object(dst, key, 0); err != nil {
+		return orig, fmt.Errorf("encode key: %w", err)
+	}
+	dst = append(dst, `,"next":`...)
+	if dst, err = e.object(dst, next, 0); err != nil {
+		return orig, fmt.Errorf("encode next: %w", err)
+	}
+	dst = append(dst, `,"op":`...)
+	if dst, err = appendString(dst, string(op)); err != nil {
+		return orig, fmt.Errorf("encode op: %w", err)
+	}
+	dst = append(dst, `,"pipe":`...)
+	if dst, err = appendString(dst, pipe); err != nil {
+		return orig, fmt.Errorf("encode pipe: %w", err)
+	}
+	dst = append(dst, `,"prev":`...)
+	if dst, err = e.object(dst, prev, 0); err != nil {
+		return orig, fmt.Errorf("encode prev: %w", err)
+	}
+	return append(dst, '}'), nil
+}
