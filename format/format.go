@@ -1,0 +1,91 @@
+// Package format turns an outbox record into the bytes a sink sends: the
+// Debezium-style envelope as stored (the default), a structured-mode
+// CloudEvent wrapping it, or a Maxwell-style row document. Every output is
+// canonical JSON (sorted keys, no whitespace), so the same record encodes to
+// the same bytes on every replica and every retry.
+package format
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/cdcout/cdcout/canonical"
+	"github.com/cdcout/cdcout/outbox"
+)
+
+// Format encodes one record for the wire.
+type Format interface {
+	// Encode returns the record's message body. An error means the stored
+	// payload cannot be encoded; no retry can fix that.
+	Encode(rec outbox.Record) ([]byte, error)
+	// ContentType is the MIME type of Encode's output, for transports
+	// with a content-type header.
+	ContentType() string
+}
+
+// The format names accepted by New (the sinks' `format:` option).
+const (
+	Debezium    = "debezium"
+	CloudEvents = "cloudevents"
+	Maxwell     = "maxwell"
+)
+
+// Names lists the accepted format names, for config validation messages.
+var Names = []string{Debezium, CloudEvents, Maxwell}
+
+// New returns the format called name; "" means debezium.
+func New(name string) (Format, error) {
+	switch name {
+	case "", Debezium:
+		return debeziumFormat{}, nil
+	case CloudEvents:
+		return cloudEventsFormat{}, nil
+	case Maxwell:
+		return maxwellFormat{}, nil
+	default:
+		return nil, fmt.Errorf("unknown format %q (want one of %s)", name, strings.Join(Names, ", "))
+	}
+}
+
+// marshal is the one place the wrappers are serialised, so that they use
+// the same canonical encoder as the envelopes they embed.
+var marshal = canonical.Marshal
+
+// debeziumFormat sends the stored envelope untouched: it is already
+// canonical JSON with "id" = the deliveryKey.
+type debeziumFormat struct{}
+
+func (debeziumFormat) Encode(rec outbox.Record) ([]byte, error) { return rec.Payload, nil }
+func (debeziumFormat) ContentType() string                      { return "application/json" }
+
+// Instance returns the cdcout instance a record belongs to: the first
+// segment of its pipe ("<instance>:<db.table>:<sink>").
+func Instance(rec outbox.Record) string {
+	inst, _, _ := strings.Cut(rec.Pipe, ":")
+	return inst
+}
+
+// CloudEvents attributes shared by the cloudevents format and the sinks'
+// ce_* / ce-* headers, so a consumer sees the same values either way.
+
+// CESpecVersion is the CloudEvents version cdcout emits.
+const CESpecVersion = "1.0"
+
+// CEType is the CloudEvents type of a record: "cdcout.change.<op>" with op
+// the envelope's op letter (c, u, d, r).
+func CEType(rec outbox.Record) string { return "cdcout.change." + string(rec.Op) }
+
+// CESource is the CloudEvents source of a record: "cdcout/<instance>".
+func CESource(rec outbox.Record) string { return "cdcout/" + Instance(rec) }
+
+// CESubject is the CloudEvents subject of a record: "<db>.<table>".
+func CESubject(rec outbox.Record) string { return rec.DB + "." + rec.Table }
+
+// CETime is the record's commit time as RFC 3339 in UTC, "" when unknown.
+func CETime(rec outbox.Record) string {
+	if rec.CommitTime.IsZero() {
+		return ""
+	}
+	return rec.CommitTime.UTC().Format(time.RFC3339Nano)
+}

@@ -1,0 +1,199 @@
+package format
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/cdcout/cdcout/canonical"
+	"github.com/cdcout/cdcout/outbox"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata")
+
+// record builds the outbox record a drainer would hand a sink for one of
+// the envelopes in testdata.
+func record(t *testing.T, name string) outbox.Record {
+	t.Helper()
+	payload, err := os.ReadFile(filepath.Join("testdata", name+".envelope.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	payload = bytes.TrimSuffix(payload, []byte("\n"))
+	var env struct {
+		ID     string       `json:"id"`
+		Op     canonical.Op `json:"op"`
+		Key    json.RawMessage
+		Source struct {
+			Instance, DB, Table string
+			TsMs                int64 `json:"ts_ms"`
+		}
+	}
+	if err := json.Unmarshal(payload, &env); err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	return outbox.Record{
+		ID:         env.ID,
+		Pipe:       env.Source.Instance + ":" + env.Source.DB + "." + env.Source.Table + ":kafka",
+		Sink:       "kafka",
+		DB:         env.Source.DB,
+		Table:      env.Source.Table,
+		Op:         env.Op,
+		Key:        string(env.Key),
+		Payload:    payload,
+		Attempt:    1,
+		CommitTime: time.UnixMilli(env.Source.TsMs),
+	}
+}
+
+func TestGolden(t *testing.T) {
+	for _, fname := range Names {
+		f, err := New(fname)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range []string{"insert", "update", "delete", "read"} {
+			t.Run(fname+"/"+c, func(t *testing.T) {
+				rec := record(t, c)
+				got, err := f.Encode(rec)
+				if err != nil {
+					t.Fatal(err)
+				}
+				again, err := f.Encode(rec)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(got, again) {
+					t.Fatalf("not deterministic:\n%s\n%s", got, again)
+				}
+				if !json.Valid(got) {
+					t.Fatalf("invalid JSON: %s", got)
+				}
+				canon, err := canonical.Marshal(canonical.RawJSON(got))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(got, canon) {
+					t.Fatalf("output is not canonical JSON:\n got %s\nwant %s", got, canon)
+				}
+				path := filepath.Join("testdata", c+"."+fname+".json")
+				if *update {
+					if err := os.WriteFile(path, append(got, '\n'), 0o644); err != nil {
+						t.Fatal(err)
+					}
+				}
+				want, err := os.ReadFile(path)
+				if err != nil {
+					t.Fatalf("%v (run go test ./format -update to create it)", err)
+				}
+				if !bytes.Equal(append(got, '\n'), want) {
+					t.Fatalf("%s differs:\n got %s\nwant %s", path, got, want)
+				}
+			})
+		}
+	}
+}
+
+func TestCloudEventsEmbedsEnvelope(t *testing.T) {
+	f, _ := New(CloudEvents)
+	rec := record(t, "update")
+	b, err := f.Encode(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ev map[string]json.RawMessage
+	if err := json.Unmarshal(b, &ev); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := string(ev["data"]), string(rec.Payload); got != want {
+		t.Fatalf("data = %s, want the envelope %s", got, want)
+	}
+	for attr, want := range map[string]string{
+		"specversion": `"1.0"`,
+		"id":          `"` + rec.ID + `"`,
+		"source":      `"cdcout/prod"`,
+		"type":        `"cdcout.change.u"`,
+		"subject":     `"shop.items"`,
+		"time":        `"2025-11-29T12:40:01Z"`,
+	} {
+		if got := string(ev[attr]); got != want {
+			t.Errorf("%s = %s, want %s", attr, got, want)
+		}
+	}
+}
+
+func TestMaxwellOldHoldsOnlyChangedColumns(t *testing.T) {
+	f, _ := New(Maxwell)
+	b, err := f.Encode(record(t, "update"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Type string
+		Xid  uint64
+		Old  map[string]json.RawMessage
+	}
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := doc.Type, "update"; got != want {
+		t.Fatalf("type = %q, want %q", got, want)
+	}
+	if got, want := doc.Xid, uint64(43); got != want {
+		t.Fatalf("xid = %d, want %d", got, want)
+	}
+	if got, want := len(doc.Old), 2; got != want {
+		t.Fatalf("old has %d columns (%v), want %d: name and price", got, doc.Old, want)
+	}
+	if got, want := string(doc.Old["price"]), `"9.90"`; got != want {
+		t.Fatalf("old.price = %s, want %s", got, want)
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	if _, err := New("avro"); err == nil {
+		t.Fatal("New(avro) succeeded, want an unknown-format error")
+	}
+	rec := record(t, "insert")
+	rec.Payload = []byte(`{"op":`)
+	for _, name := range []string{CloudEvents, Maxwell} {
+		f, _ := New(name)
+		if _, err := f.Encode(rec); err == nil {
+			t.Fatalf("%s: encoding a truncated envelope succeeded", name)
+		}
+	}
+}
+
+func TestGTIDSeq(t *testing.T) {
+	for gtid, want := range map[string]uint64{
+		"0-1-42": 42,
+		"3E11FA47-71CA-11E1-9E33-C80AA9429562:23": 23,
+	} {
+		if got, ok := gtidSeq(gtid); !ok || got != want {
+			t.Errorf("gtidSeq(%q) = %d, %v; want %d", gtid, got, ok, want)
+		}
+	}
+	if _, ok := gtidSeq("garbage"); ok {
+		t.Error("gtidSeq(garbage) ok")
+	}
+}
+
+func BenchmarkEncode(b *testing.B) {
+	t := &testing.T{}
+	for _, name := range Names {
+		f, _ := New(name)
+		rec := record(t, "update")
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := f.Encode(rec); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
