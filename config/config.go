@@ -1,0 +1,224 @@
+// Package config holds cdcout run's configuration: what it reads (the
+// source DSN, tables), where it keeps state, which sinks it feeds, and the
+// timings of leases, claims and retention.
+//
+// A Config is built from four layers, later ones winning: defaults, the YAML
+// file (--config), CDCOUT_<FLAG> environment variables, and command-line
+// flags (Resolve). Validate then reports every problem at once, each with
+// its field path ("sinks[1].url: …"), so an operator fixes a file in one
+// round instead of one error per restart. Secrets (DSN passwords, webhook
+// secrets, broker passwords) are typed so they never print.
+package config
+
+import (
+	"os"
+	"time"
+)
+
+// Config is the configuration of one `cdcout run` replica.
+type Config struct {
+	// DSN is the source server (go-sql-driver form).
+	DSN DSN `yaml:"dsn"`
+	// StateDSN is the server holding cdcout's state database; "" means DSN.
+	StateDSN DSN `yaml:"state_dsn"`
+	// StateDB is the state database's name; it is created and migrated on
+	// start and never captured.
+	StateDB string `yaml:"state_db"`
+	// File is the YAML file this configuration was read from ("" if none).
+	File string `yaml:"-"`
+
+	Sinks []Sink `yaml:"sinks"`
+	// Tables limits capture to these patterns ("db.tbl", "db.*"); empty
+	// means every table a sink subscribes to.
+	Tables []string `yaml:"tables"`
+
+	// Instance namespaces pipes, leases and checkpoints: two sources feeding
+	// one state database need two instance names.
+	Instance string `yaml:"instance"`
+	// ReplicaID names this process in lease holders and claims.
+	ReplicaID string `yaml:"replica_id"`
+	// ServerID is the replication client id; 0 derives one from the
+	// replica id and instance.
+	ServerID uint32 `yaml:"server_id"`
+	// From applies only when no checkpoint exists: now, start, a GTID set or
+	// file:pos.
+	From string `yaml:"from"`
+	// ResetPosition discards the checkpoint and starts at From.
+	ResetPosition bool `yaml:"reset_position"`
+	// ChangeIdentity is auto, gtid or digest (DESIGN.md "Change identity").
+	ChangeIdentity string `yaml:"change_identity"`
+
+	LogLevel  string `yaml:"log_level"`
+	LogFormat string `yaml:"log_format"`
+
+	// RetentionHours keeps delivered and dead outbox rows this long.
+	RetentionHours int `yaml:"retention_hours"`
+	// LeaseTTL is the enqueue lease's lifetime; a crashed holder's lease is
+	// taken over after it.
+	LeaseTTL time.Duration `yaml:"lease_ttl"`
+	// DedupWindow is how long claims are kept; 0 means max(60s, 4×LeaseTTL).
+	DedupWindow time.Duration `yaml:"dedup_window"`
+	// ClaimLease is how long a drainer owns a row it is delivering; it must
+	// exceed every sink's timeout or a slow delivery would be handed out twice.
+	ClaimLease time.Duration `yaml:"claim_lease"`
+	// HTTPAddr serves health and inspect endpoints; "off" disables them.
+	HTTPAddr string `yaml:"http_addr"`
+	// HandoffBufferSize bounds changes a standby replica keeps in memory.
+	HandoffBufferSize int `yaml:"handoff_buffer_size"`
+
+	// EnqueueBatchSize flushes a batch at the next commit once it holds this
+	// many outbox rows; EnqueueFlushInterval once its oldest row is this old.
+	EnqueueBatchSize     int           `yaml:"enqueue_batch_size"`
+	EnqueueFlushInterval time.Duration `yaml:"enqueue_flush_interval"`
+	// EnqueueMaxBuffer is the ceiling at which rows are written mid
+	// transaction (without a checkpoint), so one huge transaction costs
+	// bounded memory.
+	EnqueueMaxBuffer int `yaml:"enqueue_max_buffer"`
+	// ShutdownTimeout bounds how long a graceful stop waits for in-flight
+	// deliveries.
+	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
+}
+
+// Sink is one destination.
+type Sink struct {
+	// Name is unique and part of every pipe name; it defaults to the URL
+	// scheme.
+	Name string `yaml:"name"`
+	// URL selects the sink type by scheme: stdout:, file:///path,
+	// http(s)://…, kafka://…, nats://….
+	URL string `yaml:"url"`
+	// Format of the payload: debezium (default), cloudevents or maxwell.
+	Format string      `yaml:"format"`
+	Tables TableFilter `yaml:"tables"`
+	// Ops limits the change kinds: insert, update, delete. Empty means all.
+	Ops []string `yaml:"ops"`
+	// DropColumns are removed from row images before anything is stored:
+	// "col" in every table, or "db.table.col".
+	DropColumns []string `yaml:"drop_columns"`
+	// Secret signs webhooks (Standard Webhooks); "whsec_<base64>" is
+	// decoded, anything else is used as raw bytes.
+	Secret  Secret            `yaml:"secret"`
+	Headers map[string]Secret `yaml:"headers"`
+	// Timeout bounds one delivery attempt.
+	Timeout     time.Duration `yaml:"timeout"`
+	MaxAttempts int           `yaml:"max_attempts"`
+	BatchSize   int           `yaml:"batch_size"`
+	Concurrency int           `yaml:"concurrency"`
+
+	Kafka *KafkaOptions `yaml:"kafka"`
+	NATS  *NATSOptions  `yaml:"nats"`
+}
+
+// TableFilter selects tables by pattern ("db.tbl", "db.*", "*.tbl").
+// Empty Include means every table; Exclude wins over Include.
+type TableFilter struct {
+	Include []string `yaml:"include"`
+	Exclude []string `yaml:"exclude"`
+}
+
+// TLS configures a client's TLS.
+type TLS struct {
+	CAFile             string `yaml:"ca_file"`
+	CertFile           string `yaml:"cert_file"`
+	KeyFile            string `yaml:"key_file"`
+	InsecureSkipVerify bool   `yaml:"insecure_skip_verify"`
+}
+
+// SASL configures Kafka authentication.
+type SASL struct {
+	// Mechanism is PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512.
+	Mechanism string `yaml:"mechanism"`
+	Username  string `yaml:"username"`
+	Password  Secret `yaml:"password"`
+}
+
+// KafkaOptions are the kafka: block of a kafka:// sink.
+type KafkaOptions struct {
+	TLS  *TLS  `yaml:"tls"`
+	SASL *SASL `yaml:"sasl"`
+}
+
+// NATSOptions are the nats: block of a nats:// sink.
+type NATSOptions struct {
+	TLS             *TLS   `yaml:"tls"`
+	CredentialsFile string `yaml:"credentials_file"`
+	User            string `yaml:"user"`
+	Password        Secret `yaml:"password"`
+	Token           Secret `yaml:"token"`
+}
+
+// Sink defaults.
+const (
+	DefaultSinkTimeout     = 10 * time.Second
+	DefaultSinkMaxAttempts = 25
+	DefaultSinkBatchSize   = 100
+	DefaultSinkConcurrency = 8
+)
+
+// Default returns a Config with every default filled in.
+func Default() *Config {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "cdcout"
+	}
+	return &Config{
+		StateDB:              "cdcout",
+		Instance:             "default",
+		ReplicaID:            host,
+		From:                 "now",
+		ChangeIdentity:       "auto",
+		LogLevel:             "info",
+		RetentionHours:       72,
+		LeaseTTL:             15 * time.Second,
+		ClaimLease:           5 * time.Minute,
+		HTTPAddr:             "127.0.0.1:8080",
+		HandoffBufferSize:    10000,
+		EnqueueBatchSize:     1000,
+		EnqueueFlushInterval: 50 * time.Millisecond,
+		EnqueueMaxBuffer:     5000,
+		ShutdownTimeout:      30 * time.Second,
+	}
+}
+
+// EffectiveStateDSN is StateDSN, or DSN when unset.
+func (c *Config) EffectiveStateDSN() DSN {
+	if c.StateDSN != "" {
+		return c.StateDSN
+	}
+	return c.DSN
+}
+
+// EffectiveDedupWindow is DedupWindow, or max(60s, 4×LeaseTTL) when unset:
+// a claim must outlive a lease takeover (TTL plus a heartbeat) or a new
+// leader could re-enqueue what the old one already wrote.
+func (c *Config) EffectiveDedupWindow() time.Duration {
+	if c.DedupWindow > 0 {
+		return c.DedupWindow
+	}
+	return max(60*time.Second, 4*c.LeaseTTL)
+}
+
+// fillSinkDefaults sets the per-sink defaults after all layers are merged.
+func (c *Config) fillSinkDefaults() {
+	for i := range c.Sinks {
+		s := &c.Sinks[i]
+		if s.Name == "" {
+			s.Name = schemeOf(s.URL)
+		}
+		if s.Format == "" {
+			s.Format = "debezium"
+		}
+		if s.Timeout == 0 {
+			s.Timeout = DefaultSinkTimeout
+		}
+		if s.MaxAttempts == 0 {
+			s.MaxAttempts = DefaultSinkMaxAttempts
+		}
+		if s.BatchSize == 0 {
+			s.BatchSize = DefaultSinkBatchSize
+		}
+		if s.Concurrency == 0 {
+			s.Concurrency = DefaultSinkConcurrency
+		}
+	}
+}

@@ -1,0 +1,338 @@
+package config
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+const goodDSN = "cdc:s3cretpw@tcp(127.0.0.1:3306)/"
+
+func envOf(m map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+func writeFile(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "cdcout.yaml")
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestDefaults(t *testing.T) {
+	cfg, err := Resolve(Sources{Flags: []Setting{{"dsn", goodDSN}, {"sink", "stdout:"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	host, _ := os.Hostname()
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"state_db", cfg.StateDB, "cdcout"},
+		{"instance", cfg.Instance, "default"},
+		{"replica_id", cfg.ReplicaID, host},
+		{"from", cfg.From, "now"},
+		{"change_identity", cfg.ChangeIdentity, "auto"},
+		{"retention_hours", cfg.RetentionHours, 72},
+		{"lease_ttl", cfg.LeaseTTL, 15 * time.Second},
+		{"dedup_window", cfg.EffectiveDedupWindow(), 60 * time.Second},
+		{"claim_lease", cfg.ClaimLease, 5 * time.Minute},
+		{"http_addr", cfg.HTTPAddr, "127.0.0.1:8080"},
+		{"handoff_buffer_size", cfg.HandoffBufferSize, 10000},
+		{"state dsn", cfg.EffectiveStateDSN(), DSN(goodDSN)},
+		{"sink name", cfg.Sinks[0].Name, "stdout"},
+		{"sink format", cfg.Sinks[0].Format, "debezium"},
+		{"sink timeout", cfg.Sinks[0].Timeout, DefaultSinkTimeout},
+		{"sink concurrency", cfg.Sinks[0].Concurrency, 8},
+	}
+	for _, c := range checks {
+		if c.got != c.want {
+			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
+		}
+	}
+	cfg.LeaseTTL = 30 * time.Second
+	if got, want := cfg.EffectiveDedupWindow(), 120*time.Second; got != want {
+		t.Errorf("dedup window with 30s ttl = %s, want %s", got, want)
+	}
+}
+
+func TestPrecedence(t *testing.T) {
+	file := writeFile(t, `
+dsn: "file:pw@tcp(file:3306)/"
+instance: fromfile
+lease_ttl: 20s
+retention_hours: 10
+replica_id: filereplica
+sinks:
+  - name: hook
+    url: http://file.example/hook
+    secret: whsec_abc
+    timeout: 3s
+`)
+	env := envOf(map[string]string{
+		"CDCOUT_CONFIG":          file,
+		"CDCOUT_INSTANCE":        "fromenv",
+		"CDCOUT_LEASE_TTL":       "25s",
+		"CDCOUT_RETENTION_HOURS": "5",
+		"CDCOUT_SINK":            "hook=http://env.example/hook",
+	})
+	cfg, err := Resolve(Sources{Env: env, Flags: []Setting{{"instance", "fromflag"}, {"sink", "out=file:///tmp/x.jsonl"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := cfg.Instance, "fromflag"; got != want {
+		t.Errorf("instance = %q, want %q (flag beats env beats file)", got, want)
+	}
+	if got, want := cfg.LeaseTTL, 25*time.Second; got != want {
+		t.Errorf("lease_ttl = %s, want %s (env beats file)", got, want)
+	}
+	if got, want := cfg.RetentionHours, 5; got != want {
+		t.Errorf("retention_hours = %d, want %d", got, want)
+	}
+	if got, want := cfg.ReplicaID, "filereplica"; got != want {
+		t.Errorf("replica_id = %q, want %q (file beats default)", got, want)
+	}
+	// --sink given: CDCOUT_SINK is ignored, and the flag's sink is added
+	// beside the file's.
+	if got, want := len(cfg.Sinks), 2; got != want {
+		t.Fatalf("sinks = %+v, want %d", cfg.Sinks, want)
+	}
+	if got, want := cfg.Sinks[0].URL, "http://file.example/hook"; got != want {
+		t.Errorf("sinks[0].url = %q, want %q", got, want)
+	}
+	if got, want := cfg.Sinks[1].Name, "out"; got != want {
+		t.Errorf("sinks[1].name = %q, want %q", got, want)
+	}
+
+	// Without --sink, CDCOUT_SINK overrides the file sink's URL by name and
+	// keeps its options.
+	cfg, err = Resolve(Sources{Env: env})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := len(cfg.Sinks), 1; got != want {
+		t.Fatalf("sinks = %+v, want %d", cfg.Sinks, want)
+	}
+	if got, want := cfg.Sinks[0].URL, "http://env.example/hook"; got != want {
+		t.Errorf("url = %q, want %q", got, want)
+	}
+	if got, want := cfg.Sinks[0].Timeout, 3*time.Second; got != want {
+		t.Errorf("timeout = %s, want %s (kept from file)", got, want)
+	}
+	if got, want := cfg.Sinks[0].Secret.Value(), "whsec_abc"; got != want {
+		t.Errorf("secret = %q, want %q", got, want)
+	}
+}
+
+func TestEveryFlagHasEnv(t *testing.T) {
+	for _, name := range SettingNames() {
+		if name == "config" || name == "sink" {
+			continue
+		}
+		// A value that parses for every kind of setting is impossible, so
+		// check that the variable is read at all: a wrong value must
+		// produce an error naming the variable, or a valid string must land.
+		_, err := Resolve(Sources{Env: envOf(map[string]string{EnvName(name): "not-a-number"})})
+		cfgS, _ := Resolve(Sources{})
+		cfgE, _ := Resolve(Sources{Env: envOf(map[string]string{EnvName(name): "not-a-number"})})
+		if err == nil && fmt.Sprintf("%+v", cfgS) == fmt.Sprintf("%+v", cfgE) {
+			t.Errorf("%s had no effect", EnvName(name))
+		}
+		if err != nil && !strings.Contains(err.Error(), EnvName(name)) {
+			t.Errorf("%s error %q does not name the variable", EnvName(name), err)
+		}
+	}
+	if got, want := EnvName("retention-hours"), "CDCOUT_RETENTION_HOURS"; got != want {
+		t.Errorf("EnvName = %q, want %q", got, want)
+	}
+}
+
+func TestParseSinkArg(t *testing.T) {
+	for _, tc := range []struct{ in, name, url string }{
+		{"stdout:", "stdout", "stdout:"},
+		{"file:///tmp/a.jsonl", "file", "file:///tmp/a.jsonl"},
+		{"hook=https://x.example/a?b=c", "hook", "https://x.example/a?b=c"},
+		{"https://x.example/a?b=c", "https", "https://x.example/a?b=c"},
+		{"k=kafka://b1:9092,b2:9092/topic", "k", "kafka://b1:9092,b2:9092/topic"},
+	} {
+		name, url := ParseSinkArg(tc.in)
+		if name != tc.name || url != tc.url {
+			t.Errorf("ParseSinkArg(%q) = %q, %q; want %q, %q", tc.in, name, url, tc.name, tc.url)
+		}
+	}
+}
+
+func TestFileErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name, yaml string
+		want       []string
+	}{
+		{"malformed", "sinks: [\n  - url: x\n", []string{"config:"}},
+		{"unknown top key", "dsn: x\nsinkz: []\n", []string{"sinkz: unknown key (line 2)"}},
+		{"unknown sink key", "sinks:\n  - url: \"stdout:\"\n    headerz: {}\n", []string{"sinks[0].headerz: unknown key (line 3)"}},
+		{"unknown nested key", "sinks:\n  - url: kafka://b:9092/t\n    kafka:\n      sasl:\n        mech: PLAIN\n", []string{"sinks[0].kafka.sasl.mech: unknown key"}},
+		{"bad duration", "lease_ttl: 15\nsinks:\n  - url: \"stdout:\"\n    timeout: soon\n", []string{`lease_ttl: "15" is not a duration`, `sinks[0].timeout: "soon" is not a duration`}},
+		{"bad int", "retention_hours: lots\n", []string{`retention_hours: "lots" is not an integer`}},
+		{"wrong shape", "tables: shop.*\n", []string{"tables: want a list"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := Parse(Default(), []byte(tc.yaml))
+			if err == nil {
+				t.Fatal("no error")
+			}
+			if strings.Contains(err.Error(), "\n") {
+				t.Errorf("error is not one line: %q", err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestFileNeverEchoesSecret(t *testing.T) {
+	err := Parse(Default(), []byte("sinks:\n  - url: http://h/\n    secret: [topsecretvalue]\n"))
+	if err == nil {
+		t.Fatal("no error for a list as secret")
+	}
+	if strings.Contains(err.Error(), "topsecretvalue") {
+		t.Errorf("error echoes the secret: %v", err)
+	}
+}
+
+func valid() *Config {
+	c := Default()
+	c.DSN = goodDSN
+	c.Sinks = []Sink{{URL: "stdout:"}, {Name: "hook", URL: "https://h.example/x", Secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"}}
+	c.fillSinkDefaults()
+	return c
+}
+
+func TestValidate(t *testing.T) {
+	if err := valid().Validate(); err != nil {
+		t.Fatalf("valid config: %v", err)
+	}
+	for _, tc := range []struct {
+		name string
+		edit func(c *Config)
+		want []string
+	}{
+		{"no dsn", func(c *Config) { c.DSN = "" }, []string{"dsn: required"}},
+		{"bad dsn", func(c *Config) { c.DSN = "u:hunter2@tcp(h:3306)" }, []string{"dsn: invalid DSN"}},
+		{"no sinks", func(c *Config) { c.Sinks = nil }, []string{"sinks: no sinks configured"}},
+		{"unknown scheme", func(c *Config) { c.Sinks[1].URL = "ftp://x/y" }, []string{`sinks[1].url: unknown scheme "ftp" (want stdout:, file://, http://, https://, kafka://, nats://)`}},
+		{"duplicate names", func(c *Config) { c.Sinks[1].Name = "stdout" }, []string{`sinks[1].name: duplicate sink name "stdout" (also sinks[0])`}},
+		{"relative file", func(c *Config) { c.Sinks[0].URL = "file://out.jsonl" }, []string{"sinks[0].url: want file:///absolute/path.jsonl"}},
+		{"claim lease vs timeout", func(c *Config) { c.ClaimLease = 5 * time.Second }, []string{"sinks[0].timeout: 10s must be shorter than claim_lease 5s", "sinks[1].timeout"}},
+		{"bad format", func(c *Config) { c.Sinks[0].Format = "avro" }, []string{`sinks[0].format: "avro"`}},
+		{"bad op", func(c *Config) { c.Sinks[0].Ops = []string{"insert", "upsert"} }, []string{`sinks[0].ops[1]: "upsert"`}},
+		{"bad table", func(c *Config) { c.Sinks[0].Tables.Include = []string{"shop"} }, []string{`sinks[0].tables.include[0]: "shop"`}},
+		{"bad drop", func(c *Config) { c.Sinks[0].DropColumns = []string{"a.b"} }, []string{`sinks[0].drop_columns[0]`}},
+		{"secret on stdout", func(c *Config) { c.Sinks[0].Secret = "x" }, []string{"sinks[0].secret: only http(s)"}},
+		{"sasl", func(c *Config) {
+			c.Sinks[0].URL = "kafka://b:9092/t"
+			c.Sinks[0].Kafka = &KafkaOptions{SASL: &SASL{Mechanism: "MD5", Username: "u", Password: "pw"}}
+		}, []string{`sinks[0].kafka.sasl.mechanism: "MD5"`}},
+		{"kafka block on http", func(c *Config) { c.Sinks[1].Kafka = &KafkaOptions{} }, []string{"sinks[1].kafka: only for kafka://"}},
+		{"identity", func(c *Config) { c.ChangeIdentity = "uuid" }, []string{"change_identity"}},
+		{"from", func(c *Config) { c.From = "yesterday" }, []string{"from:"}},
+		{"state db", func(c *Config) { c.StateDB = "a-b" }, []string{"state_db:"}},
+		{"instance", func(c *Config) { c.Instance = "a:b" }, []string{"instance:"}},
+		{"ttl", func(c *Config) { c.LeaseTTL = 10 * time.Millisecond }, []string{"lease_ttl:"}},
+		{"dedup", func(c *Config) { c.DedupWindow = 5 * time.Second }, []string{"dedup_window:"}},
+		{"http addr", func(c *Config) { c.HTTPAddr = "8080" }, []string{"http_addr:"}},
+		{"many at once", func(c *Config) {
+			c.DSN = ""
+			c.Sinks[1].URL = "gopher://x"
+			c.RetentionHours = 0
+		}, []string{"dsn:", "sinks[1].url:", "retention_hours:"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := valid()
+			tc.edit(c)
+			err := c.Validate()
+			if err == nil {
+				t.Fatal("no error")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+			for _, secret := range []string{"hunter2", "s3cretpw", "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"} {
+				if strings.Contains(err.Error(), secret) {
+					t.Errorf("error echoes a secret: %q", err)
+				}
+			}
+		})
+	}
+	for _, from := range []string{"now", "start", "0-1-42", "0-1-42,1-2-7", "mysql-bin.000003:4", "3E11FA47-71CA-11E1-9E33-C80AA9429562:1-5"} {
+		c := valid()
+		c.From = from
+		if err := c.Validate(); err != nil {
+			t.Errorf("from %q: %v", from, err)
+		}
+	}
+}
+
+func TestSecretsNeverPrint(t *testing.T) {
+	s := Secret("hunter2")
+	d := DSN("user:hunter2@tcp(db:3306)/x")
+	j, _ := json.Marshal(struct {
+		S Secret
+		D DSN
+	}{s, d})
+	for _, out := range []string{
+		s.String(), fmt.Sprint(s), fmt.Sprintf("%v %s %q %+v %#v %x", s, s, s, s, s, s),
+		d.String(), fmt.Sprint(d), fmt.Sprintf("%v %s %q %#v", d, d, d, d),
+		string(j), fmt.Sprintf("%+v", valid()),
+	} {
+		if strings.Contains(out, "hunter2") || strings.Contains(out, "s3cretpw") {
+			t.Errorf("secret printed: %q", out)
+		}
+	}
+	if got, want := d.String(), "user:[redacted]@tcp(db:3306)/x"; got != want {
+		t.Errorf("DSN prints %q, want %q", got, want)
+	}
+	if got, want := s.Value(), "hunter2"; got != want {
+		t.Errorf("Value = %q", got)
+	}
+	if got, want := DSNAddr(d.Value()), "user@db:3306"; got != want {
+		t.Errorf("DSNAddr = %q, want %q", got, want)
+	}
+	if got := RedactDSN("u:hunter2@tcp(h:1)"); strings.Contains(got, "hunter2") {
+		t.Errorf("RedactDSN of a bad DSN = %q", got)
+	}
+}
+
+func TestTableFilter(t *testing.T) {
+	f := TableFilter{Include: []string{"shop.*", "*.users"}, Exclude: []string{"shop.secret_*"}}
+	for _, tc := range []struct {
+		db, tbl string
+		want    bool
+	}{
+		{"shop", "orders", true},
+		{"crm", "users", true},
+		{"crm", "leads", false},
+		{"shop", "secret_keys", false},
+	} {
+		if got := f.Matches(tc.db, tc.tbl); got != tc.want {
+			t.Errorf("Matches(%s.%s) = %v, want %v", tc.db, tc.tbl, got, tc.want)
+		}
+	}
+	if !(TableFilter{}).Matches("a", "b") {
+		t.Error("empty filter must match everything")
+	}
+}

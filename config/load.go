@@ -1,0 +1,422 @@
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// FieldError is one configuration problem at a field path: "sinks[1].url",
+// "--lease-ttl" or "CDCOUT_LEASE_TTL".
+type FieldError struct {
+	Path string
+	Msg  string
+}
+
+func (e FieldError) Error() string { return e.Path + ": " + e.Msg }
+
+// Errors is every problem found, in order. Its Error is one line so the
+// command can print it as such.
+type Errors []FieldError
+
+func (e Errors) Error() string {
+	parts := make([]string, len(e))
+	for i, fe := range e {
+		parts[i] = fe.Error()
+	}
+	return strings.Join(parts, "; ")
+}
+
+func (e *Errors) add(path, format string, args ...any) {
+	*e = append(*e, FieldError{Path: path, Msg: fmt.Sprintf(format, args...)})
+}
+
+func (e Errors) err() error {
+	if len(e) == 0 {
+		return nil
+	}
+	return e
+}
+
+// Setting is one command-line flag the user set, by flag name
+// ("lease-ttl"). Repeatable flags (sink) appear once per value.
+type Setting struct {
+	Name  string
+	Value string
+}
+
+// Sources are the layers above the defaults.
+type Sources struct {
+	// Flags the user set on the command line.
+	Flags []Setting
+	// Env looks up environment variables (os.LookupEnv); nil means none.
+	Env func(string) (string, bool)
+}
+
+// EnvName is the environment variable of a flag: "lease-ttl" →
+// "CDCOUT_LEASE_TTL".
+func EnvName(flag string) string {
+	return "CDCOUT_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
+}
+
+// setter applies one flag or environment value.
+type setter func(c *Config, v string) error
+
+// settings maps every flag name (and so every CDCOUT_ variable) to its
+// field. "config" and "sink" are handled by Resolve itself.
+var settings = map[string]setter{
+	"dsn":                    func(c *Config, v string) error { c.DSN = DSN(v); return nil },
+	"state-dsn":              func(c *Config, v string) error { c.StateDSN = DSN(v); return nil },
+	"state-db":               func(c *Config, v string) error { c.StateDB = v; return nil },
+	"tables":                 func(c *Config, v string) error { c.Tables = splitList(v); return nil },
+	"instance":               func(c *Config, v string) error { c.Instance = v; return nil },
+	"replica-id":             func(c *Config, v string) error { c.ReplicaID = v; return nil },
+	"server-id":              func(c *Config, v string) error { return setUint32(&c.ServerID, v) },
+	"from":                   func(c *Config, v string) error { c.From = v; return nil },
+	"reset-position":         func(c *Config, v string) error { return setBool(&c.ResetPosition, v) },
+	"change-identity":        func(c *Config, v string) error { c.ChangeIdentity = v; return nil },
+	"log-level":              func(c *Config, v string) error { c.LogLevel = v; return nil },
+	"log-format":             func(c *Config, v string) error { c.LogFormat = v; return nil },
+	"retention-hours":        func(c *Config, v string) error { return setInt(&c.RetentionHours, v) },
+	"lease-ttl":              func(c *Config, v string) error { return setDuration(&c.LeaseTTL, v) },
+	"dedup-window":           func(c *Config, v string) error { return setDuration(&c.DedupWindow, v) },
+	"claim-lease":            func(c *Config, v string) error { return setDuration(&c.ClaimLease, v) },
+	"http-addr":              func(c *Config, v string) error { c.HTTPAddr = v; return nil },
+	"handoff-buffer-size":    func(c *Config, v string) error { return setInt(&c.HandoffBufferSize, v) },
+	"enqueue-batch-size":     func(c *Config, v string) error { return setInt(&c.EnqueueBatchSize, v) },
+	"enqueue-flush-interval": func(c *Config, v string) error { return setDuration(&c.EnqueueFlushInterval, v) },
+	"enqueue-max-buffer":     func(c *Config, v string) error { return setInt(&c.EnqueueMaxBuffer, v) },
+	"shutdown-timeout":       func(c *Config, v string) error { return setDuration(&c.ShutdownTimeout, v) },
+}
+
+// SettingNames lists every name Resolve accepts as a flag or (as
+// CDCOUT_<NAME>) environment variable, including "config" and "sink".
+func SettingNames() []string {
+	names := []string{"config", "sink"}
+	for n := range settings {
+		names = append(names, n)
+	}
+	return names
+}
+
+func setDuration(dst *time.Duration, v string) error {
+	d, err := time.ParseDuration(strings.TrimSpace(v))
+	if err != nil {
+		return fmt.Errorf("%q is not a duration (use Go syntax like 500ms, 15s, 5m)", v)
+	}
+	*dst = d
+	return nil
+}
+
+func setInt(dst *int, v string) error {
+	n, err := strconv.Atoi(strings.TrimSpace(v))
+	if err != nil {
+		return fmt.Errorf("%q is not an integer", v)
+	}
+	*dst = n
+	return nil
+}
+
+func setUint32(dst *uint32, v string) error {
+	n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 32)
+	if err != nil {
+		return fmt.Errorf("%q is not an integer between 0 and 4294967295", v)
+	}
+	*dst = uint32(n)
+	return nil
+}
+
+func setBool(dst *bool, v string) error {
+	b, err := strconv.ParseBool(strings.TrimSpace(v))
+	if err != nil {
+		return fmt.Errorf("%q is not true or false", v)
+	}
+	*dst = b
+	return nil
+}
+
+// splitList splits a comma-separated list, dropping empty items.
+func splitList(v string) []string {
+	var out []string
+	for _, p := range strings.Split(v, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// Resolve builds the configuration: defaults, then the YAML file (--config
+// or CDCOUT_CONFIG), then CDCOUT_* variables, then flags. It reports parse
+// problems (bad YAML, unknown keys, a duration that is not one); call
+// Validate for the rest.
+//
+// Sinks given with --sink (or, without any --sink, CDCOUT_SINK, several
+// separated by spaces) are merged into the file's by name: a known name
+// gets the new URL and keeps the file's options, a new name is appended.
+// So a file can hold a sink's options while the URL (and any credential in
+// it) comes from the environment.
+func Resolve(src Sources) (*Config, error) {
+	cfg := Default()
+	env := src.Env
+	if env == nil {
+		env = func(string) (string, bool) { return "", false }
+	}
+	var errs Errors
+
+	file, _ := env(EnvName("config"))
+	for _, s := range src.Flags {
+		if s.Name == "config" {
+			file = s.Value
+		}
+	}
+	if file != "" {
+		if err := LoadFile(cfg, file); err != nil {
+			var fe Errors
+			if errors.As(err, &fe) {
+				errs = append(errs, fe...)
+			} else {
+				errs.add("--config", "%v", err)
+			}
+		}
+	}
+
+	for name, set := range settings {
+		if v, ok := env(EnvName(name)); ok {
+			if err := set(cfg, v); err != nil {
+				errs.add(EnvName(name), "%v", err)
+			}
+		}
+	}
+	var sinkFlags []string
+	for _, s := range src.Flags {
+		switch s.Name {
+		case "config":
+		case "sink":
+			sinkFlags = append(sinkFlags, s.Value)
+		default:
+			set, ok := settings[s.Name]
+			if !ok {
+				errs.add("--"+s.Name, "unknown setting")
+				continue
+			}
+			if err := set(cfg, s.Value); err != nil {
+				errs.add("--"+s.Name, "%v", err)
+			}
+		}
+	}
+	sinkPath := "--sink"
+	if len(sinkFlags) == 0 {
+		if v, ok := env(EnvName("sink")); ok {
+			sinkFlags = strings.Fields(v)
+			sinkPath = EnvName("sink")
+		}
+	}
+	for i, v := range sinkFlags {
+		name, url := ParseSinkArg(v)
+		if url == "" {
+			errs.add(fmt.Sprintf("%s[%d]", sinkPath, i), "empty URL (want [NAME=]URL)")
+			continue
+		}
+		mergeSink(cfg, name, url)
+	}
+	cfg.fillSinkDefaults()
+	return cfg, errs.err()
+}
+
+// ParseSinkArg splits a --sink value "[NAME=]URL". The part before the first
+// '=' is a name only if it could not be part of a URL (no ':' or '/'), so
+// "http://h/?a=b" stays a URL. NAME defaults to the URL's scheme.
+func ParseSinkArg(v string) (name, url string) {
+	v = strings.TrimSpace(v)
+	if i := strings.IndexByte(v, '='); i > 0 && !strings.ContainsAny(v[:i], ":/") {
+		name, url = v[:i], v[i+1:]
+	} else {
+		url = v
+	}
+	if name == "" {
+		name = schemeOf(url)
+	}
+	return name, url
+}
+
+func mergeSink(cfg *Config, name, url string) {
+	for i := range cfg.Sinks {
+		n := cfg.Sinks[i].Name
+		if n == "" {
+			n = schemeOf(cfg.Sinks[i].URL)
+		}
+		if n == name {
+			cfg.Sinks[i].Name, cfg.Sinks[i].URL = name, url
+			return
+		}
+	}
+	cfg.Sinks = append(cfg.Sinks, Sink{Name: name, URL: url})
+}
+
+// schemeOf returns the scheme of a sink URL ("stdout" for "stdout:").
+// A bare "stdout" counts too: in YAML, an unquoted "stdout:" is a mapping.
+func schemeOf(url string) string {
+	if url == "stdout" {
+		return "stdout"
+	}
+	if i := strings.Index(url, ":"); i > 0 {
+		return strings.ToLower(url[:i])
+	}
+	return ""
+}
+
+// LoadFile reads a YAML file into cfg, over whatever cfg already holds.
+func LoadFile(cfg *Config, path string) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Errors{{Path: "--config", Msg: fmt.Sprintf("read %s: %v", path, unwrapPathError(err))}}
+	}
+	cfg.File = path
+	return Parse(cfg, data)
+}
+
+func unwrapPathError(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
+
+// Parse decodes YAML into cfg. Unknown keys and values of the wrong type
+// are reported with their field path and line, all of them at once.
+func Parse(cfg *Config, data []byte) error {
+	var root yaml.Node
+	if err := yaml.Unmarshal(data, &root); err != nil {
+		return Errors{{Path: "config", Msg: oneLine(err.Error())}}
+	}
+	if root.Kind == 0 || len(root.Content) == 0 {
+		return nil // an empty file
+	}
+	var errs Errors
+	checkNode(root.Content[0], reflect.TypeFor[Config](), "", &errs)
+	if len(errs) > 0 {
+		return errs
+	}
+	// The walk above has already checked keys and types; KnownFields is a
+	// second line of defence should the two ever disagree.
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(cfg); err != nil && !errors.Is(err, io.EOF) {
+		return Errors{{Path: "config", Msg: oneLine(err.Error())}}
+	}
+	return nil
+}
+
+func oneLine(s string) string {
+	s = strings.TrimPrefix(s, "yaml: ")
+	return strings.Join(strings.Fields(s), " ")
+}
+
+var (
+	durationType = reflect.TypeFor[time.Duration]()
+	secretType   = reflect.TypeFor[Secret]()
+)
+
+// checkNode walks a YAML node against the Go type it will decode into and
+// records unknown keys and malformed scalars with their paths.
+func checkNode(n *yaml.Node, t reflect.Type, path string, errs *Errors) {
+	for n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias
+	}
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	at := func() string {
+		if path == "" {
+			return "config"
+		}
+		return path
+	}
+	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
+		return
+	}
+	switch {
+	case t == durationType:
+		if n.Kind != yaml.ScalarNode {
+			errs.add(at(), "want a duration like 15s (line %d)", n.Line)
+		} else if _, err := time.ParseDuration(n.Value); err != nil {
+			errs.add(at(), "%q is not a duration (use Go syntax like 500ms, 15s, 5m; line %d)", n.Value, n.Line)
+		}
+	case t.Kind() == reflect.Struct:
+		if n.Kind != yaml.MappingNode {
+			errs.add(at(), "want a mapping of keys (line %d)", n.Line)
+			return
+		}
+		fields := map[string]reflect.Type{}
+		for i := range t.NumField() {
+			f := t.Field(i)
+			tag := strings.Split(f.Tag.Get("yaml"), ",")[0]
+			if tag == "" || tag == "-" {
+				continue
+			}
+			fields[tag] = f.Type
+		}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			p := k.Value
+			if path != "" {
+				p = path + "." + k.Value
+			}
+			ft, ok := fields[k.Value]
+			if !ok {
+				errs.add(p, "unknown key (line %d)", k.Line)
+				continue
+			}
+			checkNode(v, ft, p, errs)
+		}
+	case t.Kind() == reflect.Slice:
+		if n.Kind != yaml.SequenceNode {
+			errs.add(at(), "want a list (line %d)", n.Line)
+			return
+		}
+		for i, c := range n.Content {
+			checkNode(c, t.Elem(), fmt.Sprintf("%s[%d]", path, i), errs)
+		}
+	case t.Kind() == reflect.Map:
+		if n.Kind != yaml.MappingNode {
+			errs.add(at(), "want a mapping (line %d)", n.Line)
+			return
+		}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			checkNode(n.Content[i+1], t.Elem(), path+"."+n.Content[i].Value, errs)
+		}
+	default:
+		if n.Kind != yaml.ScalarNode {
+			errs.add(at(), "want a single value (line %d)", n.Line)
+			return
+		}
+		switch t.Kind() {
+		case reflect.Bool:
+			if _, err := strconv.ParseBool(n.Value); err != nil {
+				errs.add(at(), "%q is not true or false (line %d)", n.Value, n.Line)
+			}
+		case reflect.Int, reflect.Int64, reflect.Int32:
+			if _, err := strconv.ParseInt(n.Value, 10, 64); err != nil {
+				errs.add(at(), "%q is not an integer (line %d)", n.Value, n.Line)
+			}
+		case reflect.Uint32, reflect.Uint64, reflect.Uint:
+			if _, err := strconv.ParseUint(n.Value, 10, t.Bits()); err != nil {
+				errs.add(at(), "%q is not a non-negative integer (line %d)", n.Value, n.Line)
+			}
+		case reflect.String:
+			if t == secretType {
+				return // never quote a secret back
+			}
+		}
+	}
+}

@@ -1,0 +1,349 @@
+package config
+
+import (
+	"fmt"
+	"net"
+	neturl "net/url"
+	"path"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/cdcout/cdcout/state"
+)
+
+// namePattern limits sink and instance names: they are spliced into pipe
+// names "<instance>:<db.table>:<sink>", lease names and metric labels.
+var namePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
+
+// identPattern is one part of a table pattern: an identifier, possibly with
+// * wildcards.
+var identPattern = regexp.MustCompile(`^[^.\s]+$`)
+
+// Validate reports every problem in c with its field path. It never quotes
+// a secret: DSNs are described by user@address, secrets not at all.
+func (c *Config) Validate() error {
+	var errs Errors
+	if c.DSN == "" {
+		errs.add("dsn", "required (the source server, e.g. user:pass@tcp(host:3306)/)")
+	} else {
+		checkDSN(&errs, "dsn", string(c.DSN))
+	}
+	if c.StateDSN != "" {
+		checkDSN(&errs, "state_dsn", string(c.StateDSN))
+	}
+	if err := state.CheckName(c.StateDB); err != nil {
+		errs.add("state_db", "%v", err)
+	}
+	if !namePattern.MatchString(c.Instance) {
+		errs.add("instance", "%q: use 1-64 letters, digits, '_', '.', '-'", c.Instance)
+	}
+	if strings.TrimSpace(c.ReplicaID) == "" || len(c.ReplicaID) > 128 || strings.ContainsAny(c.ReplicaID, "/ \t\n") {
+		errs.add("replica_id", "%q: use 1-128 characters without '/' or spaces", c.ReplicaID)
+	}
+	for i, p := range c.Tables {
+		if err := checkTablePattern(p); err != nil {
+			errs.add(fmt.Sprintf("tables[%d]", i), "%v", err)
+		}
+	}
+	if err := checkFrom(c.From); err != nil {
+		errs.add("from", "%v", err)
+	}
+	switch c.ChangeIdentity {
+	case "auto", "gtid", "digest":
+	default:
+		errs.add("change_identity", "%q is not auto, gtid or digest", c.ChangeIdentity)
+	}
+	var lvl zapcore.Level
+	if err := lvl.UnmarshalText([]byte(c.LogLevel)); err != nil {
+		errs.add("log_level", "%q is not debug, info, warn or error", c.LogLevel)
+	}
+	switch c.LogFormat {
+	case "", "json", "console":
+	default:
+		errs.add("log_format", "%q is not json or console", c.LogFormat)
+	}
+	if c.RetentionHours <= 0 {
+		errs.add("retention_hours", "must be at least 1, got %d", c.RetentionHours)
+	}
+	if c.LeaseTTL < time.Second {
+		errs.add("lease_ttl", "must be at least 1s, got %s", c.LeaseTTL)
+	}
+	if c.DedupWindow < 0 {
+		errs.add("dedup_window", "must not be negative, got %s", c.DedupWindow)
+	} else if c.DedupWindow > 0 && c.DedupWindow <= c.LeaseTTL {
+		errs.add("dedup_window", "%s must exceed lease_ttl %s: claims must outlive a lease takeover", c.DedupWindow, c.LeaseTTL)
+	}
+	if c.ClaimLease <= 0 {
+		errs.add("claim_lease", "must be positive, got %s", c.ClaimLease)
+	}
+	if c.HTTPAddr != "off" {
+		if _, port, err := net.SplitHostPort(c.HTTPAddr); err != nil {
+			errs.add("http_addr", "%q is not host:port or off", c.HTTPAddr)
+		} else if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+			errs.add("http_addr", "%q: bad port", c.HTTPAddr)
+		}
+	}
+	if c.HandoffBufferSize <= 0 {
+		errs.add("handoff_buffer_size", "must be positive, got %d", c.HandoffBufferSize)
+	}
+	if c.EnqueueBatchSize <= 0 {
+		errs.add("enqueue_batch_size", "must be positive, got %d", c.EnqueueBatchSize)
+	}
+	if c.EnqueueFlushInterval <= 0 {
+		errs.add("enqueue_flush_interval", "must be positive, got %s", c.EnqueueFlushInterval)
+	}
+	if c.EnqueueMaxBuffer < c.EnqueueBatchSize {
+		errs.add("enqueue_max_buffer", "%d must be at least enqueue_batch_size %d", c.EnqueueMaxBuffer, c.EnqueueBatchSize)
+	}
+	if c.ShutdownTimeout <= 0 {
+		errs.add("shutdown_timeout", "must be positive, got %s", c.ShutdownTimeout)
+	}
+
+	if len(c.Sinks) == 0 {
+		errs.add("sinks", "no sinks configured (add --sink stdout: or a sinks: list in the config file)")
+	}
+	seen := map[string]int{}
+	for i := range c.Sinks {
+		c.Sinks[i].validate(&errs, fmt.Sprintf("sinks[%d]", i), c.ClaimLease)
+		if n := c.Sinks[i].Name; n != "" {
+			if j, dup := seen[n]; dup {
+				errs.add(fmt.Sprintf("sinks[%d].name", i), "duplicate sink name %q (also sinks[%d])", n, j)
+			} else {
+				seen[n] = i
+			}
+		}
+	}
+	return errs.err()
+}
+
+func checkDSN(errs *Errors, field, dsn string) {
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		// go-sql-driver's parse errors are fixed strings; none quotes the DSN.
+		errs.add(field, "invalid DSN (want user:pass@tcp(host:3306)/): %v", err)
+		return
+	}
+	if cfg.Net != "tcp" && cfg.Net != "unix" {
+		errs.add(field, "network %q: use tcp(host:port) or unix(/path)", cfg.Net)
+	}
+}
+
+func (s *Sink) validate(errs *Errors, at string, claimLease time.Duration) {
+	if s.Name == "" {
+		errs.add(at+".name", "required")
+	} else if !namePattern.MatchString(s.Name) {
+		errs.add(at+".name", "%q: use 1-64 letters, digits, '_', '.', '-'", s.Name)
+	}
+	scheme := schemeOf(s.URL)
+	switch scheme {
+	case "stdout":
+	case "file":
+		u, err := neturl.Parse(s.URL)
+		if err != nil || u.Path == "" || !path.IsAbs(u.Path) || (u.Host != "" && u.Host != "localhost") {
+			errs.add(at+".url", "want file:///absolute/path.jsonl")
+		}
+	case "http", "https":
+		u, err := neturl.Parse(s.URL)
+		if err != nil || u.Host == "" {
+			errs.add(at+".url", "want %s://host[:port]/path", scheme)
+		}
+	case "kafka", "nats":
+		u, err := neturl.Parse(s.URL)
+		if err != nil || u.Host == "" {
+			errs.add(at+".url", "want %s://host:port[,host:port]/…", scheme)
+		}
+	case "":
+		if s.URL == "" {
+			errs.add(at+".url", "required (stdout:, file://, http://, https://, kafka://, nats://)")
+		} else {
+			errs.add(at+".url", "no scheme (want stdout:, file://, http://, https://, kafka://, nats://)")
+		}
+	default:
+		errs.add(at+".url", "unknown scheme %q (want stdout:, file://, http://, https://, kafka://, nats://)", scheme)
+	}
+	switch s.Format {
+	case "debezium", "cloudevents", "maxwell":
+	default:
+		errs.add(at+".format", "%q is not debezium, cloudevents or maxwell", s.Format)
+	}
+	for i, p := range s.Tables.Include {
+		if err := checkTablePattern(p); err != nil {
+			errs.add(fmt.Sprintf("%s.tables.include[%d]", at, i), "%v", err)
+		}
+	}
+	for i, p := range s.Tables.Exclude {
+		if err := checkTablePattern(p); err != nil {
+			errs.add(fmt.Sprintf("%s.tables.exclude[%d]", at, i), "%v", err)
+		}
+	}
+	for i, op := range s.Ops {
+		if _, ok := OpNames[op]; !ok {
+			errs.add(fmt.Sprintf("%s.ops[%d]", at, i), "%q is not insert, update or delete", op)
+		}
+	}
+	for i, col := range s.DropColumns {
+		parts := strings.Split(col, ".")
+		if (len(parts) != 1 && len(parts) != 3) || slicesHasEmpty(parts) {
+			errs.add(fmt.Sprintf("%s.drop_columns[%d]", at, i), "%q: want \"column\" or \"db.table.column\"", col)
+		}
+	}
+	if s.Secret != "" && scheme != "http" && scheme != "https" {
+		errs.add(at+".secret", "only http(s) sinks sign requests")
+	}
+	if len(s.Headers) > 0 && scheme != "http" && scheme != "https" {
+		errs.add(at+".headers", "only http(s) sinks send headers")
+	}
+	for k := range s.Headers {
+		if k == "" || strings.ContainsAny(k, " \t\r\n:") {
+			errs.add(at+".headers", "%q is not a valid header name", k)
+		}
+	}
+	if s.Timeout <= 0 {
+		errs.add(at+".timeout", "must be positive, got %s", s.Timeout)
+	}
+	if s.Timeout > 0 && claimLease > 0 && claimLease <= s.Timeout {
+		errs.add(at+".timeout", "%s must be shorter than claim_lease %s, or a slow delivery would be handed to a second drainer", s.Timeout, claimLease)
+	}
+	if s.MaxAttempts < 0 {
+		errs.add(at+".max_attempts", "must not be negative, got %d", s.MaxAttempts)
+	}
+	if s.BatchSize < 0 {
+		errs.add(at+".batch_size", "must not be negative, got %d", s.BatchSize)
+	}
+	if s.Concurrency < 0 {
+		errs.add(at+".concurrency", "must not be negative, got %d", s.Concurrency)
+	}
+	if s.Kafka != nil {
+		if scheme != "kafka" {
+			errs.add(at+".kafka", "only for kafka:// sinks")
+		}
+		if s.Kafka.SASL != nil {
+			switch s.Kafka.SASL.Mechanism {
+			case "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512":
+			default:
+				errs.add(at+".kafka.sasl.mechanism", "%q is not PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512", s.Kafka.SASL.Mechanism)
+			}
+			if s.Kafka.SASL.Username == "" {
+				errs.add(at+".kafka.sasl.username", "required with sasl")
+			}
+		}
+		checkTLS(errs, at+".kafka.tls", s.Kafka.TLS)
+	}
+	if s.NATS != nil {
+		if scheme != "nats" {
+			errs.add(at+".nats", "only for nats:// sinks")
+		}
+		n := s.NATS
+		methods := 0
+		for _, set := range []bool{n.CredentialsFile != "", n.User != "" || n.Password != "", n.Token != ""} {
+			if set {
+				methods++
+			}
+		}
+		if methods > 1 {
+			errs.add(at+".nats", "use one of credentials_file, user/password, token")
+		}
+		if (n.User == "") != (n.Password == "") {
+			errs.add(at+".nats", "user and password go together")
+		}
+		checkTLS(errs, at+".nats.tls", n.TLS)
+	}
+}
+
+func checkTLS(errs *Errors, at string, t *TLS) {
+	if t == nil {
+		return
+	}
+	if (t.CertFile == "") != (t.KeyFile == "") {
+		errs.add(at, "cert_file and key_file go together")
+	}
+}
+
+func slicesHasEmpty(parts []string) bool {
+	for _, p := range parts {
+		if p == "" {
+			return true
+		}
+	}
+	return false
+}
+
+// OpNames maps the ops: names to their canonical ops' letters.
+var OpNames = map[string]string{"insert": "c", "update": "u", "delete": "d"}
+
+// checkTablePattern accepts "db.table" where either part may hold *
+// wildcards ("db.*", "*.users", "shop.order_*").
+func checkTablePattern(p string) error {
+	parts := strings.Split(p, ".")
+	if len(parts) != 2 || !identPattern.MatchString(parts[0]) || !identPattern.MatchString(parts[1]) {
+		return fmt.Errorf("%q: want db.table (either part may use *, e.g. shop.*)", p)
+	}
+	for _, part := range parts {
+		if _, err := path.Match(part, ""); err != nil {
+			return fmt.Errorf("%q: bad pattern", p)
+		}
+	}
+	return nil
+}
+
+// MatchTable reports whether a db.table pattern matches db and table.
+func MatchTable(pattern, db, table string) bool {
+	i := strings.IndexByte(pattern, '.')
+	if i < 0 {
+		return false
+	}
+	okDB, _ := path.Match(pattern[:i], db)
+	okTbl, _ := path.Match(pattern[i+1:], table)
+	return okDB && okTbl
+}
+
+// Matches reports whether the filter selects db.table.
+func (f TableFilter) Matches(db, table string) bool {
+	for _, p := range f.Exclude {
+		if MatchTable(p, db, table) {
+			return false
+		}
+	}
+	if len(f.Include) == 0 {
+		return true
+	}
+	for _, p := range f.Include {
+		if MatchTable(p, db, table) {
+			return true
+		}
+	}
+	return false
+}
+
+var (
+	gtidMariaDB = regexp.MustCompile(`^\d+-\d+-\d+$`)
+	gtidMySQL   = regexp.MustCompile(`^[0-9a-fA-F-]{36}(:\d+(-\d+)?)+$`)
+)
+
+// checkFrom accepts now, start, a GTID set (MariaDB "0-1-42,1-2-7" or
+// MySQL "uuid:1-42,…") or file:pos.
+func checkFrom(from string) error {
+	switch from {
+	case "now", "start":
+		return nil
+	case "":
+		return fmt.Errorf("required: now, start, a GTID set or file:pos")
+	}
+	if i := strings.LastIndexByte(from, ':'); i > 0 && !strings.Contains(from, ",") {
+		if _, err := strconv.ParseUint(from[i+1:], 10, 32); err == nil && !gtidMySQL.MatchString(from) {
+			return nil // file:pos
+		}
+	}
+	for _, g := range strings.Split(from, ",") {
+		g = strings.TrimSpace(g)
+		if !gtidMariaDB.MatchString(g) && !gtidMySQL.MatchString(g) {
+			return fmt.Errorf("%q is not now, start, a GTID set or file:pos", from)
+		}
+	}
+	return nil
+}
