@@ -1,0 +1,138 @@
+// Package dedup gives every row change a deterministic identity (its
+// changeKey) so that replicas racing to enqueue the same change collapse to
+// one outbox row (DESIGN.md, "Change identity").
+//
+// Keys come in three kinds:
+//
+//	g:<gtid>:<ordinal>        GTID mode: the transaction's GTID and the row
+//	                          image's position inside it
+//	d:<digest>:<occurrence>   digest mode: the change's content digest and how
+//	                          many times that digest was seen before, counted
+//	                          by an OccurrenceCounter
+//	b:<backfill id>:<key digest>  a row read by a backfill
+//
+// The package also holds the HandoffBuffer a standby replica keeps its
+// observed changes in, so a takeover can enqueue them at once.
+package dedup
+
+import (
+	"strconv"
+	"strings"
+)
+
+// MaxKeyLen is the longest changeKey the claims and outbox tables can store
+// (VARCHAR(191) ASCII).
+const MaxKeyLen = 191
+
+// The kinds of change key, as their first byte.
+const (
+	KindGTID     byte = 'g'
+	KindDigest   byte = 'd'
+	KindBackfill byte = 'b'
+)
+
+// GTIDKey is the changeKey of the row image at position ordinal (from 0)
+// inside the transaction gtid. It is the same on every replica and across a
+// failover of the source, because both halves come from the binlog itself.
+func GTIDKey(gtid string, ordinal int) string {
+	return "g:" + gtid + ":" + strconv.Itoa(ordinal)
+}
+
+// DigestKey is the changeKey of the occurrence-th sighting (from 0) of a
+// change with this content digest.
+func DigestKey(digest string, occurrence int) string {
+	return "d:" + digest + ":" + strconv.Itoa(occurrence)
+}
+
+// BackfillKey is the changeKey of the row with key digest keyDigest read by
+// backfill id. A re-run of the same backfill collapses onto its earlier
+// claims instead of re-sending every row.
+func BackfillKey(id, keyDigest string) string {
+	return "b:" + id + ":" + keyDigest
+}
+
+// ParsedKey is a changeKey split into its parts.
+type ParsedKey struct {
+	// Kind is KindGTID, KindDigest or KindBackfill.
+	Kind byte
+	// A is the GTID, the digest, or the backfill id.
+	A string
+	// N is the ordinal (GTID keys) or the occurrence (digest keys); 0 for
+	// backfill keys.
+	N int
+	// B is the key digest of a backfill key; "" otherwise.
+	B string
+}
+
+// String composes the key again; for every key ParseChangeKey accepts,
+// ParseChangeKey(k).String() == k.
+func (p ParsedKey) String() string {
+	switch p.Kind {
+	case KindGTID:
+		return GTIDKey(p.A, p.N)
+	case KindDigest:
+		return DigestKey(p.A, p.N)
+	case KindBackfill:
+		return BackfillKey(p.A, p.B)
+	}
+	return ""
+}
+
+// ParseChangeKey splits a stored changeKey into its parts. ok is false for
+// anything the constructors above could not have produced, so a malformed
+// row (or a key written by a future version) is never mistaken for an
+// occurrence count.
+//
+// The last ':' ends the first part: a MySQL GTID ("uuid:42") contains a
+// colon itself, while ordinals, occurrences and key digests never do.
+func ParseChangeKey(s string) (ParsedKey, bool) {
+	if len(s) < 5 || len(s) > MaxKeyLen || s[1] != ':' {
+		return ParsedKey{}, false
+	}
+	for i := 0; i < len(s); i++ {
+		// Keys live in ASCII columns; control characters never belong.
+		if s[i] < 0x21 || s[i] > 0x7e {
+			return ParsedKey{}, false
+		}
+	}
+	kind, rest := s[0], s[2:]
+	i := strings.LastIndexByte(rest, ':')
+	if i <= 0 || i == len(rest)-1 {
+		return ParsedKey{}, false
+	}
+	a, tail := rest[:i], rest[i+1:]
+	switch kind {
+	case KindGTID:
+		n, ok := parseCount(tail)
+		if !ok {
+			return ParsedKey{}, false
+		}
+		return ParsedKey{Kind: kind, A: a, N: n}, true
+	case KindDigest:
+		n, ok := parseCount(tail)
+		if !ok || strings.IndexByte(a, ':') >= 0 {
+			return ParsedKey{}, false
+		}
+		return ParsedKey{Kind: kind, A: a, N: n}, true
+	case KindBackfill:
+		return ParsedKey{Kind: kind, A: a, B: tail}, true
+	}
+	return ParsedKey{}, false
+}
+
+// parseCount accepts only the canonical decimal spelling strconv.Itoa
+// produces for a non-negative int, so that each count has exactly one key.
+func parseCount(s string) (int, bool) {
+	if s == "" || len(s) > 18 || (len(s) > 1 && s[0] == '0') {
+		return 0, false
+	}
+	n := 0
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n, true
+}
