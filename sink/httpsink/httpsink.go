@@ -1,0 +1,293 @@
+// Package httpsink delivers records as webhooks: one POST per record, the
+// body the record's encoded payload (the canonical envelope by default).
+//
+// Each request carries the deliveryKey twice over, so a receiver can drop
+// redeliveries whichever convention it follows:
+//
+//   - CloudEvents binary mode: ce-specversion 1.0, ce-id (the deliveryKey),
+//     ce-source cdcout/<instance>, ce-type cdcout.change.<op>, ce-subject
+//     <db>.<table>, ce-time (the source commit time). Left out when the
+//     body is a structured-mode CloudEvent (format: cloudevents), which
+//     carries them itself.
+//   - Standard Webhooks (https://www.standardwebhooks.com): webhook-id (the
+//     deliveryKey), webhook-timestamp (send time, unix seconds) and, when a
+//     secret is set, webhook-signature "v1,<base64 HMAC-SHA256(secret,
+//     id.timestamp.body)>". A secret written "whsec_<base64>" (the spec's
+//     form) is base64-decoded; any other string is used as raw bytes.
+//
+// Redirects are not followed: a webhook that moved is a configuration to
+// fix, and following one would resend a signed body to another host. A 2xx
+// is delivered; 408, 425, 429, 5xx, timeouts and connection errors are
+// retried (Retry-After honoured); any other status dead-letters the record.
+package httpsink
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/cdcout/cdcout/format"
+	"github.com/cdcout/cdcout/outbox"
+	"github.com/cdcout/cdcout/sink"
+)
+
+// Options configure a Sink.
+type Options struct {
+	// URL receives the POSTs.
+	URL string
+	// Secret signs requests (see ParseSecret); empty sends no signature.
+	Secret []byte
+	// Headers are added to every request (e.g. Authorization). They cannot
+	// replace the content, CloudEvents or webhook headers.
+	Headers map[string]string
+	// Format encodes the body; nil means debezium (the stored envelope).
+	Format format.Format
+	// Client overrides the HTTP client (tests); its redirect policy is
+	// replaced so that redirects are never followed.
+	Client *http.Client
+	// MaxConcurrent bounds the requests one Deliver call has in flight;
+	// 0 means 32.
+	MaxConcurrent int
+	// Now is the clock for webhook-timestamp; nil means time.Now.
+	Now func() time.Time
+}
+
+// Sink posts records to one URL.
+type Sink struct {
+	url        string
+	shownURL   string // no userinfo or query: those may hold credentials
+	secret     []byte
+	headers    http.Header
+	format     format.Format
+	structured bool
+	client     *http.Client
+	maxConc    int
+	now        func() time.Time
+}
+
+var _ outbox.Sink = (*Sink)(nil)
+
+// snippetBytes bounds how much of an error response body goes into the
+// record's last_error.
+const snippetBytes = 256
+
+// ParseSecret turns a configured secret into key bytes: "whsec_<base64>"
+// is decoded as the Standard Webhooks spec defines; anything else is used
+// as it is.
+func ParseSecret(s string) ([]byte, error) {
+	if rest, ok := strings.CutPrefix(s, "whsec_"); ok {
+		key, err := base64.StdEncoding.DecodeString(rest)
+		if err != nil {
+			return nil, errors.New("secret starts with whsec_ but the rest is not base64")
+		}
+		return key, nil
+	}
+	return []byte(s), nil
+}
+
+// New returns a webhook sink.
+func New(opts Options) (*Sink, error) {
+	u, err := url.Parse(opts.URL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, errors.New("webhook url: want http(s)://host/path")
+	}
+	shown := u.Scheme + "://" + u.Host + u.Path
+	f := opts.Format
+	if f == nil {
+		f, _ = format.New(format.Debezium)
+	}
+	client := opts.Client
+	if client == nil {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.MaxIdleConns = 256
+		tr.MaxIdleConnsPerHost = 64
+		client = &http.Client{Transport: tr}
+	} else {
+		c := *client
+		client = &c
+	}
+	client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	h := http.Header{}
+	for k, v := range opts.Headers {
+		h.Set(k, v)
+	}
+	maxConc := opts.MaxConcurrent
+	if maxConc <= 0 {
+		maxConc = 32
+	}
+	now := opts.Now
+	if now == nil {
+		now = time.Now
+	}
+	return &Sink{
+		url:        opts.URL,
+		shownURL:   shown,
+		secret:     opts.Secret,
+		headers:    h,
+		format:     f,
+		structured: strings.HasPrefix(f.ContentType(), "application/cloudevents"),
+		client:     client,
+		maxConc:    maxConc,
+		now:        now,
+	}, nil
+}
+
+// Deliver posts the records concurrently (the drainer never puts two
+// records of one key into a call, so order is not at stake here).
+func (s *Sink) Deliver(ctx context.Context, recs []outbox.Record) []error {
+	errs := make([]error, len(recs))
+	if len(recs) == 1 {
+		errs[0] = s.post(ctx, recs[0])
+		return errs
+	}
+	sem := make(chan struct{}, s.maxConc)
+	var wg sync.WaitGroup
+	for i := range recs {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			errs[i] = s.post(ctx, recs[i])
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+// Sign returns the Standard Webhooks signature header value for a message.
+func Sign(secret []byte, id string, ts int64, body []byte) string {
+	mac := hmac.New(sha256.New, secret)
+	mac.Write([]byte(id))
+	mac.Write([]byte{'.'})
+	mac.Write([]byte(strconv.FormatInt(ts, 10)))
+	mac.Write([]byte{'.'})
+	mac.Write(body)
+	return "v1," + base64.StdEncoding.EncodeToString(mac.Sum(nil))
+}
+
+func (s *Sink) post(ctx context.Context, rec outbox.Record) error {
+	body, err := s.format.Encode(rec)
+	if err != nil {
+		return sink.Permanent(fmt.Errorf("encode %s: %w", rec.ID, err))
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.url, bytes.NewReader(body))
+	if err != nil {
+		return sink.Permanent(fmt.Errorf("build request: %w", err))
+	}
+	for k, v := range s.headers {
+		req.Header[k] = v
+	}
+	req.Header.Set("Content-Type", s.format.ContentType())
+	if !s.structured {
+		req.Header.Set("ce-specversion", format.CESpecVersion)
+		req.Header.Set("ce-id", rec.ID)
+		req.Header.Set("ce-source", format.CESource(rec))
+		req.Header.Set("ce-type", format.CEType(rec))
+		req.Header.Set("ce-subject", format.CESubject(rec))
+		if t := format.CETime(rec); t != "" {
+			req.Header.Set("ce-time", t)
+		}
+	}
+	ts := s.now().Unix()
+	req.Header.Set("webhook-id", rec.ID)
+	req.Header.Set("webhook-timestamp", strconv.FormatInt(ts, 10))
+	if len(s.secret) > 0 {
+		req.Header.Set("webhook-signature", Sign(s.secret, rec.ID, ts, body))
+	}
+
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("post %s: %w", s.shownURL, transportError(err))
+	}
+	defer func() {
+		// Drain a little so the connection can be reused.
+		_, _ = io.CopyN(io.Discard, resp.Body, 64<<10)
+		resp.Body.Close()
+	}()
+	code := resp.StatusCode
+	if code >= 200 && code < 300 {
+		return nil
+	}
+	snippet := readSnippet(resp.Body)
+	err = fmt.Errorf("post %s: http %d%s", s.shownURL, code, snippet)
+	switch {
+	case code == http.StatusRequestTimeout, code == http.StatusTooEarly, code == http.StatusTooManyRequests, code >= 500:
+		if d, ok := parseRetryAfter(resp.Header.Get("Retry-After"), time.Now()); ok {
+			return sink.RetryAfter(err, d)
+		}
+		return err
+	case code >= 300 && code < 400:
+		return sink.Permanent(fmt.Errorf("post %s: http %d redirect to %q not followed (point the sink at the final URL)", s.shownURL, code, resp.Header.Get("Location")))
+	default:
+		return sink.Permanent(err)
+	}
+}
+
+// transportError strips url.Error's copy of the URL, which may carry
+// credentials, keeping the cause.
+func transportError(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return fmt.Errorf("timeout: %w", err)
+	}
+	return err
+}
+
+// readSnippet returns ": <first bytes of the body>" on one line, or "".
+func readSnippet(r io.Reader) string {
+	b, _ := io.ReadAll(io.LimitReader(r, snippetBytes+1))
+	if len(b) == 0 {
+		return ""
+	}
+	cut := len(b) > snippetBytes
+	if cut {
+		b = b[:snippetBytes]
+	}
+	for !utf8.Valid(b) && len(b) > 0 {
+		b = b[:len(b)-1]
+	}
+	s := strings.Join(strings.Fields(string(b)), " ")
+	if cut {
+		s += "…"
+	}
+	return ": " + s
+}
+
+// parseRetryAfter reads a Retry-After value: delay seconds or an HTTP date.
+func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0, false
+	}
+	if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if n < 0 {
+			return 0, false
+		}
+		return time.Duration(n) * time.Second, true
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		d := t.Sub(now)
+		if d < 0 {
+			d = 0
+		}
+		return d, true
+	}
+	return 0, false
+}

@@ -1,0 +1,292 @@
+package httpsink
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cdcout/cdcout/format"
+	"github.com/cdcout/cdcout/outbox"
+	"github.com/cdcout/cdcout/sink"
+)
+
+type seen struct {
+	header http.Header
+	body   string
+}
+
+func recorder(t *testing.T, status func(n int64, r *http.Request) (int, http.Header, string)) (*httptest.Server, func() []seen) {
+	t.Helper()
+	var mu sync.Mutex
+	var got []seen
+	var n atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		got = append(got, seen{r.Header.Clone(), string(b)})
+		mu.Unlock()
+		code, h, body := 200, http.Header(nil), ""
+		if status != nil {
+			code, h, body = status(n.Add(1), r)
+		}
+		for k, v := range h {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(code)
+		io.WriteString(w, body)
+	}))
+	t.Cleanup(srv.Close)
+	return srv, func() []seen { mu.Lock(); defer mu.Unlock(); return append([]seen(nil), got...) }
+}
+
+func rec(id string, payload string) outbox.Record {
+	return outbox.Record{
+		ID: id, Pipe: "prod:shop.orders:hook", Sink: "hook", DB: "shop", Table: "orders",
+		Op: "u", Key: `{"id":1}`, Payload: []byte(payload), Attempt: 1,
+		CommitTime: time.Date(2026, 11, 29, 12, 0, 0, 500000000, time.UTC),
+	}
+}
+
+// TestStandardWebhooksReference checks the signature against the Standard
+// Webhooks reference test vector (the spec's libraries' test suite), and
+// against the algorithm recomputed here from the spec's text.
+func TestStandardWebhooksReference(t *testing.T) {
+	const (
+		secret  = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+		msgID   = "msg_p5jXN8AQM9LWM0D4loKWxJek"
+		ts      = 1614265330
+		payload = `{"test": 2432232314}`
+		want    = "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+	)
+	srv, got := recorder(t, nil)
+	key, err := ParseSecret(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Options{URL: srv.URL, Secret: key, Now: func() time.Time { return time.Unix(ts, 0) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if errs := s.Deliver(context.Background(), []outbox.Record{rec(msgID, payload)}); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	h := got()[0].header
+	if g := h.Get("webhook-signature"); g != want {
+		t.Errorf("webhook-signature = %q, want reference %q", g, want)
+	}
+	// The spec: sign "{id}.{timestamp}.{body}" with HMAC-SHA256 keyed by the
+	// base64-decoded part of the secret after "whsec_"; "v1," + base64.
+	k, _ := base64.StdEncoding.DecodeString(strings.TrimPrefix(secret, "whsec_"))
+	m := hmac.New(sha256.New, k)
+	fmt.Fprintf(m, "%s.%s.%s", h.Get("webhook-id"), h.Get("webhook-timestamp"), got()[0].body)
+	if g, w := h.Get("webhook-signature"), "v1,"+base64.StdEncoding.EncodeToString(m.Sum(nil)); g != w {
+		t.Errorf("signature %q does not verify (want %q)", g, w)
+	}
+	if g, w := h.Get("webhook-timestamp"), strconv.Itoa(ts); g != w {
+		t.Errorf("webhook-timestamp = %q, want %q", g, w)
+	}
+}
+
+func TestHeaders(t *testing.T) {
+	srv, got := recorder(t, nil)
+	s, err := New(Options{URL: srv.URL + "/hook", Headers: map[string]string{"Authorization": "Bearer t", "webhook-id": "spoof"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rec("0193a0b0-0000-7000-8000-000000000001", `{"id":"0193a0b0-0000-7000-8000-000000000001"}`)
+	if errs := s.Deliver(context.Background(), []outbox.Record{r}); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	g := got()[0]
+	for k, want := range map[string]string{
+		"Content-Type":      "application/json",
+		"Ce-Specversion":    "1.0",
+		"Ce-Id":             r.ID,
+		"Ce-Source":         "cdcout/prod",
+		"Ce-Type":           "cdcout.change.u",
+		"Ce-Subject":        "shop.orders",
+		"Ce-Time":           "2026-11-29T12:00:00.5Z",
+		"Webhook-Id":        r.ID,
+		"Authorization":     "Bearer t",
+		"Webhook-Signature": "",
+	} {
+		if v := g.header.Get(k); v != want {
+			t.Errorf("%s = %q, want %q", k, v, want)
+		}
+	}
+	if g.body != string(r.Payload) {
+		t.Errorf("body = %q, want the payload", g.body)
+	}
+	if ts, err := strconv.ParseInt(g.header.Get("webhook-timestamp"), 10, 64); err != nil || time.Since(time.Unix(ts, 0)) > time.Minute {
+		t.Errorf("webhook-timestamp %q is not now", g.header.Get("webhook-timestamp"))
+	}
+}
+
+func TestStructuredCloudEventsHasNoBinaryHeaders(t *testing.T) {
+	srv, got := recorder(t, nil)
+	f, err := format.New(format.CloudEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, _ := New(Options{URL: srv.URL, Format: f})
+	r := rec("0193a0b0-0000-7000-8000-000000000002", `{"after":{"id":1},"before":null,"change_key":"g:0-1-1:0","id":"0193a0b0-0000-7000-8000-000000000002","key":{"id":1},"op":"c","source":{"connector":"cdcout","db":"shop","file":"","gtid":"0-1-1","instance":"prod","pos":0,"row":0,"server_id":1,"table":"orders","ts_ms":1,"version":"x"},"ts_ms":1}`)
+	r.Op = "c"
+	if errs := s.Deliver(context.Background(), []outbox.Record{r}); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	h := got()[0].header
+	if v := h.Get("ce-id"); v != "" {
+		t.Errorf("ce-id = %q in structured mode", v)
+	}
+	if v := h.Get("Content-Type"); !strings.HasPrefix(v, "application/cloudevents") {
+		t.Errorf("Content-Type = %q", v)
+	}
+}
+
+func TestStatusClassification(t *testing.T) {
+	for _, tc := range []struct {
+		code       int
+		header     http.Header
+		body       string
+		permanent  bool
+		retryAfter time.Duration
+		hasAfter   bool
+	}{
+		{200, nil, "", false, 0, false},
+		{204, nil, "", false, 0, false},
+		{400, nil, "bad field x\nline2", true, 0, false},
+		{422, nil, strings.Repeat("y", 2000), true, 0, false},
+		{404, nil, "", true, 0, false},
+		{301, http.Header{"Location": {"https://elsewhere/"}}, "", true, 0, false},
+		{408, nil, "", false, 0, false},
+		{425, nil, "", false, 0, false},
+		{429, http.Header{"Retry-After": {"7"}}, "", false, 7 * time.Second, true},
+		{503, http.Header{"Retry-After": {time.Now().Add(30 * time.Second).UTC().Format(http.TimeFormat)}}, "", false, 30 * time.Second, true},
+		{500, nil, "oops", false, 0, false},
+	} {
+		t.Run(strconv.Itoa(tc.code), func(t *testing.T) {
+			srv, got := recorder(t, func(int64, *http.Request) (int, http.Header, string) { return tc.code, tc.header, tc.body })
+			s, _ := New(Options{URL: srv.URL})
+			err := s.Deliver(context.Background(), []outbox.Record{rec("id-1", "{}")})[0]
+			if tc.code < 300 {
+				if err != nil {
+					t.Fatalf("err = %v", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatal("no error")
+			}
+			if got, want := sink.IsPermanent(err), tc.permanent; got != want {
+				t.Errorf("permanent = %v, want %v (%v)", got, want, err)
+			}
+			d, ok := sink.RetryAfterOf(err)
+			if ok != tc.hasAfter || (ok && (d > tc.retryAfter || d < tc.retryAfter-2*time.Second)) {
+				t.Errorf("retry after = %s, %v; want %s, %v", d, ok, tc.retryAfter, tc.hasAfter)
+			}
+			if !strings.Contains(err.Error(), strconv.Itoa(tc.code)) || strings.Contains(err.Error(), "\n") || len(err.Error()) > 500 {
+				t.Errorf("error %q: want one bounded line with the status", err)
+			}
+			if tc.code == 301 && len(got()) != 1 {
+				t.Errorf("redirect followed: %d requests", len(got()))
+			}
+		})
+	}
+}
+
+func TestTimeoutAndConnectionErrorsRetry(t *testing.T) {
+	block := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-block:
+		case <-r.Context().Done():
+		}
+	}))
+	defer srv.Close()
+	defer close(block)
+	s, _ := New(Options{URL: srv.URL})
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err := s.Deliver(ctx, []outbox.Record{rec("a", "{}")})[0]
+	if err == nil || sink.IsPermanent(err) {
+		t.Fatalf("timeout: err = %v, want retryable", err)
+	}
+	if time.Since(start) > 5*time.Second {
+		t.Errorf("Deliver ignored the context deadline")
+	}
+
+	dead := httptest.NewServer(http.NotFoundHandler())
+	url := dead.URL
+	dead.Close()
+	s, _ = New(Options{URL: "http://user:hunter2@" + strings.TrimPrefix(url, "http://") + "/x?token=abc"})
+	err = s.Deliver(context.Background(), []outbox.Record{rec("a", "{}")})[0]
+	if err == nil || sink.IsPermanent(err) {
+		t.Fatalf("connection refused: err = %v, want retryable", err)
+	}
+	if strings.Contains(err.Error(), "hunter2") || strings.Contains(err.Error(), "token=abc") {
+		t.Errorf("error leaks credentials: %v", err)
+	}
+}
+
+func TestConcurrentWithinCall(t *testing.T) {
+	var inFlight, peak atomic.Int64
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := inFlight.Add(1)
+		for {
+			p := peak.Load()
+			if n <= p || peak.CompareAndSwap(p, n) {
+				break
+			}
+		}
+		<-release
+		inFlight.Add(-1)
+	}))
+	defer srv.Close()
+	s, _ := New(Options{URL: srv.URL})
+	recs := make([]outbox.Record, 5)
+	for i := range recs {
+		recs[i] = rec(fmt.Sprintf("id-%d", i), "{}")
+	}
+	done := make(chan []error)
+	go func() { done <- s.Deliver(context.Background(), recs) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for peak.Load() < 5 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(release)
+	for i, err := range <-done {
+		if err != nil {
+			t.Errorf("record %d: %v", i, err)
+		}
+	}
+	if got, want := peak.Load(), int64(5); got != want {
+		t.Errorf("peak concurrency = %d, want %d", got, want)
+	}
+}
+
+func TestParseSecret(t *testing.T) {
+	k, err := ParseSecret("whsec_aGVsbG8=")
+	if err != nil || string(k) != "hello" {
+		t.Errorf("whsec_ secret = %q, %v", k, err)
+	}
+	k, err = ParseSecret("plain")
+	if err != nil || string(k) != "plain" {
+		t.Errorf("raw secret = %q, %v", k, err)
+	}
+	if _, err := ParseSecret("whsec_!!!"); err == nil {
+		t.Errorf("bad whsec_: err = %v", err)
+	}
+}
