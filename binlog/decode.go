@@ -1,0 +1,678 @@
+package binlog
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	gomysql "github.com/go-mysql-org/go-mysql/mysql"
+	"github.com/go-mysql-org/go-mysql/replication"
+	"golang.org/x/text/encoding"
+	"golang.org/x/text/encoding/charmap"
+	"golang.org/x/text/encoding/japanese"
+	"golang.org/x/text/encoding/korean"
+	"golang.org/x/text/encoding/simplifiedchinese"
+	"golang.org/x/text/encoding/traditionalchinese"
+	"golang.org/x/text/encoding/unicode"
+	"golang.org/x/text/encoding/unicode/utf32"
+
+	"github.com/cdcout/cdcout/canonical"
+)
+
+// DecodeError says which column of which table could not be decoded, and
+// as what type. Decode never turns such a value into null: a silently
+// missing value would be delivered as if the row said so.
+type DecodeError struct {
+	DB, Table string // empty when the caller did not say (Column.Decode alone)
+	Column    string
+	Type      string // SQL-ish type name, e.g. "DATETIME(3)", "BIGINT UNSIGNED"
+	Err       error
+}
+
+func (e *DecodeError) Error() string {
+	name := e.Column
+	if e.Table != "" {
+		name = e.DB + "." + e.Table + "." + e.Column
+	}
+	return fmt.Sprintf("decode column %s (%s): %v", name, e.Type, e.Err)
+}
+
+func (e *DecodeError) Unwrap() error { return e.Err }
+
+// InTable returns err with the database and table filled in when it is a
+// *DecodeError, so the message names db.table.column; other errors are
+// returned as they are.
+func InTable(err error, db, table string) error {
+	var de *DecodeError
+	if errors.As(err, &de) && de.Table == "" {
+		cp := *de
+		cp.DB, cp.Table = db, table
+		return &cp
+	}
+	return err
+}
+
+// Decode turns the value go-mysql decoded for this column into a canonical
+// value (see docs/canonical-json.md for the table of forms).
+//
+// It expects go-mysql v1.16's output with ParseTime false, UseDecimal false
+// and TimestampStringLocation UTC: integers as Go ints (signed unless the
+// table map's signedness says otherwise), DECIMAL as a string, temporal
+// types as strings, ENUM as an int64 index, SET and BIT as int64 bitmaps,
+// strings as Go strings aliasing the event buffer and BLOBs as []byte
+// aliasing it. Every string and byte slice returned is a copy: go-mysql's
+// values point into a buffer that is reused for the next event.
+func (c *Column) Decode(v any) (any, error) {
+	if v == nil {
+		return nil, nil
+	}
+	out, err := c.decode(v)
+	if err != nil {
+		return nil, &DecodeError{Column: c.Name, Type: c.TypeName(), Err: err}
+	}
+	return out, nil
+}
+
+// realType resolves the type of a column whose Type was left as
+// MYSQL_TYPE_STRING although its metadata says ENUM or SET.
+func (c *Column) realType() byte {
+	t := c.Type
+	if t == gomysql.MYSQL_TYPE_STRING && c.Meta >= 256 {
+		if rt := byte(c.Meta >> 8); rt == gomysql.MYSQL_TYPE_ENUM || rt == gomysql.MYSQL_TYPE_SET {
+			return rt
+		}
+	}
+	return t
+}
+
+func (c *Column) decode(v any) (any, error) {
+	switch t := c.realType(); t {
+	case gomysql.MYSQL_TYPE_TINY, gomysql.MYSQL_TYPE_SHORT, gomysql.MYSQL_TYPE_INT24,
+		gomysql.MYSQL_TYPE_LONG, gomysql.MYSQL_TYPE_LONGLONG:
+		return c.decodeInt(v, t)
+	case gomysql.MYSQL_TYPE_YEAR:
+		n, ok := v.(int)
+		if !ok {
+			return nil, unexpected(v)
+		}
+		// YEAR 0000 (the zero year) stays 0, distinguishable from
+		// every real year 1901..2155.
+		return int64(n), nil
+	case gomysql.MYSQL_TYPE_NEWDECIMAL:
+		s, ok := v.(string)
+		if !ok {
+			return nil, unexpected(v)
+		}
+		if !validDecimal(s) {
+			return nil, fmt.Errorf("malformed decimal %q", s)
+		}
+		return strings.Clone(s), nil
+	case gomysql.MYSQL_TYPE_FLOAT:
+		f, ok := v.(float32)
+		if !ok {
+			return nil, unexpected(v)
+		}
+		return f, nil
+	case gomysql.MYSQL_TYPE_DOUBLE:
+		f, ok := v.(float64)
+		if !ok {
+			return nil, unexpected(v)
+		}
+		return f, nil
+	case gomysql.MYSQL_TYPE_BIT:
+		n, ok := v.(int64)
+		if !ok {
+			return nil, unexpected(v)
+		}
+		// go-mysql packs BIT(64) into an int64; the bits are unsigned.
+		return uint64(n), nil
+	case gomysql.MYSQL_TYPE_DATE, gomysql.MYSQL_TYPE_NEWDATE:
+		return c.decodeDate(v)
+	case gomysql.MYSQL_TYPE_DATETIME, gomysql.MYSQL_TYPE_DATETIME2:
+		return c.decodeDatetime(v, t, false)
+	case gomysql.MYSQL_TYPE_TIMESTAMP, gomysql.MYSQL_TYPE_TIMESTAMP2:
+		return c.decodeDatetime(v, t, true)
+	case gomysql.MYSQL_TYPE_TIME, gomysql.MYSQL_TYPE_TIME2:
+		return c.decodeTime(v, t)
+	case gomysql.MYSQL_TYPE_ENUM:
+		return c.decodeEnum(v)
+	case gomysql.MYSQL_TYPE_SET:
+		return c.decodeSet(v)
+	case gomysql.MYSQL_TYPE_JSON:
+		return decodeJSON(v)
+	case gomysql.MYSQL_TYPE_GEOMETRY, gomysql.MYSQL_TYPE_VECTOR:
+		b, ok := v.([]byte)
+		if !ok {
+			return nil, unexpected(v)
+		}
+		return bytes.Clone(b), nil
+	case gomysql.MYSQL_TYPE_BLOB, gomysql.MYSQL_TYPE_TINY_BLOB, gomysql.MYSQL_TYPE_MEDIUM_BLOB,
+		gomysql.MYSQL_TYPE_LONG_BLOB, gomysql.MYSQL_TYPE_VARCHAR, gomysql.MYSQL_TYPE_VAR_STRING,
+		gomysql.MYSQL_TYPE_STRING:
+		if c.Geometry {
+			b, ok := v.([]byte)
+			if !ok {
+				return nil, unexpected(v)
+			}
+			return bytes.Clone(b), nil
+		}
+		var raw []byte
+		switch x := v.(type) {
+		case []byte:
+			raw = x
+		case string:
+			raw = []byte(x) // copies, which we need anyway
+		default:
+			return nil, unexpected(v)
+		}
+		if c.JSON {
+			// MariaDB's JSON is LONGTEXT; it is embedded like MySQL's.
+			return decodeJSONText(raw)
+		}
+		if isBinaryCharset(c.Charset) {
+			b := bytes.Clone(raw)
+			if t == gomysql.MYSQL_TYPE_STRING {
+				b = padBinary(b, c.stringLength())
+			}
+			return b, nil
+		}
+		return decodeText(raw, c.Charset)
+	case gomysql.MYSQL_TYPE_NULL:
+		return nil, nil
+	default:
+		return nil, fmt.Errorf("unsupported binlog column type %d", t)
+	}
+}
+
+func unexpected(v any) error {
+	return fmt.Errorf("unexpected go-mysql value of Go type %T", v)
+}
+
+// decodeInt returns int64 for signed and uint64 for unsigned columns.
+// go-mysql reads the signedness from the table map when the server writes
+// binlog_row_metadata=FULL; otherwise it yields signed values and
+// Column.Unsigned (from information_schema) says how to reinterpret them.
+func (c *Column) decodeInt(v any, t byte) (any, error) {
+	switch x := v.(type) {
+	case uint8:
+		return uint64(x), nil
+	case uint16:
+		return uint64(x), nil
+	case uint32:
+		return uint64(x), nil
+	case uint64:
+		return x, nil
+	case int8:
+		if c.Unsigned {
+			return uint64(uint8(x)), nil
+		}
+		return int64(x), nil
+	case int16:
+		if c.Unsigned {
+			return uint64(uint16(x)), nil
+		}
+		return int64(x), nil
+	case int32:
+		if c.Unsigned {
+			if t == gomysql.MYSQL_TYPE_INT24 {
+				return uint64(uint32(x) & 0xFFFFFF), nil
+			}
+			return uint64(uint32(x)), nil
+		}
+		return int64(x), nil
+	case int64:
+		if c.Unsigned {
+			return uint64(x), nil
+		}
+		return x, nil
+	}
+	return nil, unexpected(v)
+}
+
+// decodeDate keeps go-mysql's "YYYY-MM-DD", which is already the ISO form.
+// The zero date stays "0000-00-00" (and partial zero dates such as
+// "2024-00-00" stay as written): they are not dates, and turning them into
+// null would lose the difference from a NULL column.
+func (c *Column) decodeDate(v any) (any, error) {
+	s, ok := v.(string)
+	if !ok {
+		return nil, unexpected(v)
+	}
+	if !isDate(s) {
+		return nil, fmt.Errorf("malformed date %q", s)
+	}
+	return strings.Clone(s), nil
+}
+
+// decodeDatetime turns go-mysql's "YYYY-MM-DD HH:MM:SS[.frac]" into ISO
+// 8601 "YYYY-MM-DDTHH:MM:SS[.frac]" with exactly the column's fractional
+// digits; TIMESTAMP (stored as UTC seconds since the epoch, printed by
+// go-mysql in UTC) also gets a "Z", making it RFC 3339. Zero values keep
+// their all-zero digits ("0000-00-00T00:00:00", "0000-00-00T00:00:00Z"),
+// which no parser mistakes for a real instant.
+func (c *Column) decodeDatetime(v any, t byte, utc bool) (any, error) {
+	fsp := c.fsp(t)
+	var s string
+	switch x := v.(type) {
+	case string:
+		s = x
+	case time.Time:
+		// ParseTime=true streams; formatted the same way.
+		if utc {
+			x = x.UTC()
+		}
+		s = x.Format("2006-01-02 15:04:05.000000")
+	default:
+		return nil, unexpected(v)
+	}
+	if len(s) < 19 || !isDate(s[:10]) || s[10] != ' ' || !isClock(s[11:19], 2) {
+		return nil, fmt.Errorf("malformed datetime %q", s)
+	}
+	frac, err := fraction(s[19:], fsp)
+	if err != nil {
+		return nil, fmt.Errorf("datetime %q: %w", s, err)
+	}
+	b := make([]byte, 0, 32)
+	b = append(b, s[:10]...)
+	b = append(b, 'T')
+	b = append(b, s[11:19]...)
+	b = append(b, frac...)
+	if utc {
+		b = append(b, 'Z')
+	}
+	return string(b), nil
+}
+
+// decodeTime keeps MySQL's own TIME form "[-]HH:MM:SS[.frac]": TIME is a
+// duration as much as a time of day (-838:59:59..838:59:59), so hours may
+// exceed 23 and take three digits. The fraction always has exactly the
+// column's digits; go-mysql drops it when it is zero.
+func (c *Column) decodeTime(v any, t byte) (any, error) {
+	s, ok := v.(string)
+	if !ok {
+		return nil, unexpected(v)
+	}
+	body := strings.TrimPrefix(s, "-")
+	colon := strings.IndexByte(body, ':')
+	if colon < 2 || colon > 3 || len(body) < colon+6 || !isClock(body[:colon+6], colon) {
+		return nil, fmt.Errorf("malformed time %q", s)
+	}
+	frac, err := fraction(body[colon+6:], c.fsp(t))
+	if err != nil {
+		return nil, fmt.Errorf("time %q: %w", s, err)
+	}
+	if frac == "" && len(body) == colon+6 {
+		return strings.Clone(s), nil
+	}
+	return s[:len(s)-len(body)+colon+6] + frac, nil
+}
+
+// fsp is the fractional-second precision of a temporal column. The table
+// map's metadata of the "2" types is the authority (it is what the row was
+// written with); the old types have no fraction.
+func (c *Column) fsp(t byte) int {
+	switch t {
+	case gomysql.MYSQL_TYPE_TIME2, gomysql.MYSQL_TYPE_DATETIME2, gomysql.MYSQL_TYPE_TIMESTAMP2:
+		if c.Meta <= 6 {
+			return int(c.Meta)
+		}
+	}
+	if c.Decimals >= 0 && c.Decimals <= 6 {
+		return c.Decimals
+	}
+	return 0
+}
+
+// fraction normalises ".123" (or "") to exactly fsp digits.
+func fraction(s string, fsp int) (string, error) {
+	if s != "" {
+		if s[0] != '.' || len(s) < 2 || len(s) > 7 || !allDigits(s[1:]) {
+			return "", fmt.Errorf("malformed fraction %q", s)
+		}
+		s = s[1:]
+	}
+	if len(s) > fsp {
+		if strings.Trim(s[fsp:], "0") != "" {
+			return "", fmt.Errorf("fraction %q has more than %d digits", s, fsp)
+		}
+		s = s[:fsp]
+	}
+	if fsp == 0 {
+		return "", nil
+	}
+	return "." + s + strings.Repeat("0", fsp-len(s)), nil
+}
+
+func (c *Column) decodeEnum(v any) (any, error) {
+	idx, ok := v.(int64)
+	if !ok {
+		return nil, unexpected(v)
+	}
+	if idx == 0 {
+		// Index 0 is MySQL's "invalid value" member, the empty string
+		// that non-strict modes store for a bad value.
+		return "", nil
+	}
+	if idx < 0 || int(idx) > len(c.EnumValues) {
+		return nil, fmt.Errorf("enum index %d outside the %d known members", idx, len(c.EnumValues))
+	}
+	return c.memberName(c.EnumValues[idx-1])
+}
+
+// decodeSet returns the members of a SET value as an array of names in
+// definition order (the order MySQL prints them), [] for the empty set.
+func (c *Column) decodeSet(v any) (any, error) {
+	n, ok := v.(int64)
+	if !ok {
+		return nil, unexpected(v)
+	}
+	bits := uint64(n)
+	if len(c.SetValues) < 64 && bits>>len(c.SetValues) != 0 {
+		return nil, fmt.Errorf("set bitmap %#x names members beyond the %d known", bits, len(c.SetValues))
+	}
+	out := make([]any, 0, 4)
+	for i, name := range c.SetValues {
+		if bits&(1<<i) != 0 {
+			m, err := c.memberName(name)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, m)
+		}
+	}
+	return out, nil
+}
+
+// memberName decodes an ENUM/SET member name, which the table map carries
+// in the column's character set.
+func (c *Column) memberName(name string) (string, error) {
+	if isBinaryCharset(c.Charset) {
+		if !utf8.ValidString(name) {
+			return "", fmt.Errorf("member name %q is not UTF-8", name)
+		}
+		return name, nil
+	}
+	out, err := decodeText([]byte(name), c.Charset)
+	if err != nil {
+		return "", err
+	}
+	return out.(string), nil
+}
+
+// decodeJSON handles MySQL's binary JSON, which go-mysql has already turned
+// into JSON text.
+func decodeJSON(v any) (any, error) {
+	switch x := v.(type) {
+	case string:
+		return decodeJSONText([]byte(x))
+	case []byte:
+		if len(x) == 0 {
+			// An empty document is what MySQL stores for a NOT NULL
+			// JSON column given an invalid value in non-strict mode;
+			// MySQL itself reads it as the JSON null literal.
+			return canonical.RawJSON("null"), nil
+		}
+		return decodeJSONText(x)
+	case *replication.JsonDiff:
+		return nil, errors.New("partial JSON update (binlog_row_value_options=PARTIAL_JSON) carries no full row image; turn it off")
+	}
+	return nil, unexpected(v)
+}
+
+// decodeJSONText validates a JSON document and returns it as RawJSON, to be
+// embedded (re-emitted canonically) by the encoder.
+func decodeJSONText(b []byte) (any, error) {
+	if !json.Valid(b) || !utf8.Valid(b) {
+		return nil, fmt.Errorf("invalid JSON document %.64q", b)
+	}
+	return canonical.RawJSON(bytes.Clone(b)), nil
+}
+
+func isBinaryCharset(cs string) bool { return cs == "" || cs == "binary" }
+
+// stringLength is the declared byte length of a CHAR/BINARY column, from the
+// table map's metadata (the same arithmetic as go-mysql's).
+func (c *Column) stringLength() int {
+	m := c.Meta
+	if m < 256 {
+		return int(m)
+	}
+	b0, b1 := uint8(m>>8), uint8(m&0xFF)
+	if b0&0x30 != 0x30 {
+		return int(uint16(b1) | uint16((b0&0x30)^0x30)<<4)
+	}
+	return int(b1)
+}
+
+// padBinary restores the trailing 0x00 bytes of a BINARY(n) value: the
+// server strips them when it writes the row event and pads them back when
+// it reads the column, so SELECT returns n bytes and so must we.
+func padBinary(b []byte, n int) []byte {
+	for len(b) < n {
+		b = append(b, 0)
+	}
+	return b
+}
+
+// decodeText converts a character column's bytes to a UTF-8 string.
+func decodeText(raw []byte, charset string) (any, error) {
+	switch charset {
+	case "utf8mb4", "utf8mb3", "utf8", "ascii":
+		if !utf8.Valid(raw) {
+			return nil, fmt.Errorf("%s text is not valid UTF-8", charset)
+		}
+		return string(raw), nil
+	case "latin1":
+		return decodeLatin1(raw), nil
+	}
+	enc := textEncodings[charset]
+	if enc == nil {
+		return nil, fmt.Errorf("character set %q is not supported", charset)
+	}
+	if isASCII(raw) && !asciiIncompatible[charset] {
+		return string(raw), nil
+	}
+	out, err := enc.NewDecoder().Bytes(raw)
+	if err != nil {
+		return nil, fmt.Errorf("decode %s text: %w", charset, err)
+	}
+	// x/text decoders turn undecodable bytes into U+FFFD; that would be a
+	// silent loss, so it is an error unless the input could mean it.
+	if bytes.ContainsRune(out, utf8.RuneError) && !encodesReplacementChar[charset] {
+		return nil, fmt.Errorf("%s text has bytes that do not decode", charset)
+	}
+	return string(out), nil
+}
+
+func isASCII(b []byte) bool {
+	for _, c := range b {
+		if c >= utf8.RuneSelf {
+			return false
+		}
+	}
+	return true
+}
+
+// latin1High maps bytes 0x80..0x9F of MySQL's latin1, which is Windows-1252
+// except that the five bytes cp1252 leaves undefined (0x81, 0x8D, 0x8F,
+// 0x90, 0x9D) map to the C1 controls of the same value, so every byte
+// decodes. 0xA0..0xFF are ISO 8859-1, i.e. the code point of the same value.
+var latin1High = [32]rune{
+	0x20AC, 0x0081, 0x201A, 0x0192, 0x201E, 0x2026, 0x2020, 0x2021,
+	0x02C6, 0x2030, 0x0160, 0x2039, 0x0152, 0x008D, 0x017D, 0x008F,
+	0x0090, 0x2018, 0x2019, 0x201C, 0x201D, 0x2022, 0x2013, 0x2014,
+	0x02DC, 0x2122, 0x0161, 0x203A, 0x0153, 0x009D, 0x017E, 0x0178,
+}
+
+func decodeLatin1(raw []byte) string {
+	if isASCII(raw) {
+		return string(raw)
+	}
+	out := make([]byte, 0, len(raw)+len(raw)/2)
+	for _, c := range raw {
+		switch {
+		case c < 0x80:
+			out = append(out, c)
+		case c < 0xA0:
+			out = utf8.AppendRune(out, latin1High[c-0x80])
+		default:
+			out = utf8.AppendRune(out, rune(c))
+		}
+	}
+	return string(out)
+}
+
+// textEncodings maps MySQL/MariaDB character set names to decoders.
+var textEncodings = map[string]encoding.Encoding{
+	"latin2":   charmap.ISO8859_2,
+	"latin5":   charmap.ISO8859_9,
+	"latin7":   charmap.ISO8859_13,
+	"greek":    charmap.ISO8859_7,
+	"hebrew":   charmap.ISO8859_8,
+	"cp1250":   charmap.Windows1250,
+	"cp1251":   charmap.Windows1251,
+	"cp1256":   charmap.Windows1256,
+	"cp1257":   charmap.Windows1257,
+	"cp850":    charmap.CodePage850,
+	"cp852":    charmap.CodePage852,
+	"cp866":    charmap.CodePage866,
+	"koi8r":    charmap.KOI8R,
+	"koi8u":    charmap.KOI8U,
+	"macroman": charmap.Macintosh,
+	"tis620":   charmap.Windows874,
+	"gbk":      simplifiedchinese.GBK,
+	"gb2312":   simplifiedchinese.GBK, // EUC-CN is a subset of GBK
+	"gb18030":  simplifiedchinese.GB18030,
+	"big5":     traditionalchinese.Big5,
+	"sjis":     japanese.ShiftJIS,
+	"cp932":    japanese.ShiftJIS,
+	"ujis":     japanese.EUCJP,
+	"eucjpms":  japanese.EUCJP,
+	"euckr":    korean.EUCKR,
+	"ucs2":     unicode.UTF16(unicode.BigEndian, unicode.IgnoreBOM),
+	"utf16":    unicode.UTF16(unicode.BigEndian, unicode.IgnoreBOM),
+	"utf16le":  unicode.UTF16(unicode.LittleEndian, unicode.IgnoreBOM),
+	"utf32":    utf32.UTF32(utf32.BigEndian, utf32.IgnoreBOM),
+}
+
+// asciiIncompatible charsets do not encode ASCII as itself.
+var asciiIncompatible = map[string]bool{"ucs2": true, "utf16": true, "utf16le": true, "utf32": true}
+
+// encodesReplacementChar charsets can legitimately contain U+FFFD.
+var encodesReplacementChar = map[string]bool{"ucs2": true, "utf16": true, "utf16le": true, "utf32": true, "gb18030": true}
+
+func allDigits(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// isDate checks the shape "DDDD-DD-DD" (values, including zeros, are the
+// server's business).
+func isDate(s string) bool {
+	return len(s) == 10 && allDigits(s[0:4]) && s[4] == '-' && allDigits(s[5:7]) && s[7] == '-' && allDigits(s[8:10])
+}
+
+// isClock checks "H…:MM:SS" with hourDigits hour digits.
+func isClock(s string, hourDigits int) bool {
+	h := hourDigits
+	return len(s) == h+6 && allDigits(s[:h]) && s[h] == ':' && allDigits(s[h+1:h+3]) && s[h+3] == ':' && allDigits(s[h+4:h+6])
+}
+
+// validDecimal checks the shape go-mysql prints DECIMAL in: optional '-',
+// digits, optional '.' and digits.
+func validDecimal(s string) bool {
+	s = strings.TrimPrefix(s, "-")
+	intPart, frac, hasDot := strings.Cut(s, ".")
+	if intPart == "" || !allDigits(intPart) {
+		return false
+	}
+	return !hasDot || (frac != "" && allDigits(frac))
+}
+
+// TypeName names the column's type for error messages, e.g. "DATETIME(3)"
+// or "INT UNSIGNED".
+func (c *Column) TypeName() string {
+	var name string
+	switch t := c.realType(); t {
+	case gomysql.MYSQL_TYPE_TINY:
+		name = "TINYINT"
+	case gomysql.MYSQL_TYPE_SHORT:
+		name = "SMALLINT"
+	case gomysql.MYSQL_TYPE_INT24:
+		name = "MEDIUMINT"
+	case gomysql.MYSQL_TYPE_LONG:
+		name = "INT"
+	case gomysql.MYSQL_TYPE_LONGLONG:
+		name = "BIGINT"
+	case gomysql.MYSQL_TYPE_YEAR:
+		return "YEAR"
+	case gomysql.MYSQL_TYPE_NEWDECIMAL, gomysql.MYSQL_TYPE_DECIMAL:
+		return fmt.Sprintf("DECIMAL(%d,%d)", c.Meta>>8, c.Meta&0xFF)
+	case gomysql.MYSQL_TYPE_FLOAT:
+		return "FLOAT"
+	case gomysql.MYSQL_TYPE_DOUBLE:
+		return "DOUBLE"
+	case gomysql.MYSQL_TYPE_BIT:
+		return fmt.Sprintf("BIT(%d)", (c.Meta>>8)*8+c.Meta&0xFF)
+	case gomysql.MYSQL_TYPE_DATE, gomysql.MYSQL_TYPE_NEWDATE:
+		return "DATE"
+	case gomysql.MYSQL_TYPE_DATETIME, gomysql.MYSQL_TYPE_DATETIME2:
+		return withFsp("DATETIME", c.fsp(t))
+	case gomysql.MYSQL_TYPE_TIMESTAMP, gomysql.MYSQL_TYPE_TIMESTAMP2:
+		return withFsp("TIMESTAMP", c.fsp(t))
+	case gomysql.MYSQL_TYPE_TIME, gomysql.MYSQL_TYPE_TIME2:
+		return withFsp("TIME", c.fsp(t))
+	case gomysql.MYSQL_TYPE_ENUM:
+		return "ENUM"
+	case gomysql.MYSQL_TYPE_SET:
+		return "SET"
+	case gomysql.MYSQL_TYPE_JSON:
+		return "JSON"
+	case gomysql.MYSQL_TYPE_GEOMETRY:
+		return "GEOMETRY"
+	case gomysql.MYSQL_TYPE_VECTOR:
+		return "VECTOR"
+	case gomysql.MYSQL_TYPE_BLOB, gomysql.MYSQL_TYPE_TINY_BLOB, gomysql.MYSQL_TYPE_MEDIUM_BLOB, gomysql.MYSQL_TYPE_LONG_BLOB:
+		switch {
+		case c.JSON:
+			return "JSON (LONGTEXT)"
+		case c.Geometry:
+			return "GEOMETRY"
+		case isBinaryCharset(c.Charset):
+			return "BLOB"
+		}
+		return "TEXT " + c.Charset
+	case gomysql.MYSQL_TYPE_VARCHAR, gomysql.MYSQL_TYPE_VAR_STRING:
+		if isBinaryCharset(c.Charset) {
+			return "VARBINARY"
+		}
+		return "VARCHAR " + c.Charset
+	case gomysql.MYSQL_TYPE_STRING:
+		if isBinaryCharset(c.Charset) {
+			return "BINARY"
+		}
+		return "CHAR " + c.Charset
+	default:
+		return "type " + strconv.Itoa(int(t))
+	}
+	if c.Unsigned {
+		name += " UNSIGNED"
+	}
+	return name
+}
+
+func withFsp(name string, fsp int) string {
+	if fsp == 0 {
+		return name
+	}
+	return name + "(" + strconv.Itoa(fsp) + ")"
+}
