@@ -1,0 +1,407 @@
+package binlog
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+
+	gomysql "github.com/go-mysql-org/go-mysql/mysql"
+)
+
+// ErrPositionUnavailable means the requested start or resume position is no
+// longer in the server's binary logs (they were purged). It is never
+// papered over by jumping to another position: changes in between would be
+// lost without anyone deciding so.
+var ErrPositionUnavailable = errors.New("binlog position no longer available on the server")
+
+// FromKind says how a start position was given.
+type FromKind int
+
+// The kinds of start position.
+const (
+	FromNow     FromKind = iota // the server's current end of log
+	FromStart                   // the oldest binlog the server still has
+	FromGTID                    // an explicit GTID set
+	FromFilePos                 // an explicit file:pos
+)
+
+// From is a parsed --from value.
+type From struct {
+	Kind FromKind
+	// GTIDSet is the set's text for FromGTID; Flavor is the flavor its
+	// syntax implies ("mysql": uuid:1-5, "mariadb": 0-1-42).
+	GTIDSet string
+	Flavor  string
+	// File and Pos for FromFilePos.
+	File string
+	Pos  uint32
+}
+
+func (f From) String() string {
+	switch f.Kind {
+	case FromNow:
+		return "now"
+	case FromStart:
+		return "start"
+	case FromGTID:
+		return f.GTIDSet
+	default:
+		return fmt.Sprintf("%s:%d", f.File, f.Pos)
+	}
+}
+
+var (
+	mariadbGTIDSetRe = regexp.MustCompile(`^\d+-\d+-\d+(,\s*\d+-\d+-\d+)*$`)
+	uuidPrefixRe     = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}:`)
+)
+
+// ParseFrom parses a start position: "now" (also ""), "start", a GTID set in
+// MariaDB ("0-1-42,1-2-7") or MySQL ("3e11fa47-…:1-42,…") form, or
+// "file:pos" ("binlog.000003:1234").
+func ParseFrom(s string) (From, error) {
+	s = strings.TrimSpace(s)
+	switch strings.ToLower(s) {
+	case "", "now":
+		return From{Kind: FromNow}, nil
+	case "start":
+		return From{Kind: FromStart}, nil
+	}
+	if mariadbGTIDSetRe.MatchString(s) {
+		if _, err := gomysql.ParseMariadbGTIDSet(s); err != nil {
+			return From{}, fmt.Errorf("--from %q: MariaDB GTID set: %w", s, err)
+		}
+		return From{Kind: FromGTID, GTIDSet: s, Flavor: gomysql.MariaDBFlavor}, nil
+	}
+	if uuidPrefixRe.MatchString(s) {
+		set, err := gomysql.ParseMysqlGTIDSet(s)
+		if err != nil {
+			return From{}, fmt.Errorf("--from %q: MySQL GTID set: %w", s, err)
+		}
+		return From{Kind: FromGTID, GTIDSet: set.String(), Flavor: gomysql.MySQLFlavor}, nil
+	}
+	if i := strings.LastIndexByte(s, ':'); i > 0 {
+		file, posStr := s[:i], s[i+1:]
+		pos, err := strconv.ParseUint(posStr, 10, 32)
+		if err == nil && !strings.ContainsAny(file, " ,:") {
+			if pos < 4 {
+				pos = 4 // the first event of every binlog file starts at 4
+			}
+			return From{Kind: FromFilePos, File: file, Pos: uint32(pos)}, nil
+		}
+	}
+	return From{}, fmt.Errorf("--from %q: want now, start, a GTID set (0-1-42 or uuid:1-42) or file:pos", s)
+}
+
+// startPoint is where a sync (re)starts: a GTID set when known and chosen,
+// else file:pos. gset, when non-nil, is the executed set at that point and
+// is kept up to date commit by commit.
+type startPoint struct {
+	gset    gomysql.GTIDSet
+	file    string
+	pos     uint32
+	useGTID bool
+}
+
+func (p startPoint) String() string {
+	if p.useGTID {
+		return "gtid " + p.gset.String()
+	}
+	return fmt.Sprintf("%s:%d", p.file, p.pos)
+}
+
+// binlogFiles lists the server's binary logs, oldest first.
+func binlogFiles(ctx context.Context, db *sql.DB) ([]string, error) {
+	rows, err := db.QueryContext(ctx, "SHOW BINARY LOGS")
+	if err != nil {
+		return nil, fmt.Errorf("show binary logs: %w", err)
+	}
+	defer rows.Close()
+	cols, err := rows.Columns()
+	if err != nil {
+		return nil, err
+	}
+	var files []string
+	for rows.Next() {
+		vals := make([]sql.RawBytes, len(cols))
+		ptrs := make([]any, len(cols))
+		for i := range vals {
+			ptrs[i] = &vals[i]
+		}
+		if err := rows.Scan(ptrs...); err != nil {
+			return nil, err
+		}
+		files = append(files, string(vals[0]))
+	}
+	return files, rows.Err()
+}
+
+// masterStatus returns the current end of the binary log.
+func masterStatus(ctx context.Context, db *sql.DB) (string, uint32, error) {
+	var lastErr error
+	// MySQL 8.4 renamed the statement; older servers and MariaDB know the
+	// first spelling.
+	for _, q := range []string{"SHOW MASTER STATUS", "SHOW BINARY LOG STATUS"} {
+		rows, err := db.QueryContext(ctx, q)
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		cols, _ := rows.Columns()
+		vals := make([]sql.RawBytes, len(cols))
+		ptrs := make([]any, len(cols))
+		for i := range vals {
+			ptrs[i] = &vals[i]
+		}
+		var file string
+		var pos uint64
+		if rows.Next() {
+			if err := rows.Scan(ptrs...); err != nil {
+				rows.Close()
+				return "", 0, err
+			}
+			file = string(vals[0])
+			pos, _ = strconv.ParseUint(string(vals[1]), 10, 32)
+		}
+		rows.Close()
+		if file == "" {
+			return "", 0, errors.New(q + " returned no row: is the binary log on?")
+		}
+		return file, uint32(pos), nil
+	}
+	return "", 0, fmt.Errorf("read current binlog position: %w", lastErr)
+}
+
+var gtidListRe = regexp.MustCompile(`\d+-\d+-\d+`)
+
+// mariadbGTIDListAt returns the GTID list at the start of a MariaDB binlog
+// file: the last GTID of every domain written before that file, that is,
+// what a reader starting at the file has already "executed".
+func mariadbGTIDListAt(ctx context.Context, db *sql.DB, file string) (gomysql.GTIDSet, error) {
+	rows, err := db.QueryContext(ctx, "SHOW BINLOG EVENTS IN '"+strings.ReplaceAll(file, "'", "''")+"' LIMIT 4")
+	if err != nil {
+		return nil, fmt.Errorf("read gtid list of %s: %w", file, err)
+	}
+	defer rows.Close()
+	cols, _ := rows.Columns()
+	for rows.Next() {
+		vals := make([]sql.RawBytes, len(cols))
+		ptrs := make([]any, len(cols))
+		for i := range vals {
+			ptrs[i] = &vals[i]
+		}
+		if err := rows.Scan(ptrs...); err != nil {
+			return nil, err
+		}
+		// Log_name, Pos, Event_type, Server_id, End_log_pos, Info
+		if string(vals[2]) == "Gtid_list" {
+			return gomysql.ParseMariadbGTIDSet(strings.Join(gtidListRe.FindAllString(string(vals[5]), -1), ","))
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return gomysql.ParseMariadbGTIDSet("")
+}
+
+// purgedError names the missing position and the operator's choices.
+func purgedError(pos, oldest string) error {
+	return fmt.Errorf("start position %s is no longer in the server's binary logs (oldest available: %s); "+
+		"changes after it are lost to this reader. Decide, then run with --from start or --from now explicitly "+
+		"to skip them, or re-backfill the tables: %w", pos, oldest, ErrPositionUnavailable)
+}
+
+// resolveStart turns Config.Resume / Config.From into a start point and
+// checks that the server still has it.
+func (s *Stream) resolveStart(ctx context.Context) (startPoint, error) {
+	files, err := binlogFiles(ctx, s.db)
+	if err != nil {
+		return startPoint{}, err
+	}
+	if len(files) == 0 {
+		return startPoint{}, errors.New("the server lists no binary logs: is the binary log on?")
+	}
+	oldest := files[0]
+	mariadb := s.info.Flavor == gomysql.MariaDBFlavor
+
+	if r := s.cfg.Resume; r != nil {
+		if r.Flavor != "" && r.Flavor != s.info.Flavor {
+			return startPoint{}, fmt.Errorf("resume position was written by a %s server, this one is %s", r.Flavor, s.info.Flavor)
+		}
+		if r.GTIDSet != "" {
+			return s.gtidStart(ctx, r.GTIDSet, oldest)
+		}
+		if r.File == "" {
+			return startPoint{}, errors.New("resume position has neither a GTID set nor a file:pos")
+		}
+		if r.ServerUUID != "" && r.ServerUUID != s.info.ServerUUID {
+			return startPoint{}, fmt.Errorf("resume position %s:%d belongs to server %s but this server is %s: "+
+				"file positions mean nothing on another server; resume needs GTIDs, or choose --from explicitly",
+				r.File, r.Pos, r.ServerUUID, s.info.ServerUUID)
+		}
+		return s.filePosStart(ctx, r.File, r.Pos, files, mariadb)
+	}
+
+	from, err := ParseFrom(s.cfg.From)
+	if err != nil {
+		return startPoint{}, err
+	}
+	switch from.Kind {
+	case FromNow:
+		if mariadb {
+			var gs string
+			if err := s.db.QueryRowContext(ctx, "SELECT @@GLOBAL.gtid_binlog_pos").Scan(&gs); err != nil {
+				return startPoint{}, fmt.Errorf("read gtid_binlog_pos: %w", err)
+			}
+			set, err := gomysql.ParseMariadbGTIDSet(gs)
+			if err != nil {
+				return startPoint{}, fmt.Errorf("parse gtid_binlog_pos %q: %w", gs, err)
+			}
+			return startPoint{gset: set, useGTID: true}, nil
+		}
+		if s.info.GTIDMode {
+			var gs string
+			if err := s.db.QueryRowContext(ctx, "SELECT @@GLOBAL.gtid_executed").Scan(&gs); err != nil {
+				return startPoint{}, fmt.Errorf("read gtid_executed: %w", err)
+			}
+			set, err := gomysql.ParseMysqlGTIDSet(strings.ReplaceAll(gs, "\n", ""))
+			if err != nil {
+				return startPoint{}, fmt.Errorf("parse gtid_executed: %w", err)
+			}
+			return startPoint{gset: set, useGTID: true}, nil
+		}
+		file, pos, err := masterStatus(ctx, s.db)
+		if err != nil {
+			return startPoint{}, err
+		}
+		return startPoint{file: file, pos: pos}, nil
+	case FromStart:
+		// Read from the first event of the oldest file; the GTID set at
+		// that point seeds the resume set.
+		sp := startPoint{file: oldest, pos: 4}
+		if mariadb {
+			set, err := mariadbGTIDListAt(ctx, s.db, oldest)
+			if err != nil {
+				return startPoint{}, err
+			}
+			sp.gset = set
+		} else if s.info.GTIDMode {
+			var gs string
+			if err := s.db.QueryRowContext(ctx, "SELECT @@GLOBAL.gtid_purged").Scan(&gs); err != nil {
+				return startPoint{}, fmt.Errorf("read gtid_purged: %w", err)
+			}
+			set, err := gomysql.ParseMysqlGTIDSet(strings.ReplaceAll(gs, "\n", ""))
+			if err != nil {
+				return startPoint{}, fmt.Errorf("parse gtid_purged: %w", err)
+			}
+			sp.gset = set
+		}
+		return sp, nil
+	case FromGTID:
+		if from.Flavor != s.info.Flavor {
+			return startPoint{}, fmt.Errorf("--from %s is a %s GTID set but the server is %s", from.GTIDSet, from.Flavor, s.info.Flavor)
+		}
+		return s.gtidStart(ctx, from.GTIDSet, oldest)
+	default:
+		return s.filePosStart(ctx, from.File, from.Pos, files, mariadb)
+	}
+}
+
+func (s *Stream) gtidStart(ctx context.Context, text, oldest string) (startPoint, error) {
+	set, err := gomysql.ParseGTIDSet(s.info.Flavor, text)
+	if err != nil {
+		return startPoint{}, fmt.Errorf("parse GTID set %q: %w", text, err)
+	}
+	if s.info.Flavor == gomysql.MariaDBFlavor {
+		// Every domain's GTID at the start of the oldest file must be
+		// covered: a lower sequence number means the transactions in
+		// between were purged.
+		first, err := mariadbGTIDListAt(ctx, s.db, oldest)
+		if err != nil {
+			return startPoint{}, err
+		}
+		want := set.(*gomysql.MariadbGTIDSet)
+		for domain, g := range first.(*gomysql.MariadbGTIDSet).Sets {
+			have, ok := want.Sets[domain]
+			if !ok || have.SequenceNumber < g.SequenceNumber {
+				return startPoint{}, purgedError("gtid "+text, fmt.Sprintf("%s, which starts after gtid %s", oldest, first.String()))
+			}
+		}
+	} else {
+		var purged string
+		if err := s.db.QueryRowContext(ctx, "SELECT @@GLOBAL.gtid_purged").Scan(&purged); err != nil {
+			return startPoint{}, fmt.Errorf("read gtid_purged: %w", err)
+		}
+		ps, err := gomysql.ParseMysqlGTIDSet(strings.ReplaceAll(purged, "\n", ""))
+		if err != nil {
+			return startPoint{}, fmt.Errorf("parse gtid_purged: %w", err)
+		}
+		if !set.Contain(ps) {
+			return startPoint{}, purgedError("gtid "+text, "gtid_purged "+ps.String())
+		}
+	}
+	return startPoint{gset: set, useGTID: true}, nil
+}
+
+func (s *Stream) filePosStart(ctx context.Context, file string, pos uint32, files []string, mariadb bool) (startPoint, error) {
+	found := false
+	for _, f := range files {
+		if f == file {
+			found = true
+			break
+		}
+	}
+	if !found {
+		if gomysql.CompareBinlogFileName(file, files[0]) < 0 {
+			return startPoint{}, purgedError(fmt.Sprintf("%s:%d", file, pos), files[0])
+		}
+		return startPoint{}, fmt.Errorf("binlog file %s is not on the server (it has %s … %s)", file, files[0], files[len(files)-1])
+	}
+	sp := startPoint{file: file, pos: pos}
+	if mariadb {
+		// MariaDB can name the GTID state at any file:pos, so the stream
+		// tracks GTIDs (and resumes by them) from here on.
+		var gs sql.NullString
+		if err := s.db.QueryRowContext(ctx, "SELECT BINLOG_GTID_POS(?, ?)", file, pos).Scan(&gs); err == nil && gs.Valid {
+			if set, err := gomysql.ParseMariadbGTIDSet(gs.String); err == nil {
+				sp.gset = set
+			}
+		}
+	}
+	return sp, nil
+}
+
+// positionOf converts the tracked state to the exported Position.
+func (s *Stream) positionOf(gset gomysql.GTIDSet, file string, pos uint32) Position {
+	p := Position{Flavor: s.info.Flavor, ServerUUID: s.info.ServerUUID, File: file, Pos: pos}
+	if gset != nil {
+		p.GTIDSet = gset.String()
+	}
+	return p
+}
+
+// isFatalReadError recognises the server refusing to send the binlog
+// (ER_MASTER_FATAL_ERROR_READING_BINLOG): retrying cannot fix it.
+func isFatalReadError(err error) bool {
+	var me *gomysql.MyError
+	if errors.As(err, &me) && me.Code == gomysql.ER_MASTER_FATAL_ERROR_READING_BINLOG {
+		return true
+	}
+	return strings.Contains(err.Error(), "ERROR 1236")
+}
+
+// isPurgedError recognises the fatal read errors that mean the binlog the
+// position needs is gone.
+func isPurgedError(err error) bool {
+	msg := err.Error()
+	for _, s := range []string{"Could not find first log file", "Could not find GTID state",
+		"purged binary logs", "purged required binary logs", "could not find next log", "Could not open log file"} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
+}

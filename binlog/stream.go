@@ -1,0 +1,526 @@
+package binlog
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	gomysql "github.com/go-mysql-org/go-mysql/mysql"
+	"github.com/go-mysql-org/go-mysql/replication"
+	"github.com/go-sql-driver/mysql"
+	"github.com/google/uuid"
+	"go.uber.org/zap"
+
+	"github.com/cdcout/cdcout/canonical"
+	"github.com/cdcout/cdcout/internal/logbridge"
+)
+
+// Defaults for Config.HeartbeatPeriod and Config.ReadTimeout.
+const (
+	DefaultHeartbeatPeriod = 5 * time.Second
+	DefaultReadTimeout     = 30 * time.Second
+)
+
+// emptyCommitEvery bounds how often a transaction that carried no emitted
+// row still produces a Commit. Such commits only let the checkpoint move
+// past traffic on tables nobody captures; one a second is plenty, and
+// coalescing keeps a busy uncaptured table from costing a checkpoint write
+// per transaction. A coalesced commit is not lost: the next emitted Commit
+// (or a heartbeat) carries a position at or past it.
+const emptyCommitEvery = time.Second
+
+// Reconnect backoff: a dropped connection, a read timeout (half-open
+// connection) or a server restart is retried with these delays.
+const (
+	backoffMin = 200 * time.Millisecond
+	backoffMax = 10 * time.Second
+)
+
+// Stream reads one server's binary log. Open checks the server and fixes
+// the start position; Run streams. A Stream is used by one Run at a time;
+// Position and Info may be called concurrently.
+type Stream struct {
+	cfg    Config
+	log    *zap.Logger
+	db     *sql.DB
+	addr   string // user@host:port, never the password
+	dsn    *mysql.Config
+	info   Info
+	filter *tableFilter
+	schema *schemaCache
+	start  startPoint
+
+	mu      sync.Mutex
+	emitted Position // last Commit handed to the handler
+}
+
+// Open connects, runs the start-up checks and resolves the start position.
+// Errors name what to change; they never contain the password.
+func Open(ctx context.Context, cfg Config) (*Stream, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	if cfg.HeartbeatPeriod <= 0 {
+		cfg.HeartbeatPeriod = DefaultHeartbeatPeriod
+	}
+	if cfg.ReadTimeout <= 0 {
+		cfg.ReadTimeout = DefaultReadTimeout
+	}
+	if cfg.ReadTimeout <= cfg.HeartbeatPeriod {
+		return nil, fmt.Errorf("read timeout %s must exceed the heartbeat period %s", cfg.ReadTimeout, cfg.HeartbeatPeriod)
+	}
+	dsn, err := mysql.ParseDSN(cfg.DSN)
+	if err != nil {
+		return nil, fmt.Errorf("parse DSN: %w", err)
+	}
+	filter, err := newTableFilter(cfg.Include, cfg.ExcludeDBs)
+	if err != nil {
+		return nil, err
+	}
+	s := &Stream{
+		cfg:    cfg,
+		log:    cfg.Logger.Named("binlog"),
+		dsn:    dsn,
+		addr:   dsn.User + "@" + dsn.Addr,
+		filter: filter,
+	}
+	conn, err := mysql.NewConnector(dsn.Clone())
+	if err != nil {
+		return nil, fmt.Errorf("connect to %s: %w", s.addr, err)
+	}
+	s.db = sql.OpenDB(conn)
+	s.db.SetMaxOpenConns(4)
+	ok := false
+	defer func() {
+		if !ok {
+			s.db.Close()
+		}
+	}()
+	if err := s.db.PingContext(ctx); err != nil {
+		return nil, fmt.Errorf("connect to %s: %w", s.addr, err)
+	}
+	if err := s.check(ctx); err != nil {
+		return nil, err
+	}
+	collations, err := loadCollations(ctx, s.db)
+	if err != nil {
+		return nil, err
+	}
+	s.schema = newSchemaCache(s.db, s.log, s.info.Flavor == gomysql.MariaDBFlavor, s.info.MetadataMode == "binlog", collations)
+	if s.start, err = s.resolveStart(ctx); err != nil {
+		return nil, err
+	}
+	s.emitted = s.positionOf(s.start.gset, s.start.file, s.start.pos)
+	s.log.Info("binlog source ready",
+		zap.String("server", s.addr), zap.String("flavor", s.info.Flavor), zap.String("version", s.info.Version),
+		zap.Uint32("server_id", s.info.ServerID), zap.Bool("gtid_mode", s.info.GTIDMode),
+		zap.String("metadata mode", s.info.MetadataMode), zap.String("start", s.start.String()))
+	if s.info.MetadataMode != "binlog" {
+		s.log.Warn("column names come from information_schema (binlog_row_metadata is not FULL or the fallback is forced): " +
+			"rows written before a DDL the reader has not reached yet are refused, not guessed")
+	}
+	ok = true
+	return s, nil
+}
+
+// Info describes the server.
+func (s *Stream) Info() Info { return s.info }
+
+// Position is the position of the last Commit emitted (before any, the
+// start position).
+func (s *Stream) Position() Position {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.emitted
+}
+
+// Close releases the database connections. Run must have returned.
+func (s *Stream) Close() error { return s.db.Close() }
+
+func (s *Stream) syncerConfig() (replication.BinlogSyncerConfig, error) {
+	host, portStr, err := net.SplitHostPort(s.dsn.Addr)
+	var port uint64
+	if err == nil {
+		port, err = strconv.ParseUint(portStr, 10, 16)
+	}
+	if s.dsn.Net == "unix" {
+		host, port, err = s.dsn.Addr, 0, nil
+	}
+	if err != nil {
+		return replication.BinlogSyncerConfig{}, fmt.Errorf("address %q: %w", s.dsn.Addr, err)
+	}
+	return replication.BinlogSyncerConfig{
+		ServerID:                s.cfg.ServerID,
+		Flavor:                  s.info.Flavor,
+		Host:                    host,
+		Port:                    uint16(port),
+		User:                    s.dsn.User,
+		Password:                s.dsn.Passwd,
+		TLSConfig:               s.dsn.TLS,
+		ParseTime:               false,
+		UseDecimal:              false,
+		TimestampStringLocation: time.UTC,
+		HeartbeatPeriod:         s.cfg.HeartbeatPeriod,
+		ReadTimeout:             s.cfg.ReadTimeout,
+		// Reconnects are ours: go-mysql's resume point may be inside a
+		// transaction, ours is always the last commit.
+		DisableRetrySync: true,
+		DiscardGTIDSet:   true,
+		Logger:           logbridge.New(s.log.Named("go-mysql")),
+	}, nil
+}
+
+// handlerError marks the handler's own error so Run returns it unchanged.
+type handlerError struct{ err error }
+
+func (e *handlerError) Error() string { return e.err.Error() }
+
+// permanentError is an error no reconnect can fix (schema, purged binlog).
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }
+
+// Run streams until ctx ends (returning ctx.Err()) or h fails (returning
+// h's error as is). Every Change precedes its transaction's Commit.
+//
+// On a dropped connection, read timeout or server restart Run reconnects
+// with backoff and resumes at the last committed transaction. Rows of a
+// transaction that was cut off are emitted again from its first row, with
+// the same ordinals and (in GTID mode) the same change keys: downstream
+// deduplicates by change key, so a replay is harmless while a gap would
+// not be.
+func (s *Stream) Run(ctx context.Context, h func(context.Context, Event) error) error {
+	scfg, err := s.syncerConfig()
+	if err != nil {
+		return err
+	}
+	r := &reader{s: s, h: h, resume: s.start, lastCommit: time.Now()}
+	if r.resume.gset != nil {
+		r.resume.gset = r.resume.gset.Clone()
+	}
+	backoff := backoffMin
+	for attempt := 0; ; attempt++ {
+		progressed, err := r.session(ctx, scfg)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		var he *handlerError
+		if errors.As(err, &he) {
+			return he.err
+		}
+		var pe *permanentError
+		if errors.As(err, &pe) {
+			return pe.err
+		}
+		if progressed {
+			backoff = backoffMin
+		}
+		s.log.Warn("binlog connection lost; resuming at the last commit",
+			zap.Error(err), zap.String("resume", r.resume.String()), zap.Duration("backoff", backoff))
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		backoff = min(backoff*2, backoffMax)
+	}
+}
+
+// reader is the state of one Run.
+type reader struct {
+	s      *Stream
+	h      func(context.Context, Event) error
+	resume startPoint // last committed position read (emitted or coalesced)
+
+	file string // current binlog file
+	tx   txState
+
+	lastCommit time.Time // when the last Commit was emitted
+	pending    *Commit   // coalesced empty commit not yet emitted
+}
+
+// txState is the transaction being read.
+type txState struct {
+	gtid     string
+	inBegin  bool // a BEGIN was seen: the transaction ends at XID/COMMIT
+	ordinal  int  // row images so far, counted before filtering
+	emitted  int  // row changes emitted
+	maria    *gomysql.MariadbGTID
+	mysqlSID uuid.UUID
+	mysqlTag gomysql.Tag
+	mysqlGNO int64
+	hasMySQL bool
+	tagged   bool
+}
+
+// session runs one connection. progressed reports whether any event
+// arrived (to reset the backoff).
+func (r *reader) session(ctx context.Context, scfg replication.BinlogSyncerConfig) (progressed bool, err error) {
+	syncer := replication.NewBinlogSyncer(scfg)
+	defer syncer.Close()
+	var streamer *replication.BinlogStreamer
+	sp := r.resume
+	if sp.gset != nil && (sp.useGTID || sp.file == "") {
+		streamer, err = syncer.StartSyncGTID(sp.gset.Clone())
+	} else {
+		streamer, err = syncer.StartSync(gomysql.Position{Name: sp.file, Pos: sp.pos})
+	}
+	if err != nil {
+		return false, r.classify(err)
+	}
+	r.file = sp.file
+	r.tx = txState{}
+	for {
+		ev, err := streamer.GetEvent(ctx)
+		if err != nil {
+			return progressed, r.classify(err)
+		}
+		progressed = true
+		if err := r.event(ctx, ev, ev.Header); err != nil {
+			return progressed, err
+		}
+	}
+}
+
+// classify turns server-side refusals into permanent errors.
+func (r *reader) classify(err error) error {
+	if err == nil || r.s.cfg.Logger == nil {
+		return err
+	}
+	if isFatalReadError(err) {
+		if isPurgedError(err) {
+			return &permanentError{purgedError(r.resume.String(), "see SHOW BINARY LOGS")}
+		}
+		return &permanentError{fmt.Errorf("server refused to send the binlog from %s: %w", r.resume.String(), err)}
+	}
+	return err
+}
+
+func (r *reader) event(ctx context.Context, ev *replication.BinlogEvent, outer *replication.EventHeader) error {
+	switch e := ev.Event.(type) {
+	case *replication.RotateEvent:
+		r.file = string(e.NextLogName)
+	case *replication.MariadbGTIDEvent:
+		g := e.GTID
+		r.tx = txState{gtid: g.String(), maria: &g}
+	case *replication.GTIDEvent:
+		r.tx = txState{}
+		if ev.Header.EventType == replication.GTID_EVENT {
+			if u, err := uuid.FromBytes(e.SID); err == nil {
+				r.tx.gtid = fmt.Sprintf("%s:%d", u, e.GNO)
+				r.tx.mysqlSID, r.tx.mysqlGNO, r.tx.hasMySQL = u, e.GNO, true
+			}
+		}
+	case *replication.GtidTaggedLogEvent:
+		r.tx = txState{}
+		if u, err := uuid.FromBytes(e.SID); err == nil {
+			r.tx.gtid = fmt.Sprintf("%s:%s:%d", u, e.Tag, e.GNO)
+			r.tx.mysqlSID, r.tx.mysqlGNO, r.tx.mysqlTag, r.tx.hasMySQL, r.tx.tagged = u, e.GNO, e.Tag, true, true
+		}
+	case *replication.QueryEvent:
+		switch q := string(e.Query); q {
+		case "BEGIN", "XA START":
+			r.tx.inBegin = true
+		case "COMMIT", "ROLLBACK":
+			return r.commit(ctx, ev.Header, outer)
+		default:
+			if isDDL(e.Query) {
+				r.s.schema.invalidate()
+			}
+			if !r.tx.inBegin {
+				// A statement outside BEGIN (DDL) is a transaction of its own.
+				return r.commit(ctx, ev.Header, outer)
+			}
+		}
+	case *replication.XIDEvent:
+		return r.commit(ctx, ev.Header, outer)
+	case *replication.TableMapEvent:
+		// Decoding schemas are built lazily, for captured tables only.
+	case *replication.RowsEvent:
+		return r.rows(ctx, ev.Header, outer, e)
+	case *replication.TransactionPayloadEvent:
+		// MySQL binlog_transaction_compression: go-mysql has already
+		// decompressed the inner events; they carry no useful positions, so
+		// the payload's own position stands in for them.
+		for _, inner := range e.Events {
+			if err := r.event(ctx, inner, outer); err != nil {
+				return err
+			}
+		}
+	case *replication.HeartbeatEvent:
+		if r.pending != nil {
+			return r.flushPending(ctx)
+		}
+	}
+	return nil
+}
+
+func (r *reader) rows(ctx context.Context, hdr, outer *replication.EventHeader, e *replication.RowsEvent) error {
+	op := canonical.OpCreate
+	step := 1
+	switch e.Type() {
+	case replication.EnumRowsEventTypeUpdate:
+		op, step = canonical.OpUpdate, 2
+	case replication.EnumRowsEventTypeDelete:
+		op = canonical.OpDelete
+	case replication.EnumRowsEventTypeInsert:
+	default:
+		return nil
+	}
+	tm := e.Table
+	db, name := string(tm.Schema), string(tm.Table)
+	n := len(e.Rows) / step
+	if !r.s.filter.match(db, name) {
+		r.tx.ordinal += n
+		return nil
+	}
+	for _, sk := range e.SkippedColumns {
+		if len(sk) > 0 {
+			return &permanentError{fmt.Errorf("table %s.%s at %s:%d: row image is not FULL (binlog_row_image was changed, maybe for one session): "+
+				"cannot build complete before/after images; set binlog_row_image=FULL", db, name, r.file, outer.LogPos)}
+		}
+	}
+	t, err := r.s.schema.table(ctx, tm)
+	if err != nil {
+		return &permanentError{fmt.Errorf("at %s:%d: %w", r.file, outer.LogPos, err)}
+	}
+	pos := outer.LogPos - outer.EventSize
+	if outer.LogPos < outer.EventSize {
+		pos = outer.LogPos
+	}
+	src := canonical.Source{
+		Connector: "cdcout",
+		Version:   r.s.cfg.Version,
+		Instance:  r.s.cfg.Instance,
+		DB:        db,
+		Table:     name,
+		ServerID:  hdr.ServerID,
+		GTID:      r.tx.gtid,
+		File:      r.file,
+		Pos:       pos,
+		TsMs:      int64(hdr.Timestamp) * 1000,
+	}
+	for i := 0; i+step <= len(e.Rows); i += step {
+		ch := &canonical.Change{Op: op, Source: src, TsMs: time.Now().UnixMilli()}
+		ch.Source.Row = r.tx.ordinal
+		var err error
+		switch op {
+		case canonical.OpCreate:
+			ch.After, err = decodeRow(t, e.Rows[i])
+		case canonical.OpDelete:
+			ch.Before, err = decodeRow(t, e.Rows[i])
+		case canonical.OpUpdate:
+			if ch.Before, err = decodeRow(t, e.Rows[i]); err == nil {
+				ch.After, err = decodeRow(t, e.Rows[i+1])
+			}
+		}
+		if err != nil {
+			return &permanentError{fmt.Errorf("decode %s.%s row %d at %s:%d: %w", db, name, r.tx.ordinal, r.file, pos, err)}
+		}
+		if len(t.KeyColumns) > 0 {
+			img := ch.After
+			if img == nil {
+				img = ch.Before
+			}
+			ch.Key = make(canonical.Row, len(t.KeyColumns))
+			for _, k := range t.KeyColumns {
+				name := t.Columns[k].Name
+				ch.Key[name] = img[name]
+			}
+		}
+		if r.tx.gtid != "" {
+			ch.ChangeKey = "g:" + r.tx.gtid + ":" + strconv.Itoa(r.tx.ordinal)
+		}
+		r.tx.ordinal++
+		r.tx.emitted++
+		if err := r.h(ctx, Event{Change: ch}); err != nil {
+			return &handlerError{err}
+		}
+	}
+	return nil
+}
+
+func decodeRow(t *Table, vals []any) (canonical.Row, error) {
+	if len(vals) != len(t.Columns) {
+		return nil, fmt.Errorf("row has %d values, table map %d columns", len(vals), len(t.Columns))
+	}
+	row := make(canonical.Row, len(vals))
+	for i := range t.Columns {
+		c := &t.Columns[i]
+		v, err := c.Decode(vals[i])
+		if err != nil {
+			return nil, fmt.Errorf("column %s: %w", c.Name, err)
+		}
+		row[c.Name] = v
+	}
+	return row, nil
+}
+
+// commit ends the current transaction: advance the resume point, emit a
+// Commit (coalesced for empty transactions).
+func (r *reader) commit(ctx context.Context, hdr, outer *replication.EventHeader) error {
+	tx := r.tx
+	r.tx = txState{}
+	if gs := r.resume.gset; gs != nil {
+		switch {
+		case tx.maria != nil:
+			if set, ok := gs.(*gomysql.MariadbGTIDSet); ok {
+				if err := set.AddSet(tx.maria); err != nil {
+					return &permanentError{fmt.Errorf("track gtid %s: %w", tx.gtid, err)}
+				}
+			}
+		case tx.hasMySQL:
+			if set, ok := gs.(*gomysql.MysqlGTIDSet); ok {
+				if tx.tagged {
+					set.AddGTIDWithTag(tx.mysqlSID, tx.mysqlTag, tx.mysqlGNO)
+				} else {
+					set.AddGTID(tx.mysqlSID, tx.mysqlGNO)
+				}
+			}
+		}
+	}
+	if outer.LogPos > 0 {
+		r.resume.file, r.resume.pos = r.file, outer.LogPos
+	}
+	// Once a transaction has been read, GTIDs (when tracked) are the
+	// resume point: they survive the new binlog file a restart opens.
+	if r.resume.gset != nil {
+		r.resume.useGTID = true
+	}
+	c := &Commit{
+		Pos:  r.s.positionOf(r.resume.gset, r.resume.file, r.resume.pos),
+		GTID: tx.gtid,
+		Time: time.Unix(int64(hdr.Timestamp), 0).UTC(),
+		Rows: tx.emitted,
+	}
+	if tx.emitted == 0 && time.Since(r.lastCommit) < emptyCommitEvery {
+		r.pending = c
+		return nil
+	}
+	return r.emitCommit(ctx, c)
+}
+
+func (r *reader) flushPending(ctx context.Context) error {
+	c := r.pending
+	return r.emitCommit(ctx, c)
+}
+
+func (r *reader) emitCommit(ctx context.Context, c *Commit) error {
+	r.pending = nil
+	r.lastCommit = time.Now()
+	if err := r.h(ctx, Event{Commit: c}); err != nil {
+		return &handlerError{err}
+	}
+	r.s.mu.Lock()
+	r.s.emitted = c.Pos
+	r.s.mu.Unlock()
+	return nil
+}

@@ -1,0 +1,151 @@
+package binlog
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/cdcout/cdcout/canonical"
+	"github.com/cdcout/cdcout/internal/mysqltest"
+)
+
+// TestTransactionsAndOrdinals: a transaction over several tables yields its
+// row changes in order, numbered from 0 across tables (counting rows of
+// tables the filter hides), then one Commit; change keys follow the GTID.
+func TestTransactionsAndOrdinals(t *testing.T) {
+	srv := mysqltest.Shared(t)
+	db := srv.CreateDB(t, "tx")
+	other := srv.CreateDB(t, "txother")
+	srv.Exec(t,
+		"CREATE TABLE `"+db+"`.a (id INT PRIMARY KEY, v VARCHAR(10))",
+		"CREATE TABLE `"+db+"`.b (id INT NOT NULL, u INT NOT NULL, UNIQUE KEY uk (u), note TEXT)",
+		"CREATE TABLE `"+db+"`.nokey (v INT)",
+		"CREATE TABLE `"+other+"`.hidden (id INT PRIMARY KEY)",
+	)
+	s := openStream(t, testConfig(t, srv, db))
+	c := collect(t, s)
+
+	conn := srv.Open(t)
+	tx, err := conn.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		"INSERT INTO `" + db + "`.a VALUES (1,'x'),(2,'y')",
+		"INSERT INTO `" + other + "`.hidden VALUES (1),(2),(3)",
+		"UPDATE `" + db + "`.a SET v='z' WHERE id=2",
+		"INSERT INTO `" + db + "`.b VALUES (7, 70, 'n')",
+		"DELETE FROM `" + db + "`.a WHERE id=1",
+		"INSERT INTO `" + db + "`.nokey VALUES (5)",
+	} {
+		if _, err := tx.Exec(q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	evs := c.waitFor(t, func(evs []Event) bool {
+		for _, ev := range evs {
+			if ev.Commit != nil && ev.Commit.Rows > 0 {
+				return true
+			}
+		}
+		return false
+	}, "commit")
+
+	var got []string
+	var commit *Commit
+	for _, ev := range evs {
+		if ev.Commit != nil {
+			if ev.Commit.Rows > 0 {
+				commit = ev.Commit
+				break
+			}
+			continue
+		}
+		ch := ev.Change
+		got = append(got, fmt.Sprintf("%s %s %d key=%s before=%s after=%s",
+			ch.Op, ch.Source.Table, ch.Source.Row, canonical.KeyJSON(ch.Key), jsonOf(t, ch.Before), jsonOf(t, ch.After)))
+		if want := fmt.Sprintf("g:%s:%d", ch.Source.GTID, ch.Source.Row); ch.ChangeKey != want {
+			t.Errorf("change key %q, want %q", ch.ChangeKey, want)
+		}
+		if ch.Source.GTID == "" || ch.Source.File == "" || ch.Source.Pos == 0 || ch.Source.ServerID != 1 || ch.Source.DB != db {
+			t.Errorf("source incomplete: %+v", ch.Source)
+		}
+		if ch.Source.Connector != "cdcout" || ch.Source.Instance != "test" || ch.Source.TsMs == 0 || ch.TsMs == 0 {
+			t.Errorf("source/ts: %+v ts %d", ch.Source, ch.TsMs)
+		}
+	}
+	want := []string{
+		`c a 0 key={"id":1} before=null after={"id":1,"v":"x"}`,
+		`c a 1 key={"id":2} before=null after={"id":2,"v":"y"}`,
+		// rows 2..4 are the hidden table's
+		`u a 5 key={"id":2} before={"id":2,"v":"y"} after={"id":2,"v":"z"}`,
+		`c b 6 key={"u":70} before=null after={"id":7,"note":"n","u":70}`,
+		`d a 7 key={"id":1} before={"id":1,"v":"x"} after=null`,
+		`c nokey 8 key=null before=null after={"v":5}`,
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("changes:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if commit == nil {
+		t.Fatal("no commit")
+	}
+	if got, want := commit.Rows, 6; got != want {
+		t.Errorf("commit rows = %d, want %d", got, want)
+	}
+	last := changesOf(evs)[0]
+	if commit.GTID != last.Source.GTID || commit.Pos.GTIDSet == "" || commit.Pos.File == "" || commit.Pos.Pos == 0 {
+		t.Errorf("commit %+v (gtid of rows %s)", commit, last.Source.GTID)
+	}
+	if !strings.Contains(commit.Pos.GTIDSet, strings.TrimPrefix(commit.GTID, "")) {
+		t.Errorf("commit position %q does not include its gtid %q", commit.Pos.GTIDSet, commit.GTID)
+	}
+	if got := s.Position(); got.GTIDSet == "" {
+		t.Errorf("Position() = %+v", got)
+	}
+}
+
+func jsonOf(t testing.TB, r canonical.Row) string {
+	t.Helper()
+	if r == nil {
+		return "null"
+	}
+	b, err := canonical.Marshal(r)
+	if err != nil {
+		t.Fatalf("marshal %v: %v", r, err)
+	}
+	return string(b)
+}
+
+func TestTableFilter(t *testing.T) {
+	f, err := newTableFilter([]string{"shop.orders", "logs.*", "*.audit"}, []string{"cdcout"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		db, tbl string
+		want    bool
+	}{
+		{"shop", "orders", true},
+		{"shop", "items", false},
+		{"logs", "anything", true},
+		{"hr", "audit", true},
+		{"cdcout", "audit", false},
+		{"mysql", "user", false},
+	} {
+		if got := f.match(tc.db, tc.tbl); got != tc.want {
+			t.Errorf("match(%s.%s) = %v, want %v", tc.db, tc.tbl, got, tc.want)
+		}
+	}
+	all, _ := newTableFilter(nil, nil)
+	if !all.match("a", "b") || all.match("sys", "x") || all.match("performance_schema", "x") || all.match("information_schema", "x") {
+		t.Error("empty filter must match all but system databases")
+	}
+	for _, bad := range []string{"nodot", "a.b.c", "a*.b", ".x"} {
+		if _, err := newTableFilter([]string{bad}, nil); err == nil {
+			t.Errorf("pattern %q accepted", bad)
+		}
+	}
+}
