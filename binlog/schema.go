@@ -347,9 +347,9 @@ func (c *schemaCache) fromInformationSchema(ctx context.Context, tm *replication
 	for i, ic := range info.cols {
 		typ := realType(tm, i)
 		col := Column{
-			Name:     ic.name,
-			Type:     typ,
-			Meta:     tm.ColumnMeta[i],
+			Name: ic.name,
+			Type: typ,
+			Meta: tm.ColumnMeta[i],
 			Unsigned: !strings.HasPrefix(ic.columnType, "enum") && !strings.HasPrefix(ic.columnType, "set") &&
 				strings.Contains(strings.ToLower(ic.columnType), "unsigned"),
 			Charset:  ic.charset,
@@ -386,7 +386,7 @@ func isStringType(typ byte) bool {
 	return false
 }
 
-// parseEnumValues reads the members from "enum('a','b''c')" / "set(…)".
+// parseEnumValues reads the members from "enum('a','b”c')" / "set(…)".
 func parseEnumValues(columnType string) []string {
 	open := strings.IndexByte(columnType, '(')
 	if open < 0 {
