@@ -1,0 +1,141 @@
+package binlog
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/cdcout/cdcout/internal/mysqltest"
+)
+
+func openErr(t *testing.T, cfg Config) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := Open(ctx, cfg)
+	if err == nil {
+		s.Close()
+		t.Fatal("Open succeeded, want an error")
+	}
+	return err
+}
+
+func wantNotReady(t *testing.T, err error, fragments ...string) {
+	t.Helper()
+	if !errors.Is(err, ErrServerNotReady) {
+		t.Errorf("error %v is not ErrServerNotReady", err)
+	}
+	for _, f := range fragments {
+		if !strings.Contains(err.Error(), f) {
+			t.Errorf("error %q does not mention %q", err, f)
+		}
+	}
+}
+
+func TestCheckBinlogOff(t *testing.T) {
+	srv := mysqltest.Start(t, mysqltest.Options{Args: []string{"--skip-log-bin"}})
+	err := openErr(t, testConfig(t, srv))
+	wantNotReady(t, err, "binary log is off", "--log-bin", "--binlog-format=ROW", "--server-id")
+}
+
+func TestCheckFormatAndRowImage(t *testing.T) {
+	srv := mysqltest.Shared(t)
+	t.Cleanup(func() {
+		srv.Exec(t, "SET GLOBAL binlog_format = 'ROW'", "SET GLOBAL binlog_row_image = 'FULL'")
+	})
+	srv.Exec(t, "SET GLOBAL binlog_format = 'STATEMENT'")
+	wantNotReady(t, openErr(t, testConfig(t, srv)), "binlog_format is STATEMENT", "SET GLOBAL binlog_format = 'ROW'")
+	srv.Exec(t, "SET GLOBAL binlog_format = 'ROW'", "SET GLOBAL binlog_row_image = 'MINIMAL'")
+	wantNotReady(t, openErr(t, testConfig(t, srv)), "binlog_row_image is MINIMAL", "FULL")
+}
+
+func TestCheckGrants(t *testing.T) {
+	srv := mysqltest.Shared(t)
+	user := fmt.Sprintf("ro_%d", nextServerID())
+	const password = "s3cret-pw-never-shown"
+	srv.Exec(t,
+		"CREATE USER '"+user+"'@'%' IDENTIFIED BY '"+password+"'",
+		"GRANT SELECT ON *.* TO '"+user+"'@'%'",
+	)
+	t.Cleanup(func() { srv.Exec(t, "DROP USER '"+user+"'@'%'") })
+	dsn, err := mysql.ParseDSN(srv.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dsn.User, dsn.Passwd = user, password
+	cfg := testConfig(t, srv)
+	cfg.DSN = dsn.FormatDSN()
+	err = openErr(t, cfg)
+	wantNotReady(t, err, "REPLICATION SLAVE", "GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO '"+user+"'@'%'")
+	if strings.Contains(err.Error(), password) {
+		t.Fatalf("error shows the password: %v", err)
+	}
+
+	// A wrong password: the connection error names the account, never the
+	// password.
+	dsn.Passwd = "wrong-" + password
+	cfg.DSN = dsn.FormatDSN()
+	err = openErr(t, cfg)
+	if strings.Contains(err.Error(), password) || !strings.Contains(err.Error(), user+"@") {
+		t.Fatalf("error %q: want the account and no password", err)
+	}
+
+	// With the grants it opens.
+	srv.Exec(t, "GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO '"+user+"'@'%'")
+	dsn.Passwd = password
+	cfg.DSN = dsn.FormatDSN()
+	openStream(t, cfg)
+}
+
+func TestCheckServerID(t *testing.T) {
+	srv := mysqltest.Shared(t)
+	cfg := testConfig(t, srv)
+	cfg.ServerID = 0
+	wantNotReady(t, openErr(t, cfg), "server id 0")
+	cfg.ServerID = 1 // the throwaway server's own
+	wantNotReady(t, openErr(t, cfg), "server's own server_id")
+
+	// A connected replica holds an id: a second reader with it is refused.
+	cfg.ServerID = nextServerID()
+	first := openStream(t, cfg)
+	collect(t, first)
+	db := srv.Open(t)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var n int
+		rows, err := db.Query("SHOW SLAVE HOSTS")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cols, _ := rows.Columns()
+		for rows.Next() {
+			vals := make([]any, len(cols))
+			ptrs := make([]any, len(cols))
+			for i := range vals {
+				ptrs[i] = &vals[i]
+			}
+			rows.Scan(ptrs...)
+			id := vals[0]
+			if b, ok := id.([]byte); ok {
+				id = string(b)
+			}
+			if fmt.Sprint(id) == fmt.Sprint(cfg.ServerID) {
+				n++
+			}
+		}
+		rows.Close()
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the first reader never registered as a replica")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	wantNotReady(t, openErr(t, cfg), fmt.Sprintf("server id %d is already used by a connected replica", cfg.ServerID))
+}
