@@ -1,0 +1,341 @@
+// Package kafkasink delivers outbox records to Apache Kafka with franz-go.
+//
+// The producer is idempotent with acks=all, so the broker drops the
+// duplicates its own retries would create, and every record is keyed by the
+// canonical JSON of its row key: Kafka's default (murmur2) partitioner then
+// puts all changes of one row into one partition, and the drainer, which
+// never hands out a key's next record before the previous one is
+// delivered, keeps them in commit order there.
+package kafkasink
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
+	"go.uber.org/zap"
+
+	"github.com/cdcout/cdcout/format"
+	"github.com/cdcout/cdcout/outbox"
+	"github.com/cdcout/cdcout/sink"
+)
+
+// DefaultTopicTemplate names the topic when the URL has no path, in
+// Debezium's "<prefix>.<db>.<table>" style.
+const DefaultTopicTemplate = "{instance}.{db}.{table}"
+
+// TLSOptions enables TLS to the brokers. Empty file names mean the system
+// roots and no client certificate.
+type TLSOptions struct {
+	CAFile             string
+	CertFile           string
+	KeyFile            string
+	InsecureSkipVerify bool
+}
+
+// SASLOptions authenticates to the brokers.
+type SASLOptions struct {
+	// Mechanism is PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512.
+	Mechanism string
+	Username  string
+	Password  string
+}
+
+// Options configure a Sink. Brokers is required; the rest has defaults.
+type Options struct {
+	Brokers []string
+	// TopicTemplate is expanded per record: {db}, {table} and {instance}
+	// are replaced by the record's values, with characters Kafka does not
+	// allow in topic names turned into '_'. Default DefaultTopicTemplate.
+	TopicTemplate string
+	// Format is the message body format (format.New); default debezium.
+	Format   string
+	ClientID string // default "cdcout"
+	TLS      *TLSOptions
+	SASL     *SASLOptions
+	// Linger is how long a partition waits for more records before a
+	// produce request is sent; a few ms buys large batches. Default 5ms.
+	Linger time.Duration
+	// MaxMessageBytes caps a record batch (and so a record) before
+	// compression; it must not exceed the topics' max.message.bytes, or a
+	// full batch of small records could be refused as too large. Default
+	// 1,000,000 (Kafka's default is 1,048,588).
+	MaxMessageBytes int32
+	// RecordRetries bounds franz-go's own retries of a retriable produce
+	// error within one Deliver; when they run out the records are
+	// returned as retryable errors and the drainer retries them with
+	// backoff. 0 means unbounded: the attempt's context bounds them.
+	RecordRetries int
+	// AutoCreateTopics asks the broker to create missing topics (the
+	// broker must also allow it: auto.create.topics.enable).
+	AutoCreateTopics bool
+	Logger           *zap.Logger
+
+	kgoOpts []kgo.Opt // tests: e.g. a short metadata age so retries are quick
+}
+
+// Sink produces records to Kafka. It is safe for concurrent Deliver calls.
+type Sink struct {
+	client *kgo.Client
+	format format.Format
+	topic  func(outbox.Record) string
+	logger *zap.Logger
+}
+
+var _ outbox.Sink = (*Sink)(nil)
+
+// ParseURL splits "kafka://broker1:9092,broker2:9092/topic-template" into
+// its brokers and topic template ("" when the URL has no path). Template
+// braces may be written literally or percent-encoded.
+func ParseURL(raw string) (brokers []string, topicTemplate string, err error) {
+	rest, ok := strings.CutPrefix(raw, "kafka://")
+	if !ok {
+		return nil, "", fmt.Errorf("kafka url %q: want kafka://host:port[,host:port…]/topic-template", raw)
+	}
+	hosts, tmpl, _ := strings.Cut(rest, "/")
+	tmpl = strings.NewReplacer("%7B", "{", "%7b", "{", "%7D", "}", "%7d", "}").Replace(tmpl)
+	for _, h := range strings.Split(hosts, ",") {
+		if h = strings.TrimSpace(h); h == "" {
+			continue
+		}
+		if !strings.Contains(h, ":") {
+			h += ":9092"
+		}
+		brokers = append(brokers, h)
+	}
+	if len(brokers) == 0 {
+		return nil, "", fmt.Errorf("kafka url %q: no brokers", raw)
+	}
+	return brokers, tmpl, nil
+}
+
+// New returns a Sink. It does not wait for the brokers: an unreachable
+// cluster makes deliveries fail and retry, it does not stop the service.
+func New(ctx context.Context, o Options) (*Sink, error) {
+	if len(o.Brokers) == 0 {
+		return nil, errors.New("kafka sink: no brokers")
+	}
+	f, err := format.New(o.Format)
+	if err != nil {
+		return nil, fmt.Errorf("kafka sink: %w", err)
+	}
+	logger := o.Logger
+	if logger == nil {
+		logger = zap.NewNop()
+	}
+	logger = logger.Named("kafkasink")
+	if o.TopicTemplate == "" {
+		o.TopicTemplate = DefaultTopicTemplate
+	}
+	if o.ClientID == "" {
+		o.ClientID = "cdcout"
+	}
+	if o.Linger == 0 {
+		o.Linger = 5 * time.Millisecond
+	}
+	if o.MaxMessageBytes == 0 {
+		o.MaxMessageBytes = 1_000_000
+	}
+	opts := []kgo.Opt{
+		kgo.SeedBrokers(o.Brokers...),
+		kgo.ClientID(o.ClientID),
+		// Idempotence is franz-go's default and requires acks=all; say
+		// both so neither can be lost to a future default change.
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.ProducerLinger(o.Linger),
+		kgo.ProducerBatchMaxBytes(o.MaxMessageBytes),
+		kgo.ProducerBatchCompression(kgo.SnappyCompression(), kgo.NoCompression()),
+		kgo.MaxBufferedRecords(100_000),
+		kgo.WithLogger(zapLogger{logger}),
+	}
+	if o.RecordRetries > 0 {
+		opts = append(opts, kgo.RecordRetries(o.RecordRetries))
+	}
+	if o.AutoCreateTopics {
+		opts = append(opts, kgo.AllowAutoTopicCreation())
+	}
+	if o.TLS != nil {
+		tc, err := tlsConfig(o.TLS)
+		if err != nil {
+			return nil, fmt.Errorf("kafka sink: %w", err)
+		}
+		opts = append(opts, kgo.DialTLSConfig(tc))
+	}
+	if o.SASL != nil {
+		mech, err := saslMechanism(o.SASL)
+		if err != nil {
+			return nil, fmt.Errorf("kafka sink: %w", err)
+		}
+		opts = append(opts, kgo.SASL(mech))
+	}
+	cl, err := kgo.NewClient(append(opts, o.kgoOpts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka sink: %w", err)
+	}
+	return &Sink{client: cl, format: f, topic: topicFunc(o.TopicTemplate), logger: logger}, nil
+}
+
+// Close flushes nothing (Deliver waits for its records) and closes the
+// client's connections.
+func (s *Sink) Close() { s.client.Close() }
+
+// Ping checks that a broker answers, for readiness checks.
+func (s *Sink) Ping(ctx context.Context) error {
+	if err := s.client.Ping(ctx); err != nil {
+		return fmt.Errorf("kafka ping: %w", err)
+	}
+	return nil
+}
+
+// Deliver produces all records at once (franz-go batches them per
+// partition) and waits for every result. ctx bounds the wait for records not
+// yet sent; a record already in flight is waited for, because giving up on it
+// would break the idempotent producer's sequence.
+func (s *Sink) Deliver(ctx context.Context, recs []outbox.Record) []error {
+	errs := make([]error, len(recs))
+	var wg sync.WaitGroup
+	for i, rec := range recs {
+		value, err := s.format.Encode(rec)
+		if err != nil {
+			errs[i] = sink.Permanent(err)
+			continue
+		}
+		topic := s.topic(rec)
+		kr := &kgo.Record{
+			Topic:   topic,
+			Value:   value,
+			Headers: headers(rec, s.format.ContentType()),
+		}
+		// A keyless table's records ("null") have no row identity to keep
+		// together; letting them spread avoids one hot partition.
+		if rec.Key != "" && rec.Key != "null" {
+			kr.Key = []byte(rec.Key)
+		}
+		wg.Add(1)
+		s.client.Produce(ctx, kr, func(_ *kgo.Record, err error) {
+			errs[i] = classify(topic, err)
+			wg.Done()
+		})
+	}
+	wg.Wait()
+	return errs
+}
+
+func headers(rec outbox.Record, contentType string) []kgo.RecordHeader {
+	h := []kgo.RecordHeader{
+		{Key: "ce_id", Value: []byte(rec.ID)},
+		{Key: "ce_specversion", Value: []byte(format.CESpecVersion)},
+		{Key: "ce_type", Value: []byte(format.CEType(rec))},
+		{Key: "ce_source", Value: []byte(format.CESource(rec))},
+		{Key: "ce_subject", Value: []byte(format.CESubject(rec))},
+		{Key: "content-type", Value: []byte(contentType)},
+	}
+	if t := format.CETime(rec); t != "" {
+		h = append(h, kgo.RecordHeader{Key: "ce_time", Value: []byte(t)})
+	}
+	return h
+}
+
+// permanentErrors are broker answers no retry can change: the record (or
+// its topic name) is unacceptable, or the sink may not write the topic. They
+// dead-letter the record with the broker's reason.
+var permanentErrors = []error{
+	kerr.MessageTooLarge,
+	kerr.RecordListTooLarge,
+	kerr.InvalidRecord,
+	kerr.InvalidTopicException,
+	kerr.TopicAuthorizationFailed,
+	kerr.PolicyViolation,
+	kerr.InvalidTimestamp,
+	kerr.UnsupportedForMessageFormat,
+}
+
+func classify(topic string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, kerr.UnknownTopicOrPartition) || errors.Is(err, kerr.UnknownTopicID) {
+		// Retryable on purpose: a topic created after the pipe (a
+		// deploy-order detail) must not turn into dead letters.
+		return fmt.Errorf("kafka topic %q does not exist; create it (kafka-topics.sh --create --topic %s) "+
+			"or enable auto.create.topics.enable on the brokers and auto_create_topics on the sink; "+
+			"the record stays pending and is retried: %w", topic, topic, err)
+	}
+	for _, p := range permanentErrors {
+		if errors.Is(err, p) {
+			return sink.Permanent(fmt.Errorf("kafka refused the record for topic %q: %w", topic, err))
+		}
+	}
+	return fmt.Errorf("kafka produce to topic %q: %w", topic, err)
+}
+
+// topicFunc compiles the template into a function of the record.
+func topicFunc(tmpl string) func(outbox.Record) string {
+	if !strings.Contains(tmpl, "{") {
+		return func(outbox.Record) string { return tmpl }
+	}
+	return func(rec outbox.Record) string {
+		return strings.NewReplacer(
+			"{db}", topicSafe(rec.DB),
+			"{table}", topicSafe(rec.Table),
+			"{instance}", topicSafe(format.Instance(rec)),
+		).Replace(tmpl)
+	}
+}
+
+// topicSafe maps a name onto Kafka's topic alphabet [a-zA-Z0-9._-].
+func topicSafe(s string) string {
+	return strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '.', r == '_', r == '-':
+			return r
+		}
+		return '_'
+	}, s)
+}
+
+func saslMechanism(o *SASLOptions) (kgoSASL, error) {
+	switch strings.ToUpper(o.Mechanism) {
+	case "PLAIN":
+		return plain.Auth{User: o.Username, Pass: o.Password}.AsMechanism(), nil
+	case "SCRAM-SHA-256":
+		return scram.Auth{User: o.Username, Pass: o.Password}.AsSha256Mechanism(), nil
+	case "SCRAM-SHA-512":
+		return scram.Auth{User: o.Username, Pass: o.Password}.AsSha512Mechanism(), nil
+	default:
+		return nil, fmt.Errorf("sasl mechanism %q: want PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512", o.Mechanism)
+	}
+}
+
+func tlsConfig(o *TLSOptions) (*tls.Config, error) {
+	tc := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: o.InsecureSkipVerify} //nolint:gosec // operator's explicit choice
+	if o.CAFile != "" {
+		pem, err := os.ReadFile(o.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("tls ca_file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("tls ca_file %s: no PEM certificates", o.CAFile)
+		}
+		tc.RootCAs = pool
+	}
+	if o.CertFile != "" || o.KeyFile != "" {
+		cert, err := tls.LoadX509KeyPair(o.CertFile, o.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("tls cert_file/key_file: %w", err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	return tc, nil
+}
