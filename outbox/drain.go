@@ -1,0 +1,791 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/cdcout/cdcout/canonical"
+	"github.com/cdcout/cdcout/lease"
+	"github.com/cdcout/cdcout/sink"
+	"github.com/cdcout/cdcout/state"
+)
+
+// Drainer defaults.
+const (
+	DefaultClaimLease    = 5 * time.Minute
+	DefaultTimeout       = 10 * time.Second
+	DefaultMaxAttempts   = 10
+	DefaultConcurrency   = 8
+	DefaultBatchSize     = 100
+	DefaultBackoffBase   = 200 * time.Millisecond
+	DefaultBackoffCap    = 5 * time.Minute
+	DefaultAttemptLogCap = 20
+
+	idleMin = 50 * time.Millisecond
+	idleMax = 2 * time.Second
+	// expiredEvery is how often Run looks for delivering rows whose claim
+	// lease ran out (their claimer died); cheap, but not needed per batch.
+	expiredEvery = time.Second
+	// outcomeRetryFor bounds how long a delivered batch's outcome write is
+	// retried (database restart) before the rows are left to their claim
+	// lease, which re-delivers them under the same deliveryKey.
+	outcomeRetryFor = 30 * time.Second
+	maxErrorLen     = 4096
+)
+
+// PipeConfig is how one pipe is delivered.
+type PipeConfig struct {
+	Sink Sink
+	// Timeout bounds one delivery attempt; the sink's context is cancelled
+	// when it passes. Default 10s.
+	Timeout time.Duration
+	// MaxAttempts: a row whose attempt count reaches it is dead-lettered.
+	// Default 10.
+	MaxAttempts int
+	// Concurrency is how many batches of this pipe are in flight at once.
+	// Default 8.
+	Concurrency int
+	// BatchSize is the most records handed to one Deliver call. Default 100.
+	BatchSize int
+}
+
+// DrainMetrics are optional observation hooks; nil fields are skipped.
+type DrainMetrics struct {
+	// Batch is called after every Deliver call with its size and duration.
+	Batch func(pipe string, n int, d time.Duration)
+	// Delivered, Retried and Dead count outcomes.
+	Delivered func(pipe string, n int)
+	Retried   func(pipe string, n int)
+	Dead      func(pipe string, n int)
+	// Latency observes each delivered record's source commit → delivery time.
+	Latency func(pipe string, d time.Duration)
+	// Error is called when claiming or recording an outcome fails
+	// (op is "claim" or "record").
+	Error func(pipe, op string, err error)
+}
+
+// DrainerConfig configures a Drainer.
+type DrainerConfig struct {
+	DB     *sql.DB
+	Schema string
+	// ClaimedBy is stamped on every row this drainer claims; outcome writes
+	// are conditional on it. Required: it must be unique per process boot
+	// ("<replica-id>/<nonce>") so a restarted replica never mistakes a claim
+	// it died inside for a live one of its own.
+	ClaimedBy string
+	// ClaimLease is how long a claim stands before another drainer may take
+	// the row. It must exceed every pipe's Timeout, or a slow delivery would
+	// be handed to a second drainer while still running. Default 5 min.
+	ClaimLease time.Duration
+	Pipes      map[string]PipeConfig
+	// BackoffBase (default 200ms) and BackoffCap (default 5 min) shape the
+	// retry delay: base × 2^(attempt-1), full jitter, capped.
+	BackoffBase time.Duration
+	BackoffCap  time.Duration
+	// AttemptLogCap is how many attempt rows are kept per outbox row.
+	AttemptLogCap int
+	Logger        *zap.Logger
+	Metrics       DrainMetrics
+	// Leases returns the drain lease this replica holds for a pipe. When
+	// set, a pipe is drained only while its lease is held and locally
+	// valid, and every claim is conditional on the lease's holder and epoch
+	// in the database, so a paused former holder claims nothing. Nil means
+	// every configured pipe is drained unfenced (single replica, tests).
+	Leases func(pipe string) (lease.Lease, bool)
+}
+
+// Drainer delivers outbox rows to sinks: per pipe, it claims due rows,
+// delivers them in batches with bounded concurrency and records each
+// outcome. Within a pipe, rows of one key are delivered in commit order and
+// a failing row delays only its own key (DESIGN.md, Invariant 5).
+type Drainer struct {
+	cfg     DrainerConfig
+	outbox  string
+	attempt string
+	leases  string
+	backoff Backoff
+	logger  *zap.Logger
+	pipes   []*pipeDrainer
+}
+
+type pipeDrainer struct {
+	d    *Drainer
+	name string
+	cfg  PipeConfig
+	wake chan struct{}
+	log  *zap.Logger
+
+	mu       sync.Mutex
+	inflight map[string]bool // ids of rows in a Deliver call right now
+	nextDue  time.Time       // earliest local time a retried row becomes due
+	lastExp  time.Time       // last look for expired claims
+}
+
+// NewDrainer validates cfg, fills defaults and returns a Drainer.
+func NewDrainer(cfg DrainerConfig) (*Drainer, error) {
+	if cfg.DB == nil {
+		return nil, errors.New("drainer: DB is nil")
+	}
+	if cfg.ClaimedBy == "" {
+		return nil, errors.New("drainer: ClaimedBy is required (the replica id plus a per-boot nonce): without it every replica would deliver every row")
+	}
+	if err := state.CheckName(cfg.Schema); err != nil {
+		return nil, fmt.Errorf("drainer: %w", err)
+	}
+	if cfg.ClaimLease == 0 {
+		cfg.ClaimLease = DefaultClaimLease
+	}
+	if cfg.BackoffBase <= 0 {
+		cfg.BackoffBase = DefaultBackoffBase
+	}
+	if cfg.BackoffCap <= 0 {
+		cfg.BackoffCap = DefaultBackoffCap
+	}
+	if cfg.AttemptLogCap <= 0 {
+		cfg.AttemptLogCap = DefaultAttemptLogCap
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	d := &Drainer{
+		cfg:     cfg,
+		outbox:  state.Table(cfg.Schema, "outbox"),
+		attempt: state.Table(cfg.Schema, "attempts"),
+		leases:  state.Table(cfg.Schema, "leases"),
+		backoff: Backoff{Base: cfg.BackoffBase, Cap: cfg.BackoffCap},
+		logger:  cfg.Logger.Named("drain"),
+	}
+	names := make([]string, 0, len(cfg.Pipes))
+	for name := range cfg.Pipes {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		pc := cfg.Pipes[name]
+		if pc.Sink == nil {
+			return nil, fmt.Errorf("drainer: pipe %s has no sink", name)
+		}
+		if pc.Timeout <= 0 {
+			pc.Timeout = DefaultTimeout
+		}
+		if pc.MaxAttempts <= 0 {
+			pc.MaxAttempts = DefaultMaxAttempts
+		}
+		if pc.Concurrency <= 0 {
+			pc.Concurrency = DefaultConcurrency
+		}
+		if pc.BatchSize <= 0 {
+			pc.BatchSize = DefaultBatchSize
+		}
+		if cfg.ClaimLease <= pc.Timeout {
+			return nil, fmt.Errorf("drainer: claim lease %v must exceed pipe %s's delivery timeout %v, or a slow delivery is handed to a second replica while it is still running", cfg.ClaimLease, name, pc.Timeout)
+		}
+		d.pipes = append(d.pipes, &pipeDrainer{
+			d: d, name: name, cfg: pc,
+			wake:     make(chan struct{}, 1),
+			log:      d.logger.With(zap.String("pipe", name)),
+			inflight: map[string]bool{},
+		})
+	}
+	return d, nil
+}
+
+// Wake makes every pipe look for due rows now; the enqueuer calls it after
+// a commit so delivery latency is not a polling interval.
+func (d *Drainer) Wake() {
+	for _, p := range d.pipes {
+		p.poke()
+	}
+}
+
+func (p *pipeDrainer) poke() {
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run drains every pipe until ctx ends, then stops claiming, lets the
+// deliveries in flight finish (each bounded by its timeout), records their
+// outcomes and returns nil.
+func (d *Drainer) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	for _, p := range d.pipes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p.run(ctx)
+		}()
+	}
+	wg.Wait()
+	return nil
+}
+
+// DrainOnce does one pass over every pipe: it claims up to Concurrency
+// batches per pipe, delivers them and records the outcomes. n is the number
+// of rows attempted. For tests and tools; Run is the service loop.
+func (d *Drainer) DrainOnce(ctx context.Context) (int, error) {
+	total := 0
+	var (
+		mu   sync.Mutex
+		errs []error
+	)
+	for _, p := range d.pipes {
+		var (
+			batches [][]Record
+			err     error
+		)
+		for range p.cfg.Concurrency {
+			var recs []Record
+			recs, err = p.claim(ctx, p.cfg.BatchSize, true)
+			if err != nil || len(recs) == 0 {
+				break
+			}
+			batches = append(batches, recs)
+		}
+		if err != nil && !errors.Is(err, errNoLease) {
+			errs = append(errs, err)
+		}
+		var wg sync.WaitGroup
+		for _, b := range batches {
+			total += len(b)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := p.deliverAndRecord(ctx, b); err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	return total, errors.Join(errs...)
+}
+
+func (p *pipeDrainer) run(ctx context.Context) {
+	slots := make(chan struct{}, p.cfg.Concurrency)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	idle := idleMin
+	timer := time.NewTimer(idle)
+	defer timer.Stop()
+	failing := false
+	for {
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		p.mu.Lock()
+		checkExpired := time.Since(p.lastExp) >= expiredEvery
+		p.mu.Unlock()
+		recs, err := p.claim(ctx, p.cfg.BatchSize, checkExpired)
+		if err == nil && len(recs) > 0 {
+			idle, failing = idleMin, false
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer func() { <-slots }()
+				// Outcomes are recorded even while shutting down: the
+				// delivery happened, and the claim must not be left to
+				// expire into a redelivery.
+				if err := p.deliverAndRecord(context.WithoutCancel(ctx), recs); err != nil {
+					p.log.Error("record outcome", zap.Error(err))
+				}
+				// A finished row may unblock the next row of its key.
+				p.poke()
+			}()
+			continue
+		}
+		<-slots
+		if err != nil && !errors.Is(err, errNoLease) && ctx.Err() == nil {
+			if !failing {
+				p.log.Warn("claim rows", zap.Error(err))
+			}
+			failing = true
+			p.d.cfg.Metrics.error(p.name, "claim", err)
+			idle = idleMax
+		}
+		wait := idle
+		p.mu.Lock()
+		if !p.nextDue.IsZero() {
+			// A due time already passed was served by the claim above.
+			if until := time.Until(p.nextDue); until <= 0 {
+				p.nextDue = time.Time{}
+			} else if until < wait {
+				wait = until
+			}
+		}
+		p.mu.Unlock()
+		timer.Reset(wait)
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.wake:
+			idle = idleMin
+		case <-timer.C:
+			idle = min(idle*2, idleMax)
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+	}
+}
+
+var errNoLease = errors.New("drain lease not held")
+
+// notBlocked keeps a row only when it is the oldest undelivered row of its
+// key: no earlier row of the same (pipe, key_hash) is pending or delivering.
+// Done rows (delivered, dead) never block; a dead row releases its key.
+const notBlocked = `NOT EXISTS (SELECT 1 FROM %[1]s e
+  WHERE e.pipe = o.pipe AND e.key_hash = o.key_hash AND e.id < o.id
+    AND e.status IN ('pending','delivering'))`
+
+type candidate struct{ id, keyHash string }
+
+// claim claims up to limit due rows of the pipe for this drainer and
+// returns them as records. Claimed rows are the oldest undelivered row of
+// their key, so no key appears twice and none has a row in flight.
+func (p *pipeDrainer) claim(ctx context.Context, limit int, withExpired bool) ([]Record, error) {
+	d := p.d
+	var (
+		l      lease.Lease
+		fenced bool
+	)
+	if d.cfg.Leases != nil {
+		var ok bool
+		l, ok = d.cfg.Leases(p.name)
+		if !ok || !l.Valid(time.Now()) {
+			return nil, errNoLease
+		}
+		fenced = true
+	}
+	var cands []candidate
+	seen := map[string]bool{}
+	add := func(q string, args ...any) error {
+		rows, err := d.cfg.DB.QueryContext(ctx, q, args...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var c candidate
+			if err := rows.Scan(&c.id, &c.keyHash); err != nil {
+				return err
+			}
+			if seen[c.keyHash] || p.isInflight(c.id) {
+				continue
+			}
+			seen[c.keyHash] = true
+			cands = append(cands, c)
+		}
+		return rows.Err()
+	}
+	nb := fmt.Sprintf(notBlocked, d.outbox)
+	if withExpired {
+		p.mu.Lock()
+		p.lastExp = time.Now()
+		p.mu.Unlock()
+		// Rows whose claimer died (its claim lease ran out).
+		if err := add(`SELECT o.id, o.key_hash FROM `+d.outbox+` o
+WHERE o.pipe = ? AND o.status = 'delivering' AND o.claim_expires_at <= NOW(6) AND `+nb+`
+ORDER BY o.id LIMIT ?`, p.name, limit); err != nil {
+			return nil, fmt.Errorf("claim %s: find expired claims: %w", p.name, err)
+		}
+	}
+	if len(cands) < limit {
+		if err := add(`SELECT o.id, o.key_hash FROM `+d.outbox+` o
+WHERE o.pipe = ? AND o.status = 'pending' AND o.next_attempt_at <= NOW(6) AND `+nb+`
+ORDER BY o.next_attempt_at, o.id LIMIT ?`, p.name, limit-len(cands)); err != nil {
+			return nil, fmt.Errorf("claim %s: find due rows: %w", p.name, err)
+		}
+	}
+	if len(cands) == 0 {
+		return nil, nil
+	}
+	ids := make([]any, len(cands))
+	for i, c := range cands {
+		ids[i] = c.id
+	}
+	in := placeholders(len(ids))
+	// The row conditions are re-checked here: between the SELECT and this
+	// UPDATE another drainer may have claimed a row, and then it matches
+	// nothing.
+	due := `(o.status = 'pending' AND o.next_attempt_at <= NOW(6) OR o.status = 'delivering' AND o.claim_expires_at <= NOW(6))`
+	set := `SET o.status = 'delivering', o.claimed_by = ?, o.claim_expires_at = NOW(6) + INTERVAL ? MICROSECOND, o.attempts = o.attempts + 1`
+	var (
+		q    string
+		args []any
+	)
+	if fenced {
+		// Fencing: the claim only happens while the lease row still names
+		// us with the same epoch and has not expired by the database clock.
+		q = `UPDATE ` + d.outbox + ` o JOIN ` + d.leases + ` l ON l.name = ? ` + set + `
+WHERE o.pipe = ? AND o.id IN (` + in + `) AND ` + due + `
+  AND l.holder = ? AND l.epoch = ? AND l.expires_at > NOW(6)`
+		args = append(args, l.Name, d.cfg.ClaimedBy, d.cfg.ClaimLease.Microseconds(), p.name)
+		args = append(args, ids...)
+		args = append(args, l.Holder, l.Epoch)
+	} else {
+		q = `UPDATE ` + d.outbox + ` o ` + set + `
+WHERE o.pipe = ? AND o.id IN (` + in + `) AND ` + due
+		args = append(args, d.cfg.ClaimedBy, d.cfg.ClaimLease.Microseconds(), p.name)
+		args = append(args, ids...)
+	}
+	res, err := d.cfg.DB.ExecContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("claim %s: %w", p.name, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		// Taken by another drainer meanwhile, or (fenced) our lease is no
+		// longer current in the database.
+		return nil, nil
+	}
+	rows, err := d.cfg.DB.QueryContext(ctx, `SELECT id, sink, db, tbl, op, row_key, attempts, commit_ts, payload
+FROM `+d.outbox+` WHERE id IN (`+in+`) AND status = 'delivering' AND claimed_by = ?
+ORDER BY id`, append(ids, d.cfg.ClaimedBy)...)
+	if err != nil {
+		// The claims stand; they are re-claimed when the claim lease ends.
+		return nil, fmt.Errorf("claim %s: read claimed rows: %w", p.name, err)
+	}
+	defer rows.Close()
+	var recs []Record
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for rows.Next() {
+		var (
+			r  Record
+			op string
+			ct sqlTime
+		)
+		if err := rows.Scan(&r.ID, &r.Sink, &r.DB, &r.Table, &op, &r.Key, &r.Attempt, &ct, &r.Payload); err != nil {
+			return nil, fmt.Errorf("claim %s: read claimed rows: %w", p.name, err)
+		}
+		if p.inflight[r.ID] {
+			continue
+		}
+		r.Pipe, r.Op, r.CommitTime = p.name, canonical.Op(op), ct.t
+		p.inflight[r.ID] = true
+		recs = append(recs, r)
+	}
+	if err := rows.Err(); err != nil {
+		for _, r := range recs {
+			delete(p.inflight, r.ID)
+		}
+		return nil, fmt.Errorf("claim %s: read claimed rows: %w", p.name, err)
+	}
+	return recs, nil
+}
+
+func (p *pipeDrainer) isInflight(id string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.inflight[id]
+}
+
+// deliverAndRecord hands one batch to the sink and records every outcome.
+func (p *pipeDrainer) deliverAndRecord(ctx context.Context, recs []Record) error {
+	defer func() {
+		p.mu.Lock()
+		for _, r := range recs {
+			delete(p.inflight, r.ID)
+		}
+		p.mu.Unlock()
+	}()
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.Timeout)
+	start := time.Now()
+	errs := p.deliver(dctx, recs)
+	dur := time.Since(start)
+	if dctx.Err() != nil {
+		// The sink returned after its deadline; an error it reports as a
+		// plain context error is a timeout, and says so.
+		for i, err := range errs {
+			if err != nil && errors.Is(err, context.DeadlineExceeded) {
+				errs[i] = fmt.Errorf("delivery timed out after %v: %w", p.cfg.Timeout, err)
+			}
+		}
+	}
+	cancel()
+	p.d.cfg.Metrics.batch(p.name, len(recs), dur)
+	return p.record(ctx, recs, errs, dur)
+}
+
+// deliver calls the sink, turning a panic or a short result into errors so
+// one misbehaving sink cannot take the drainer down or lose an outcome.
+func (p *pipeDrainer) deliver(ctx context.Context, recs []Record) (errs []error) {
+	defer func() {
+		if v := recover(); v != nil {
+			p.log.Error("sink panicked", zap.Any("panic", v))
+			errs = make([]error, len(recs))
+			for i := range errs {
+				errs[i] = fmt.Errorf("sink panicked: %v", v)
+			}
+		}
+	}()
+	got := p.cfg.Sink.Deliver(ctx, recs)
+	errs = make([]error, len(recs))
+	// An empty result means every record was delivered; any other length
+	// mismatch is an error for the records without a result.
+	if len(got) == 0 {
+		return errs
+	}
+	for i := range errs {
+		if i < len(got) {
+			errs[i] = got[i]
+		} else {
+			errs[i] = fmt.Errorf("sink returned %d results for %d records", len(got), len(recs))
+		}
+	}
+	return errs
+}
+
+type outcome struct {
+	rec     Record
+	err     error
+	dead    bool
+	delay   time.Duration
+	errText string
+}
+
+// record writes the outcomes of one batch in one transaction. Every update
+// is conditional on the row still being claimed by us: if our claim lease
+// ran out and another drainer re-claimed the row, our late result must not
+// overwrite its state.
+func (p *pipeDrainer) record(ctx context.Context, recs []Record, errs []error, dur time.Duration) error {
+	d := p.d
+	var (
+		delivered []any
+		failed    []outcome
+		nDead     int
+	)
+	minDelay := time.Duration(-1)
+	for i, r := range recs {
+		if errs[i] == nil {
+			delivered = append(delivered, r.ID)
+			continue
+		}
+		o := outcome{rec: r, err: errs[i], errText: truncate(errs[i].Error(), maxErrorLen)}
+		switch {
+		case sink.IsPermanent(errs[i]):
+			o.dead = true
+		case r.Attempt >= p.cfg.MaxAttempts:
+			o.dead = true
+			o.errText = truncate(fmt.Sprintf("gave up after %d attempts: %s", r.Attempt, o.errText), maxErrorLen)
+		default:
+			if ra, ok := sink.RetryAfterOf(errs[i]); ok && ra >= 0 {
+				o.delay = ra
+			} else {
+				o.delay = d.backoff.Delay(r.Attempt)
+			}
+			if minDelay < 0 || o.delay < minDelay {
+				minDelay = o.delay
+			}
+		}
+		if o.dead {
+			nDead++
+		}
+		failed = append(failed, o)
+	}
+	write := func() error {
+		tx, err := d.cfg.DB.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback()
+		if len(delivered) > 0 {
+			args := append([]any{}, delivered...)
+			args = append(args, d.cfg.ClaimedBy)
+			if _, err := tx.ExecContext(ctx, `UPDATE `+d.outbox+`
+SET status = 'delivered', delivered_at = NOW(6), claim_expires_at = NULL
+WHERE id IN (`+placeholders(len(delivered))+`) AND status = 'delivering' AND claimed_by = ?`, args...); err != nil {
+				return fmt.Errorf("mark delivered: %w", err)
+			}
+		}
+		for _, o := range failed {
+			if o.dead {
+				if _, err := tx.ExecContext(ctx, `UPDATE `+d.outbox+`
+SET status = 'dead', last_error = ?, last_error_at = NOW(6), claim_expires_at = NULL
+WHERE id = ? AND status = 'delivering' AND claimed_by = ?`, o.errText, o.rec.ID, d.cfg.ClaimedBy); err != nil {
+					return fmt.Errorf("mark dead: %w", err)
+				}
+				continue
+			}
+			if _, err := tx.ExecContext(ctx, `UPDATE `+d.outbox+`
+SET status = 'pending', next_attempt_at = NOW(6) + INTERVAL ? MICROSECOND,
+    last_error = ?, last_error_at = NOW(6), claim_expires_at = NULL
+WHERE id = ? AND status = 'delivering' AND claimed_by = ?`, o.delay.Microseconds(), o.errText, o.rec.ID, d.cfg.ClaimedBy); err != nil {
+				return fmt.Errorf("schedule retry: %w", err)
+			}
+		}
+		// The attempt log: one row per attempt, n = the attempt number. A
+		// dead-letter retry restarts n at 1, so existing numbers are
+		// overwritten rather than rejected.
+		vals := make([]string, 0, len(recs))
+		args := make([]any, 0, 4*len(recs))
+		errText := make(map[string]any, len(failed))
+		for _, o := range failed {
+			errText[o.rec.ID] = o.errText
+		}
+		for _, r := range recs {
+			vals = append(vals, "(?, ?, NOW(6), ?, ?)")
+			args = append(args, r.ID, r.Attempt, dur.Microseconds(), errText[r.ID])
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO `+d.attempt+` (outbox_id, n, at, duration_us, error) VALUES `+
+			strings.Join(vals, ",")+` ON DUPLICATE KEY UPDATE at = VALUES(at), duration_us = VALUES(duration_us), error = VALUES(error)`, args...); err != nil {
+			return fmt.Errorf("log attempts: %w", err)
+		}
+		for _, r := range recs {
+			if r.Attempt > d.cfg.AttemptLogCap {
+				if _, err := tx.ExecContext(ctx, `DELETE FROM `+d.attempt+` WHERE outbox_id = ? AND n <= ?`, r.ID, r.Attempt-d.cfg.AttemptLogCap); err != nil {
+					return fmt.Errorf("trim attempt log: %w", err)
+				}
+			}
+		}
+		return tx.Commit()
+	}
+
+	var err error
+	deadline := time.Now().Add(outcomeRetryFor)
+	pause := 100 * time.Millisecond
+	for {
+		if err = write(); err == nil {
+			break
+		}
+		d.cfg.Metrics.error(p.name, "record", err)
+		if time.Now().After(deadline) {
+			return fmt.Errorf("record outcome of %d rows of %s (left to their claim lease): %w", len(recs), p.name, err)
+		}
+		p.log.Warn("record outcome, retrying", zap.Error(err))
+		time.Sleep(pause)
+		pause = min(pause*2, 5*time.Second)
+	}
+	if minDelay >= 0 {
+		// Wake up when the earliest retry is due rather than at the next
+		// idle poll; the slack covers the database evaluating NOW(6) after
+		// our clock read.
+		due := time.Now().Add(minDelay + 5*time.Millisecond)
+		p.mu.Lock()
+		if p.nextDue.IsZero() || due.Before(p.nextDue) {
+			p.nextDue = due
+		}
+		p.mu.Unlock()
+	}
+
+	if n := len(delivered); n > 0 {
+		d.cfg.Metrics.delivered(p.name, n)
+		if d.cfg.Metrics.Latency != nil {
+			now := time.Now()
+			for i, r := range recs {
+				if errs[i] == nil && !r.CommitTime.IsZero() {
+					d.cfg.Metrics.Latency(p.name, now.Sub(r.CommitTime))
+				}
+			}
+		}
+	}
+	if n := len(failed) - nDead; n > 0 {
+		d.cfg.Metrics.retried(p.name, n)
+		o := failed[0]
+		p.log.Warn("delivery failed, will retry", zap.Int("rows", n), zap.String("id", o.rec.ID),
+			zap.Int("attempt", o.rec.Attempt), zap.Duration("retry_in", o.delay), zap.String("error", o.errText))
+	}
+	if nDead > 0 {
+		d.cfg.Metrics.dead(p.name, nDead)
+		for _, o := range failed {
+			if o.dead {
+				p.log.Error("dead-lettered", zap.String("id", o.rec.ID), zap.Int("attempt", o.rec.Attempt), zap.String("error", o.errText))
+			}
+		}
+	}
+	return nil
+}
+
+func (m DrainMetrics) batch(pipe string, n int, d time.Duration) {
+	if m.Batch != nil {
+		m.Batch(pipe, n, d)
+	}
+}
+
+func (m DrainMetrics) delivered(pipe string, n int) {
+	if m.Delivered != nil {
+		m.Delivered(pipe, n)
+	}
+}
+
+func (m DrainMetrics) retried(pipe string, n int) {
+	if m.Retried != nil {
+		m.Retried(pipe, n)
+	}
+}
+
+func (m DrainMetrics) dead(pipe string, n int) {
+	if m.Dead != nil {
+		m.Dead(pipe, n)
+	}
+}
+
+func (m DrainMetrics) error(pipe, op string, err error) {
+	if m.Error != nil {
+		m.Error(pipe, op, err)
+	}
+}
+
+func placeholders(n int) string {
+	if n <= 0 {
+		return ""
+	}
+	return strings.Repeat("?,", n-1) + "?"
+}
+
+// truncate shortens s to about n bytes, keeping it valid UTF-8 (the column
+// is utf8mb4 and a strict server rejects a cut rune).
+func truncate(s string, n int) string {
+	if len(s) > n {
+		s = s[:n] + "…"
+	}
+	return strings.ToValidUTF8(s, "\uFFFD")
+}
+
+// sqlTime scans a DATETIME whether or not the DSN sets parseTime=true.
+// Zone-less values are read as UTC, the driver's default location.
+type sqlTime struct{ t time.Time }
+
+func (s *sqlTime) Scan(v any) error {
+	switch x := v.(type) {
+	case nil:
+		s.t = time.Time{}
+		return nil
+	case time.Time:
+		s.t = x
+		return nil
+	case []byte:
+		return s.parse(string(x))
+	case string:
+		return s.parse(x)
+	}
+	return fmt.Errorf("cannot scan %T as a time", v)
+}
+
+func (s *sqlTime) parse(v string) error {
+	t, err := time.ParseInLocation("2006-01-02 15:04:05.999999", v, time.UTC)
+	if err != nil {
+		return fmt.Errorf("parse time %q: %w", v, err)
+	}
+	s.t = t
+	return nil
+}
