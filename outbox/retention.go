@@ -1,0 +1,195 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/cdcout/cdcout/state"
+)
+
+// Retention defaults.
+const (
+	DefaultRetention      = 72 * time.Hour
+	DefaultDedupWindow    = 60 * time.Second
+	DefaultJanitorEvery   = time.Minute
+	DefaultJanitorBatch   = 1000
+	janitorPauseOnFailure = 10 * time.Second
+)
+
+// JanitorConfig configures a Janitor.
+type JanitorConfig struct {
+	DB     *sql.DB
+	Schema string
+	// Retention is how long delivered and dead rows are kept (by their
+	// created_at). Default 72h; the config layer maps CDCOUT_RETENTION_HOURS.
+	Retention time.Duration
+	// DedupWindow is how long claims are kept. It must outlive any replay
+	// that could re-enqueue the same change (default max(60s, 4 × lease
+	// TTL) is computed by the caller); default 60s here.
+	DedupWindow time.Duration
+	// Every is the pause between sweeps. Default 1 min.
+	Every time.Duration
+	// BatchSize bounds each DELETE, so a sweep never holds long locks or
+	// builds a huge undo log. Default 1000.
+	BatchSize int
+	Logger    *zap.Logger
+}
+
+// Janitor deletes what is no longer needed: delivered and dead outbox rows
+// older than the retention, with their attempt logs, and claims older than
+// the dedup window. Pending and delivering rows are never deleted.
+type Janitor struct {
+	cfg                      JanitorConfig
+	outbox, attempts, claims string
+	logger                   *zap.Logger
+}
+
+// Swept counts what one sweep deleted.
+type Swept struct {
+	Rows, Attempts, Claims int64
+}
+
+// NewJanitor validates cfg, fills defaults and returns a Janitor.
+func NewJanitor(cfg JanitorConfig) (*Janitor, error) {
+	if cfg.DB == nil {
+		return nil, errors.New("janitor: DB is nil")
+	}
+	if err := state.CheckName(cfg.Schema); err != nil {
+		return nil, fmt.Errorf("janitor: %w", err)
+	}
+	if cfg.Retention <= 0 {
+		cfg.Retention = DefaultRetention
+	}
+	if cfg.DedupWindow <= 0 {
+		cfg.DedupWindow = DefaultDedupWindow
+	}
+	if cfg.Every <= 0 {
+		cfg.Every = DefaultJanitorEvery
+	}
+	if cfg.BatchSize <= 0 {
+		cfg.BatchSize = DefaultJanitorBatch
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	return &Janitor{
+		cfg:      cfg,
+		outbox:   state.Table(cfg.Schema, "outbox"),
+		attempts: state.Table(cfg.Schema, "attempts"),
+		claims:   state.Table(cfg.Schema, "claims"),
+		logger:   cfg.Logger.Named("retention"),
+	}, nil
+}
+
+// Run sweeps every cfg.Every until ctx ends, then returns nil. Every
+// replica may run one: the deletes are idempotent and batched.
+func (j *Janitor) Run(ctx context.Context) error {
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		next := j.cfg.Every
+		sw, err := j.Sweep(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err != nil:
+			j.logger.Warn("retention sweep", zap.Error(err))
+			next = min(next, janitorPauseOnFailure)
+		case sw.Rows+sw.Claims > 0:
+			j.logger.Info("retention sweep", zap.Int64("rows", sw.Rows), zap.Int64("attempts", sw.Attempts), zap.Int64("claims", sw.Claims))
+		}
+		t.Reset(next)
+	}
+}
+
+// Sweep deletes everything currently past retention, batch by batch.
+func (j *Janitor) Sweep(ctx context.Context) (Swept, error) {
+	var sw Swept
+	for {
+		rows, atts, err := j.sweepRows(ctx)
+		sw.Rows += rows
+		sw.Attempts += atts
+		if err != nil {
+			return sw, fmt.Errorf("delete old outbox rows: %w", err)
+		}
+		if rows < int64(j.cfg.BatchSize) {
+			break
+		}
+	}
+	for {
+		res, err := j.cfg.DB.ExecContext(ctx, `DELETE FROM `+j.claims+`
+WHERE created_at < NOW(6) - INTERVAL ? MICROSECOND LIMIT ?`, j.cfg.DedupWindow.Microseconds(), j.cfg.BatchSize)
+		if err != nil {
+			return sw, fmt.Errorf("delete old claims: %w", err)
+		}
+		n, _ := res.RowsAffected()
+		sw.Claims += n
+		if n < int64(j.cfg.BatchSize) {
+			break
+		}
+	}
+	return sw, nil
+}
+
+// sweepRows deletes one batch of old delivered/dead rows and their attempt
+// logs in one transaction.
+func (j *Janitor) sweepRows(ctx context.Context) (rows, atts int64, err error) {
+	// READ COMMITTED: no gap locks on the retention index, so the sweep
+	// never blocks the drainer moving rows to delivered meanwhile.
+	tx, err := j.cfg.DB.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return 0, 0, err
+	}
+	defer tx.Rollback()
+	// FOR UPDATE locks the chosen rows, so a concurrent dead-letter retry
+	// either happens first (and the row is no longer chosen) or waits.
+	r, err := tx.QueryContext(ctx, `SELECT id FROM `+j.outbox+`
+WHERE status IN ('delivered','dead') AND created_at < NOW(6) - INTERVAL ? MICROSECOND
+LIMIT ? FOR UPDATE`, j.cfg.Retention.Microseconds(), j.cfg.BatchSize)
+	if err != nil {
+		return 0, 0, err
+	}
+	var ids []any
+	for r.Next() {
+		var id string
+		if err := r.Scan(&id); err != nil {
+			r.Close()
+			return 0, 0, err
+		}
+		ids = append(ids, id)
+	}
+	r.Close()
+	if err := r.Err(); err != nil {
+		return 0, 0, err
+	}
+	if len(ids) == 0 {
+		return 0, 0, nil
+	}
+	in := placeholders(len(ids))
+	res, err := tx.ExecContext(ctx, `DELETE FROM `+j.attempts+` WHERE outbox_id IN (`+in+`)`, ids...)
+	if err != nil {
+		return 0, 0, err
+	}
+	atts, _ = res.RowsAffected()
+	// The status condition again, as a belt to FOR UPDATE's braces:
+	// whatever happens, a pending or delivering row is never deleted.
+	res, err = tx.ExecContext(ctx, `DELETE FROM `+j.outbox+` WHERE id IN (`+in+`) AND status IN ('delivered','dead')`, ids...)
+	if err != nil {
+		return 0, 0, err
+	}
+	rows, _ = res.RowsAffected()
+	if err := tx.Commit(); err != nil {
+		return 0, 0, err
+	}
+	return rows, atts, nil
+}

@@ -1,0 +1,92 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/cdcout/cdcout/state"
+)
+
+func TestJanitorDeletesOnlyOldDoneRowsAndClaims(t *testing.T) {
+	s := newTestState(t)
+	const pipe = "i:app.t:fake"
+	old := func(id, status string) {
+		s.exec(t, `UPDATE {outbox} SET status = ?, created_at = NOW(6) - INTERVAL 100 HOUR WHERE id = ?`, status, id)
+	}
+	var oldDone, kept []string
+	for i := 0; i < 5; i++ {
+		id := s.insert(t, pipe, fmt.Sprintf("[%d]", i))
+		old(id, "delivered")
+		oldDone = append(oldDone, id)
+	}
+	deadOld := s.insert(t, pipe, `["dead"]`)
+	old(deadOld, "dead")
+	oldDone = append(oldDone, deadOld)
+	for _, st := range []string{"pending", "delivering"} {
+		id := s.insert(t, pipe, fmt.Sprintf("[%q]", st))
+		old(id, st)
+		kept = append(kept, id)
+	}
+	recent := s.insert(t, pipe, `["recent"]`)
+	s.exec(t, `UPDATE {outbox} SET status = 'delivered' WHERE id = ?`, recent)
+	kept = append(kept, recent)
+	attempts := state.Table(s.schema, "attempts")
+	for _, id := range append(append([]string{}, oldDone...), kept...) {
+		for n := 1; n <= 2; n++ {
+			if _, err := s.db.Exec(`INSERT INTO `+attempts+` (outbox_id, n, at, duration_us) VALUES (?, ?, NOW(6), 1)`, id, n); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	claims := state.Table(s.schema, "claims")
+	for i, age := range []string{"2 HOUR", "2 HOUR", "2 HOUR", "1 SECOND"} {
+		if _, err := s.db.Exec(`INSERT INTO `+claims+` (pipe, change_key, digest, claimed_by, created_at)
+VALUES (?, ?, REPEAT('a', 64), 'r/1', NOW(6) - INTERVAL `+age+`)`, pipe, fmt.Sprintf("g:x:%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	j, err := NewJanitor(JanitorConfig{DB: s.db, Schema: s.schema, Retention: 72 * time.Hour, DedupWindow: time.Hour, BatchSize: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sw, err := j.Sweep(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sw.Rows != int64(len(oldDone)) || sw.Attempts != int64(2*len(oldDone)) || sw.Claims != 3 {
+		t.Fatalf("swept %+v, want %d rows, %d attempts, 3 claims", sw, len(oldDone), 2*len(oldDone))
+	}
+	for _, id := range kept {
+		if n := s.count(t, `SELECT COUNT(*) FROM {outbox} WHERE id = ?`, id); n != 1 {
+			t.Fatalf("row %s deleted; pending, delivering and recent rows must stay", id)
+		}
+		if n := s.count(t, `SELECT COUNT(*) FROM {attempts} WHERE outbox_id = ?`, id); n != 2 {
+			t.Fatalf("attempts of kept row %s: %d", id, n)
+		}
+	}
+	if n := s.count(t, `SELECT COUNT(*) FROM {outbox}`); n != len(kept) {
+		t.Fatalf("%d rows left, want %d", n, len(kept))
+	}
+	if n := s.count(t, `SELECT COUNT(*) FROM {claims}`); n != 1 {
+		t.Fatalf("%d claims left, want the recent one", n)
+	}
+	// Run sweeps at once and stops with its context.
+	recentDead := s.insert(t, pipe, `["x"]`)
+	old(recentDead, "dead")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- j.Run(ctx) }()
+	waitFor(t, "Run sweeps", func() bool {
+		return s.count(t, `SELECT COUNT(*) FROM {outbox} WHERE id = ?`, recentDead) == 0
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n := s.count(t, `SELECT COUNT(*) FROM {outbox}`); n != len(kept) {
+		t.Fatalf("%d rows left after Run, want %d", n, len(kept))
+	}
+}
