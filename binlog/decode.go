@@ -277,6 +277,13 @@ func (c *Column) decodeDatetime(v any, t byte, utc bool) (any, error) {
 	if err != nil {
 		return nil, fmt.Errorf("datetime %q: %w", s, err)
 	}
+	if utc && strings.HasPrefix(s, "0000-00-00 00:00:00") && strings.Trim(frac, ".0") != "" {
+		// go-mysql prints every TIMESTAMP with 0 epoch seconds as the
+		// zero value, but MariaDB stores 1970-01-01 00:00:00.000001 ..
+		// 00:00:00.999999 UTC that way too (the zero value has no
+		// fraction), and SELECT shows them as real instants.
+		s = "1970-01-01 00:00:00"
+	}
 	b := make([]byte, 0, 32)
 	b = append(b, s[:10]...)
 	b = append(b, 'T')

@@ -1,6 +1,7 @@
 package binlog
 
 import (
+	"encoding/hex"
 	"errors"
 	"math"
 	"strings"
@@ -65,6 +66,9 @@ func TestColumnDecode(t *testing.T) {
 		{"timestamp(6)", Column{Type: gomysql.MYSQL_TYPE_TIMESTAMP2, Meta: 6}, "1970-01-01 00:00:01.000001", `"1970-01-01T00:00:01.000001Z"`},
 		{"timestamp(1)", Column{Type: gomysql.MYSQL_TYPE_TIMESTAMP2, Meta: 1}, "2020-05-06 07:08:09.5", `"2020-05-06T07:08:09.5Z"`},
 		{"timestamp zero", Column{Type: gomysql.MYSQL_TYPE_TIMESTAMP2}, "0000-00-00 00:00:00", `"0000-00-00T00:00:00Z"`},
+		{"timestamp(2) epoch fraction", Column{Type: gomysql.MYSQL_TYPE_TIMESTAMP2, Meta: 2}, "0000-00-00 00:00:00.01", `"1970-01-01T00:00:00.01Z"`},
+		{"timestamp(6) epoch fraction", Column{Type: gomysql.MYSQL_TYPE_TIMESTAMP2, Meta: 6}, "0000-00-00 00:00:00.000001", `"1970-01-01T00:00:00.000001Z"`},
+		{"datetime(2) zero date with fraction stays", Column{Type: gomysql.MYSQL_TYPE_DATETIME2, Meta: 2}, "0000-00-00 00:00:00.01", `"0000-00-00T00:00:00.01"`},
 		{"timestamp(3) zero", Column{Type: gomysql.MYSQL_TYPE_TIMESTAMP2, Meta: 3}, "0000-00-00 00:00:00.000", `"0000-00-00T00:00:00.000Z"`},
 		{"time", Column{Type: gomysql.MYSQL_TYPE_TIME2}, "12:34:56", `"12:34:56"`},
 		{"time max", Column{Type: gomysql.MYSQL_TYPE_TIME2}, "838:59:59", `"838:59:59"`},
@@ -222,6 +226,30 @@ func BenchmarkColumnDecode(b *testing.B) {
 			if _, err := c.col.Decode(c.in); err != nil {
 				b.Fatal(err)
 			}
+		}
+	}
+}
+
+// MariaDB 10.11: HEX(CONVERT(CONVERT(UNHEX('80…9F') USING latin1) USING
+// utf8mb4)), i.e. the server's own latin1 → UTF-8 mapping of the bytes
+// where latin1 differs from ISO 8859-1.
+const serverLatin1High = "E282ACC281E2809AC692E2809EE280A6E280A0E280A1CB86E280B0C5A0E280B9C592C28DC5BDC28FC290E28098E28099E2809CE2809DE280A2E28093E28094CB9CE284A2C5A1E280BAC593C29DC5BEC5B8"
+
+func TestLatin1MatchesServer(t *testing.T) {
+	var in []byte
+	for c := 0x80; c < 0xA0; c++ {
+		in = append(in, byte(c))
+	}
+	if got := strings.ToUpper(hex.EncodeToString([]byte(decodeLatin1(in)))); got != serverLatin1High {
+		t.Fatalf("latin1 0x80..0x9F decodes to\n%s\nserver says\n%s", got, serverLatin1High)
+	}
+	in = in[:0]
+	for c := 0xA0; c <= 0xFF; c++ {
+		in = append(in, byte(c))
+	}
+	for i, r := range []rune(decodeLatin1(in)) {
+		if r != rune(0xA0+i) {
+			t.Fatalf("latin1 %#x decodes to %U", 0xA0+i, r)
 		}
 	}
 }

@@ -1,0 +1,224 @@
+package binlog
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/cdcout/cdcout/canonical"
+	"github.com/cdcout/cdcout/internal/mysqltest"
+)
+
+var updateGolden = flag.Bool("update", false, "rewrite binlog/testdata/*.golden.jsonl from this run")
+
+// The golden database and table names are fixed (they appear in every
+// envelope), which is why the test runs on a server of its own.
+const (
+	goldenDB  = "cdcout_golden"
+	goldenCtl = "cdcout_golden_ctl"
+)
+
+// TestGoldenTypes streams testdata/types.sql's changes — every MySQL type
+// with edge values, inserts, updates and deletes, keyed and keyless tables —
+// and compares the envelopes byte for byte with testdata/types.golden.jsonl.
+// It runs the script twice, on a dropped and re-created database of the
+// same name, and requires identical bytes and digests: the same change must
+// look the same on every run and every replica.
+func TestGoldenTypes(t *testing.T) {
+	srv := mysqltest.Start(t, mysqltest.Options{})
+	script, err := os.ReadFile(filepath.Join("testdata", "types.sql"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stmts := splitSQL(string(script))
+
+	first, firstDigests := goldenRun(t, srv, stmts, 1)
+	second, secondDigests := goldenRun(t, srv, stmts, 2)
+
+	if !bytes.Equal(first, second) {
+		t.Fatalf("two runs of the same script gave different envelopes:\n%s", firstDiff(first, second))
+	}
+	if len(firstDigests) != len(secondDigests) {
+		t.Fatalf("digest count %d vs %d", len(firstDigests), len(secondDigests))
+	}
+	for i := range firstDigests {
+		if firstDigests[i] != secondDigests[i] {
+			t.Fatalf("change %d: digest %s in run 1, %s in run 2", i, firstDigests[i], secondDigests[i])
+		}
+	}
+
+	path := filepath.Join("testdata", "types.golden.jsonl")
+	if *updateGolden {
+		if err := os.WriteFile(path, first, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("wrote %s (%d changes)", path, len(firstDigests))
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run with -update to create it)", err)
+	}
+	if !bytes.Equal(first, want) {
+		t.Fatalf("envelopes differ from %s (review, then -update if intended):\n%s", path, firstDiff(want, first))
+	}
+}
+
+// goldenRun creates the golden database afresh, streams the script's
+// changes and returns them as normalised JSONL plus each change's digest.
+func goldenRun(t *testing.T, srv *mysqltest.Server, stmts []string, run int) ([]byte, []string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	db := srv.Open(t)
+	for _, q := range []string{
+		"DROP DATABASE IF EXISTS " + goldenDB,
+		"DROP DATABASE IF EXISTS " + goldenCtl,
+		"CREATE DATABASE " + goldenDB + " CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci",
+		"CREATE DATABASE " + goldenCtl,
+		"CREATE TABLE " + goldenCtl + ".done (run INT PRIMARY KEY)",
+	} {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+
+	s, err := Open(ctx, Config{
+		DSN:             srv.DSN,
+		ServerID:        uint32(7100 + run),
+		From:            "now",
+		Include:         []string{goldenDB + ".*", goldenCtl + ".*"},
+		Instance:        "golden",
+		Version:         "test",
+		HeartbeatPeriod: time.Second,
+		ReadTimeout:     10 * time.Second,
+		Logger:          zaptest.NewLogger(t),
+	})
+	if err != nil {
+		t.Fatalf("open stream: %v", err)
+	}
+	defer s.Close()
+
+	var changes []*canonical.Change
+	errDone := errors.New("sentinel seen")
+	runErr := make(chan error, 1)
+	go func() {
+		runErr <- s.Run(ctx, func(_ context.Context, ev Event) error {
+			c := ev.Change
+			if c == nil {
+				return nil
+			}
+			if c.Source.DB == goldenCtl {
+				return errDone
+			}
+			changes = append(changes, c)
+			return nil
+		})
+	}()
+
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	execAll(ctx, t, conn, append([]string{"USE " + goldenDB}, stmts...))
+	if _, err := conn.ExecContext(ctx, "INSERT INTO "+goldenCtl+".done VALUES (?)", run); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-runErr; !errors.Is(err, errDone) {
+		t.Fatalf("run %d: stream ended with %v after %d changes", run, err, len(changes))
+	}
+
+	var out bytes.Buffer
+	digests := make([]string, 0, len(changes))
+	for i, c := range changes {
+		if c.Source.GTID == "" {
+			t.Fatalf("change %d has no GTID (MariaDB always has one)", i)
+		}
+		if got, want := c.ChangeKey, "g:"+c.Source.GTID+":"+strconv.Itoa(c.Source.Row); got != want {
+			t.Fatalf("change %d: change_key %q, want %q", i, got, want)
+		}
+		if c.TsMs == 0 || c.Source.TsMs == 0 || c.Source.File == "" || c.Source.Pos == 0 {
+			t.Fatalf("change %d: volatile field unset: %+v", i, c.Source)
+		}
+		pipe := "golden:" + c.Source.DB + "." + c.Source.Table + ":test"
+		d := canonical.Digest(pipe, c.Op, c.Key, c.After, c.Before)
+		if d == "" {
+			t.Fatalf("change %d: no digest", i)
+		}
+		digests = append(digests, d)
+
+		// What differs between runs only because of where and when it
+		// ran is fixed; everything decoded from the rows is kept.
+		c.TsMs, c.Source.TsMs = 0, 0
+		c.Source.File, c.Source.Pos, c.Source.GTID, c.Source.ServerID = "", 0, "", 0
+		c.ChangeKey = ""
+		b, err := canonical.MarshalEnvelope(c, "")
+		if err != nil {
+			t.Fatalf("change %d: %v", i, err)
+		}
+		out.Write(b)
+		out.WriteByte('\n')
+	}
+	return out.Bytes(), digests
+}
+
+func execAll(ctx context.Context, t *testing.T, conn *sql.Conn, stmts []string) {
+	t.Helper()
+	for _, q := range stmts {
+		if _, err := conn.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+}
+
+// splitSQL splits a script into statements: a statement ends with ';' at
+// the end of a line; lines starting with "--" are comments.
+func splitSQL(script string) []string {
+	var stmts []string
+	var cur strings.Builder
+	for _, line := range strings.Split(script, "\n") {
+		trimmed := strings.TrimSpace(line)
+		if trimmed == "" || strings.HasPrefix(trimmed, "--") {
+			continue
+		}
+		cur.WriteString(line)
+		cur.WriteByte('\n')
+		if strings.HasSuffix(trimmed, ";") {
+			q := strings.TrimSpace(cur.String())
+			stmts = append(stmts, strings.TrimSuffix(q, ";"))
+			cur.Reset()
+		}
+	}
+	return stmts
+}
+
+// firstDiff shows the first differing line of two JSONL documents.
+func firstDiff(want, got []byte) string {
+	wl := strings.Split(string(want), "\n")
+	gl := strings.Split(string(got), "\n")
+	for i := 0; i < max(len(wl), len(gl)); i++ {
+		var w, g string
+		if i < len(wl) {
+			w = wl[i]
+		}
+		if i < len(gl) {
+			g = gl[i]
+		}
+		if w != g {
+			return fmt.Sprintf("line %d:\nwant %s\ngot  %s", i+1, w, g)
+		}
+	}
+	return "(no line differs)"
+}
