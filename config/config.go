@@ -198,8 +198,10 @@ func (c *Config) EffectiveDedupWindow() time.Duration {
 	return max(60*time.Second, 4*c.LeaseTTL)
 }
 
-// fillSinkDefaults sets the per-sink defaults after all layers are merged.
-func (c *Config) fillSinkDefaults() {
+// FillSinkDefaults sets the per-sink defaults (name from the scheme,
+// format, timeout, attempts, batch size, concurrency). Resolve calls it; a
+// Config built by hand (tests, tools) calls it before Validate.
+func (c *Config) FillSinkDefaults() {
 	for i := range c.Sinks {
 		s := &c.Sinks[i]
 		if s.Name == "" {

@@ -216,7 +216,7 @@ func valid() *Config {
 	c := Default()
 	c.DSN = goodDSN
 	c.Sinks = []Sink{{URL: "stdout:"}, {Name: "hook", URL: "https://h.example/x", Secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"}}
-	c.fillSinkDefaults()
+	c.FillSinkDefaults()
 	return c
 }
 

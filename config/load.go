@@ -228,7 +228,7 @@ func Resolve(src Sources) (*Config, error) {
 		}
 		mergeSink(cfg, name, url)
 	}
-	cfg.fillSinkDefaults()
+	cfg.FillSinkDefaults()
 	return cfg, errs.err()
 }
 
