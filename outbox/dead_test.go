@@ -1,0 +1,78 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/cdcout/cdcout/sink"
+)
+
+func TestDeadListAndRetry(t *testing.T) {
+	s := newTestState(t)
+	const p1, p2 = "i:app.t:hook", "i:app.t:file"
+	a, b := s.insert(t, p1, `[1]`), s.insert(t, p1, `[2]`)
+	c := s.insert(t, p2, `[1]`)
+	fine := s.insert(t, p1, `[3]`)
+	failing := map[string]bool{a: true, b: true, c: true}
+	fail := true
+	snk := fakeSink{fn: func(_ context.Context, recs []Record) []error {
+		errs := make([]error, len(recs))
+		for i, r := range recs {
+			if fail && failing[r.ID] {
+				errs[i] = sink.Permanent(errors.New("HTTP 422 for " + r.Key))
+			}
+		}
+		return errs
+	}}
+	d := s.drainer(t, "r/1", map[string]PipeConfig{p1: {Sink: snk}, p2: {Sink: snk}}, nil)
+	drainUntil(t, d, "rows settled", func() bool {
+		return s.count(t, `SELECT COUNT(*) FROM {outbox} WHERE status IN ('pending','delivering')`) == 0
+	})
+	ctx := context.Background()
+	all, err := ListDead(ctx, s.db, s.schema, "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) != 3 || all[0].ID != a || all[1].ID != b || all[2].ID != c {
+		t.Fatalf("ListDead(all) = %+v", all)
+	}
+	if r := all[0]; r.Pipe != p1 || r.Key != `[1]` || r.Attempts != 1 || r.LastError != "HTTP 422 for [1]" ||
+		r.LastErrorAt.IsZero() || r.CommitTime.IsZero() || r.Table != "t" || r.Op != "u" {
+		t.Fatalf("dead row = %+v", r)
+	}
+	if got, err := ListDead(ctx, s.db, s.schema, p2, 0); err != nil || len(got) != 1 || got[0].ID != c {
+		t.Fatalf("ListDead(%s) = %+v, %v", p2, got, err)
+	}
+	if got, err := ListDead(ctx, s.db, s.schema, "", 1); err != nil || len(got) != 1 {
+		t.Fatalf("ListDead(limit 1) = %d rows, %v", len(got), err)
+	}
+
+	fail = false
+	if n, err := RetryDead(ctx, s.db, s.schema, p1, b); err != nil || n != 1 {
+		t.Fatalf("RetryDead(id) = %d, %v", n, err)
+	}
+	if r := s.row(t, b); r.status != "pending" || r.attempts != 0 {
+		t.Fatalf("retried row = %+v", r)
+	}
+	if n, err := RetryDead(ctx, s.db, s.schema, p1, fine); err != nil || n != 0 {
+		t.Fatalf("RetryDead(delivered row) = %d, %v; want nothing", n, err)
+	}
+	drainUntil(t, d, "retried row delivered", func() bool { return s.row(t, b).status == "delivered" })
+	if r := s.row(t, a); r.status != "dead" {
+		t.Fatalf("row not retried = %+v", r)
+	}
+	if n, err := RetryDead(ctx, s.db, s.schema, "", ""); err != nil || n != 2 {
+		t.Fatalf("RetryDead(all) = %d, %v", n, err)
+	}
+	drainUntil(t, d, "all retried rows delivered", func() bool {
+		return s.count(t, `SELECT COUNT(*) FROM {outbox} WHERE status <> 'delivered'`) == 0
+	})
+	// The attempt log restarted at 1 for the retried rows.
+	if n := s.count(t, `SELECT COUNT(*) FROM {attempts} WHERE outbox_id = ? AND n = 1 AND error IS NULL`, a); n != 1 {
+		t.Fatalf("attempt 1 of the re-delivered row not overwritten with success")
+	}
+	if got, _ := ListDead(ctx, s.db, s.schema, "", 0); len(got) != 0 {
+		t.Fatalf("dead rows left: %+v", got)
+	}
+}
