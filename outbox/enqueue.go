@@ -1,0 +1,445 @@
+package outbox
+
+import (
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"go.uber.org/zap"
+
+	"github.com/cdcout/cdcout/canonical"
+)
+
+// Statement size bounds. A batch of any size is written in one transaction,
+// in statements of at most this many rows or payload bytes, so a huge source
+// transaction never needs a packet larger than max_allowed_packet (16 MiB by
+// default) and placeholders stay far below the 65,535 limit.
+const (
+	maxRowsPerStatement  = 500
+	maxBytesPerStatement = 4 << 20
+	// maxEnqueueAttempts bounds retries of a transaction the server rolled
+	// back as a deadlock victim.
+	maxEnqueueAttempts = 4
+)
+
+// Pending is one change to write for one pipe.
+type Pending struct {
+	Pipe string // "<instance>:<db.table>:<sink>"
+	Sink string
+	// Change is already masked for this pipe. Its ChangeKey is replaced by
+	// the ChangeKey below in the stored envelope.
+	Change *canonical.Change
+	// ChangeKey is the durable identity (dedup.GTIDKey, DigestKey or
+	// BackfillKey); Digest is canonical.Digest of the change for this pipe,
+	// stored with the claim in every mode so that replicas which decoded
+	// the same change differently are noticed.
+	ChangeKey, Digest string
+}
+
+// Fence is the enqueue lease an enqueue's checkpoint advance is conditional
+// on: the lease row must still have this holder and epoch and be unexpired
+// on the database clock.
+type Fence struct {
+	Lease  string
+	Holder string
+	Epoch  uint64
+}
+
+// EnqueueResult counts what one Enqueue did with its items.
+type EnqueueResult struct {
+	// Inserted outbox rows (claims taken now, or taken earlier by us and
+	// left without a row).
+	Inserted int
+	// AlreadyOurs are items whose claim and row this replica wrote before
+	// (a replay after a crash or a retried batch).
+	AlreadyOurs int
+	// OthersClaims are items another replica claimed first; it writes
+	// their rows.
+	OthersClaims int
+	// DigestMismatches are existing claims whose digest differs from the
+	// item's: two decodings of one change differ (schema drift). Each is
+	// logged as a warning.
+	DigestMismatches int
+	// Pipes lists the pipes that received at least one new row, in first
+	// appearance order, so the caller can wake their drainers.
+	Pipes []string
+}
+
+// errClaimVanished: a claim the INSERT IGNORE found was gone when read back
+// (retention deleted it in between). The whole transaction is retried.
+var errClaimVanished = errors.New("claim vanished between insert and read-back")
+
+// pendingRow is a validated Pending with everything that does not depend on the
+// outbox id computed once, outside the retry loop.
+type pendingRow struct {
+	Pending
+	change   canonical.Change // a copy, with ChangeKey set
+	rowKey   string
+	keyHash  string
+	commitTS time.Time
+	// Per attempt:
+	id    string
+	state claimState
+}
+
+type claimState int
+
+const (
+	claimNew         claimState = iota // inserted by this attempt
+	claimReentrant                     // ours from earlier, no outbox row yet
+	claimAlreadyOurs                   // ours from earlier, row written
+	claimOthers                        // another replica's
+)
+
+// Enqueue writes items and, when cp is not nil, advances the checkpoint,
+// all in one transaction (DESIGN.md invariants 1–3):
+//
+//  1. INSERT IGNORE a claim (pipe, change_key, digest, claimed_by) per item;
+//     the claims primary key decides which replica writes each change.
+//  2. Read the claims back (locking) unless every insert succeeded: claims
+//     with our claimedBy and no outbox row are ours to finish (re-entrant);
+//     others' claims are skipped, their digests compared.
+//  3. Insert an outbox row for each claim that is ours, with ids from NewID
+//     in item order, so ids follow commit order.
+//  4. Advance the checkpoint, conditional on fence; a lost lease rolls
+//     everything back and returns ErrFenced.
+//
+// Because the checkpoint moves only in the transaction that holds the rows
+// of every change before it, a crash at any point resumes without loss, and
+// a replay collapses onto the existing claims without duplicates.
+//
+// Items are written in statements of bounded size inside the one
+// transaction. A transaction chosen as a deadlock victim is retried.
+func (s *Store) Enqueue(ctx context.Context, claimedBy string, fence Fence, items []Pending, cp *Checkpoint) (EnqueueResult, error) {
+	if claimedBy == "" || utf8.RuneCountInString(claimedBy) > 255 {
+		return EnqueueResult{}, fmt.Errorf("enqueue: claimedBy must be 1–255 characters")
+	}
+	if cp != nil && (fence.Lease == "" || fence.Holder == "" || cp.Source == "") {
+		return EnqueueResult{}, fmt.Errorf("enqueue: a checkpoint needs a source and a fence (lease and holder)")
+	}
+	its, dups, err := s.prepare(items)
+	if err != nil {
+		return EnqueueResult{}, err
+	}
+	if len(its) == 0 && cp == nil {
+		return EnqueueResult{AlreadyOurs: dups}, nil
+	}
+	for attempt := 1; ; attempt++ {
+		res, err := s.enqueueOnce(ctx, claimedBy, fence, its, cp)
+		if err == nil {
+			res.AlreadyOurs += dups
+			return res, nil
+		}
+		retry := serverErrno(err) == 1213 || errors.Is(err, errClaimVanished)
+		if !retry || attempt >= maxEnqueueAttempts || ctx.Err() != nil {
+			return EnqueueResult{}, err
+		}
+		s.logger.Info("enqueue transaction retried", zap.Int("attempt", attempt), zap.Error(err))
+	}
+}
+
+// prepare validates items and computes their row data. Items repeating an
+// earlier item's (pipe, change_key) are dropped and counted: one change is
+// one row, even if a caller hands it over twice.
+func (s *Store) prepare(items []Pending) ([]*pendingRow, int, error) {
+	its := make([]*pendingRow, 0, len(items))
+	seen := make(map[[2]string]struct{}, len(items))
+	dups := 0
+	for i, p := range items {
+		if err := validatePending(p); err != nil {
+			return nil, 0, fmt.Errorf("enqueue item %d (pipe %q, change key %q): %w", i, p.Pipe, p.ChangeKey, err)
+		}
+		k := [2]string{p.Pipe, p.ChangeKey}
+		if _, ok := seen[k]; ok {
+			dups++
+			s.logger.Warn("change handed to enqueue twice in one batch; keeping the first",
+				zap.String("pipe", p.Pipe), zap.String("change_key", p.ChangeKey))
+			continue
+		}
+		seen[k] = struct{}{}
+		it := &pendingRow{Pending: p, change: *p.Change}
+		it.change.ChangeKey = p.ChangeKey
+		it.rowKey = canonical.KeyJSON(p.Change.Key)
+		if it.rowKey == "" {
+			return nil, 0, fmt.Errorf("enqueue item %d (pipe %q, change key %q): key cannot be encoded", i, p.Pipe, p.ChangeKey)
+		}
+		sum := sha256.Sum256([]byte(it.rowKey))
+		it.keyHash = hex.EncodeToString(sum[:])
+		it.commitTS = time.UnixMilli(p.Change.Source.TsMs).UTC()
+		its = append(its, it)
+	}
+	return its, dups, nil
+}
+
+func validatePending(p Pending) error {
+	switch {
+	case p.Change == nil:
+		return errors.New("no change")
+	case p.Pipe == "" || utf8.RuneCountInString(p.Pipe) > 255:
+		return errors.New("pipe must be 1–255 characters")
+	case p.Sink == "" || utf8.RuneCountInString(p.Sink) > 128:
+		return errors.New("sink must be 1–128 characters")
+	case !printableASCII(p.ChangeKey, 191):
+		return errors.New("change key must be 1–191 printable ASCII characters")
+	case !printableASCII(p.Digest, 64):
+		return errors.New("digest must be 1–64 printable ASCII characters")
+	case utf8.RuneCountInString(p.Change.Source.DB) > 64 || utf8.RuneCountInString(p.Change.Source.Table) > 64:
+		return errors.New("database or table name longer than 64 characters")
+	case len(p.Change.Op) != 1:
+		return fmt.Errorf("invalid op %q", string(p.Change.Op))
+	}
+	// INSERT IGNORE turns more than duplicate keys into warnings (it would
+	// truncate an over-long value), which is why every column is checked
+	// above rather than left to the server.
+	return nil
+}
+
+func printableASCII(s string, max int) bool {
+	if s == "" || len(s) > max {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x21 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *Store) enqueueOnce(ctx context.Context, claimedBy string, fence Fence, its []*pendingRow, cp *Checkpoint) (EnqueueResult, error) {
+	// READ COMMITTED: the locking read-back sees the latest committed claims,
+	// and InnoDB takes no gap locks, so concurrent enqueuers of neighbouring
+	// keys do not deadlock each other.
+	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return EnqueueResult{}, fmt.Errorf("enqueue: begin: %w", err)
+	}
+	defer tx.Rollback()
+
+	// Ids are drawn for every item, in item order, before anything is
+	// written: the claim carries the id its row will get, which is how the
+	// read-back tells "claimed by this transaction" from "claimed by this
+	// replica earlier".
+	for _, it := range its {
+		it.id = NewID()
+		it.state = claimNew
+	}
+	// Claims are taken in primary-key order, so concurrent enqueuers of
+	// overlapping batches lock rows in the same order and cannot deadlock.
+	byKey := slices.Clone(its)
+	slices.SortFunc(byKey, func(a, b *pendingRow) int {
+		return cmp.Or(strings.Compare(a.Pipe, b.Pipe), strings.Compare(a.ChangeKey, b.ChangeKey))
+	})
+
+	var res EnqueueResult
+	for start := 0; start < len(byKey); start += maxRowsPerStatement {
+		chunk := byKey[start:min(start+maxRowsPerStatement, len(byKey))]
+		inserted, err := s.insertClaims(ctx, tx, claimedBy, chunk)
+		if err != nil {
+			return EnqueueResult{}, err
+		}
+		if inserted == len(chunk) {
+			continue // every claim is new: nothing to read back
+		}
+		if err := s.readBackClaims(ctx, tx, claimedBy, chunk, &res); err != nil {
+			return EnqueueResult{}, err
+		}
+	}
+
+	var ours []*pendingRow
+	seenPipe := map[string]bool{}
+	for _, it := range its {
+		switch it.state {
+		case claimNew, claimReentrant:
+			ours = append(ours, it)
+			if !seenPipe[it.Pipe] {
+				seenPipe[it.Pipe] = true
+				res.Pipes = append(res.Pipes, it.Pipe)
+			}
+		case claimAlreadyOurs:
+			res.AlreadyOurs++
+		case claimOthers:
+			res.OthersClaims++
+		}
+	}
+	if err := s.insertRows(ctx, tx, ours); err != nil {
+		return EnqueueResult{}, err
+	}
+	for _, it := range ours {
+		if it.state != claimReentrant {
+			continue
+		}
+		// Rare (a claim left without its row); one statement each is fine.
+		if _, err := tx.ExecContext(ctx, "UPDATE "+s.claims+" SET outbox_id = ? WHERE pipe = ? AND change_key = ?",
+			it.id, it.Pipe, it.ChangeKey); err != nil {
+			return EnqueueResult{}, fmt.Errorf("enqueue: link claim %s to its row: %w", it.ChangeKey, err)
+		}
+	}
+	res.Inserted = len(ours)
+
+	if cp != nil {
+		if err := s.advanceCheckpoint(ctx, tx, fence, cp); err != nil {
+			return EnqueueResult{}, err
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return EnqueueResult{}, fmt.Errorf("enqueue: commit: %w", err)
+	}
+	return res, nil
+}
+
+func (s *Store) insertClaims(ctx context.Context, tx *sql.Tx, claimedBy string, chunk []*pendingRow) (int, error) {
+	var q strings.Builder
+	q.WriteString("INSERT IGNORE INTO " + s.claims + " (pipe, change_key, digest, claimed_by, outbox_id) VALUES ")
+	args := make([]any, 0, 5*len(chunk))
+	for i, it := range chunk {
+		if i > 0 {
+			q.WriteByte(',')
+		}
+		q.WriteString("(?,?,?,?,?)")
+		args = append(args, it.Pipe, it.ChangeKey, it.Digest, claimedBy, it.id)
+	}
+	r, err := tx.ExecContext(ctx, q.String(), args...)
+	if err != nil {
+		return 0, fmt.Errorf("enqueue: insert claims: %w", err)
+	}
+	n, err := r.RowsAffected()
+	if err != nil {
+		return 0, fmt.Errorf("enqueue: insert claims: %w", err)
+	}
+	return int(n), nil
+}
+
+type storedClaim struct {
+	claimedBy, digest string
+	outboxID          sql.NullString
+}
+
+// readBackClaims reads the chunk's claims with a locking read and classifies
+// each item. chunk is sorted by (pipe, change_key).
+func (s *Store) readBackClaims(ctx context.Context, tx *sql.Tx, claimedBy string, chunk []*pendingRow, res *EnqueueResult) error {
+	var q strings.Builder
+	q.WriteString("SELECT pipe, change_key, claimed_by, digest, outbox_id FROM " + s.claims + " WHERE ")
+	args := make([]any, 0, 2*len(chunk))
+	// Grouped per pipe as pipe = ? AND change_key IN (…), a shape every
+	// MySQL and MariaDB version turns into primary-key ranges; a full scan
+	// under FOR UPDATE would lock the whole table.
+	for i := 0; i < len(chunk); {
+		j := i
+		for j < len(chunk) && chunk[j].Pipe == chunk[i].Pipe {
+			j++
+		}
+		if i > 0 {
+			q.WriteString(" OR ")
+		}
+		q.WriteString("(pipe = ? AND change_key IN (")
+		args = append(args, chunk[i].Pipe)
+		for k := i; k < j; k++ {
+			if k > i {
+				q.WriteByte(',')
+			}
+			q.WriteByte('?')
+			args = append(args, chunk[k].ChangeKey)
+		}
+		q.WriteString("))")
+		i = j
+	}
+	q.WriteString(" FOR UPDATE")
+	rows, err := tx.QueryContext(ctx, q.String(), args...)
+	if err != nil {
+		return fmt.Errorf("enqueue: read back claims: %w", err)
+	}
+	defer rows.Close()
+	found := make(map[[2]string]storedClaim, len(chunk))
+	for rows.Next() {
+		var pipe, key string
+		var c storedClaim
+		if err := rows.Scan(&pipe, &key, &c.claimedBy, &c.digest, &c.outboxID); err != nil {
+			return fmt.Errorf("enqueue: read back claims: %w", err)
+		}
+		found[[2]string{pipe, key}] = c
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("enqueue: read back claims: %w", err)
+	}
+	for _, it := range chunk {
+		c, ok := found[[2]string{it.Pipe, it.ChangeKey}]
+		if !ok {
+			return errClaimVanished
+		}
+		mine := c.claimedBy == claimedBy
+		switch {
+		case mine && c.outboxID.Valid && c.outboxID.String == it.id:
+			it.state = claimNew
+			continue // taken by this transaction: same digest by construction
+		case mine && !c.outboxID.Valid:
+			it.state = claimReentrant
+		case mine:
+			it.state = claimAlreadyOurs
+		default:
+			it.state = claimOthers
+		}
+		if c.digest != it.Digest {
+			res.DigestMismatches++
+			// Row data stays out of the log; pipe and key find the rows.
+			s.logger.Warn("digest mismatch: an existing claim was decoded differently (schema drift between replicas?)",
+				zap.String("pipe", it.Pipe), zap.String("change_key", it.ChangeKey),
+				zap.String("claimed_by", c.claimedBy), zap.String("claim_digest", c.digest),
+				zap.String("digest", it.Digest))
+		}
+	}
+	return nil
+}
+
+const outboxColumns = " (id, pipe, sink, change_key, db, tbl, op, row_key, key_hash, commit_ts, payload) VALUES "
+
+// insertRows writes the outbox rows of ours, in order, in statements bounded
+// by row count and payload bytes.
+func (s *Store) insertRows(ctx context.Context, tx *sql.Tx, ours []*pendingRow) error {
+	var q strings.Builder
+	args := make([]any, 0, 11*min(len(ours), maxRowsPerStatement))
+	rowsInStmt, bytesInStmt := 0, 0
+	flush := func() error {
+		if rowsInStmt == 0 {
+			return nil
+		}
+		if _, err := tx.ExecContext(ctx, q.String(), args...); err != nil {
+			return fmt.Errorf("enqueue: insert outbox rows: %w", err)
+		}
+		q.Reset()
+		args = args[:0]
+		rowsInStmt, bytesInStmt = 0, 0
+		return nil
+	}
+	for _, it := range ours {
+		payload, err := canonical.MarshalEnvelope(&it.change, it.id)
+		if err != nil {
+			return fmt.Errorf("enqueue: encode change %s for pipe %s: %w", it.ChangeKey, it.Pipe, err)
+		}
+		size := len(payload) + len(it.rowKey)
+		if rowsInStmt > 0 && (rowsInStmt >= maxRowsPerStatement || bytesInStmt+size > maxBytesPerStatement) {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+		if rowsInStmt == 0 {
+			q.WriteString("INSERT INTO " + s.outbox + outboxColumns)
+		} else {
+			q.WriteByte(',')
+		}
+		q.WriteString("(?,?,?,?,?,?,?,?,?,?,?)")
+		args = append(args, it.id, it.Pipe, it.Sink, it.ChangeKey, it.change.Source.DB, it.change.Source.Table,
+			string(it.change.Op), it.rowKey, it.keyHash, it.commitTS, payload)
+		rowsInStmt++
+		bytesInStmt += size
+	}
+	return flush()
+}

@@ -1,0 +1,83 @@
+package outbox
+
+import (
+	"bytes"
+	"crypto/rand"
+	"fmt"
+	"sync"
+
+	"github.com/google/uuid"
+)
+
+// ids is the process's one id source. It must be process-wide, not per
+// Store: ids carry commit order only if every id this process hands out is
+// greater than the one before, whichever component asked for it.
+var ids idGenerator
+
+// NewID returns a new outbox id: a UUIDv7 in its canonical text form,
+// strictly greater (as bytes and as text) than every id this process
+// returned before and than any floor set with RaiseIDFloor. The enqueuer
+// calls it in commit order, so id order is commit order and the drainer can
+// use it for per-key order.
+func NewID() string { return ids.next().String() }
+
+// RaiseIDFloor makes every later NewID greater than id. A replica that takes
+// over the enqueue lease calls it (through Store.RaiseIDFloor) with the
+// newest id already in the outbox, so that a clock behind the previous
+// leader's cannot give a later change of the same key a smaller id.
+// Invalid ids are rejected.
+func RaiseIDFloor(id string) error {
+	u, err := uuid.Parse(id)
+	if err != nil {
+		return fmt.Errorf("raise id floor: %w", err)
+	}
+	ids.raise(u)
+	return nil
+}
+
+type idGenerator struct {
+	mu   sync.Mutex
+	last uuid.UUID
+}
+
+func (g *idGenerator) next() uuid.UUID {
+	u := uuid.Must(uuid.NewV7())
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	// uuid.NewV7 is monotonic within the process already; the floor is
+	// what it does not know about.
+	if bytes.Compare(u[:], g.last[:]) <= 0 {
+		u = successor(g.last)
+	}
+	g.last = u
+	return u
+}
+
+func (g *idGenerator) raise(u uuid.UUID) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if bytes.Compare(u[:], g.last[:]) > 0 {
+		g.last = u
+	}
+}
+
+// successor returns a UUIDv7 whose 48-bit millisecond time and 12-bit
+// sequence, read as one 60-bit counter, is one more than u's, with fresh
+// random bits after it: the smallest step that still sorts after u.
+func successor(u uuid.UUID) uuid.UUID {
+	t := uint64(u[0])<<52 | uint64(u[1])<<44 | uint64(u[2])<<36 | uint64(u[3])<<28 |
+		uint64(u[4])<<20 | uint64(u[5])<<12 | uint64(u[6]&0x0f)<<8 | uint64(u[7])
+	t++
+	var n uuid.UUID
+	_, _ = rand.Read(n[8:]) // crypto/rand.Read never fails (Go ≥ 1.24)
+	n[0] = byte(t >> 52)
+	n[1] = byte(t >> 44)
+	n[2] = byte(t >> 36)
+	n[3] = byte(t >> 28)
+	n[4] = byte(t >> 20)
+	n[5] = byte(t >> 12)
+	n[6] = 0x70 | byte(t>>8)&0x0f
+	n[7] = byte(t)
+	n[8] = n[8]&0x3f | 0x80 // RFC 9562 variant
+	return n
+}

@@ -1,0 +1,82 @@
+package outbox
+
+import (
+	"sync"
+	"testing"
+
+	"github.com/google/uuid"
+)
+
+func TestNewIDIncreasing(t *testing.T) {
+	prev := NewID()
+	for i := 0; i < 100_000; i++ {
+		id := NewID()
+		if id <= prev {
+			t.Fatalf("id %d: %s not after %s", i, id, prev)
+		}
+		u, err := uuid.Parse(id)
+		if err != nil || u.Version() != 7 || u.Variant() != uuid.RFC4122 {
+			t.Fatalf("id %s: version %v variant %v err %v", id, u.Version(), u.Variant(), err)
+		}
+		prev = id
+	}
+}
+
+func TestNewIDConcurrentUnique(t *testing.T) {
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	var wg sync.WaitGroup
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			local := make([]string, 0, 5000)
+			for i := 0; i < 5000; i++ {
+				local = append(local, NewID())
+			}
+			for i := 1; i < len(local); i++ {
+				if local[i] <= local[i-1] {
+					t.Errorf("not increasing within a goroutine: %s then %s", local[i-1], local[i])
+					return
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for _, id := range local {
+				if seen[id] {
+					t.Errorf("duplicate id %s", id)
+				}
+				seen[id] = true
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// An id from a clock far ahead (a previous leader's) is a floor: later ids
+// sort after it even though this clock is behind.
+func TestRaiseIDFloor(t *testing.T) {
+	future := "ffffffff-fff0-7fff-bfff-ffffffffffff"
+	defer resetIDs()
+	if err := RaiseIDFloor(future); err != nil {
+		t.Fatal(err)
+	}
+	a, b := NewID(), NewID()
+	if a <= future || b <= a {
+		t.Fatalf("ids after floor %s: %s, %s", future, a, b)
+	}
+	if u := uuid.MustParse(b); u.Version() != 7 || u.Variant() != uuid.RFC4122 {
+		t.Fatalf("successor id %s is not a v7 uuid", b)
+	}
+	if err := RaiseIDFloor("not-a-uuid"); err == nil {
+		t.Fatal("RaiseIDFloor accepted garbage")
+	}
+}
+
+// resetIDs undoes a test's floor for the tests after it: a floor can only
+// rise, so they would otherwise get ids from far in the future.
+func resetIDs() {
+	ids.mu.Lock()
+	ids.last = uuid.UUID{}
+	ids.mu.Unlock()
+}

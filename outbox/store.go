@@ -1,0 +1,79 @@
+// Package outbox is cdcout's durable queue between the binlog and the
+// sinks: the enqueue side writes claims, outbox rows and the checkpoint in
+// one transaction (Store.Enqueue); the drain side claims due rows and
+// delivers them to sinks with retries, dead letters and retention.
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+
+	"github.com/go-sql-driver/mysql"
+	"go.uber.org/zap"
+
+	"github.com/cdcout/cdcout/lease"
+	"github.com/cdcout/cdcout/state"
+)
+
+// ErrFenced means an enqueue was conditional on an enqueue lease that this
+// replica no longer holds (it expired, or another replica took it over with
+// a higher epoch). Nothing of that enqueue was committed. It wraps
+// lease.ErrNotHeld, so either sentinel matches with errors.Is.
+var ErrFenced = fmt.Errorf("enqueue fenced: %w", lease.ErrNotHeld)
+
+// Store reads and writes the outbox, claims and checkpoints tables of one
+// state database (created by state.Migrate).
+type Store struct {
+	db     *sql.DB
+	schema string
+	logger *zap.Logger
+
+	outbox, claims, checkpoints, leases string
+}
+
+// NewStore returns a Store over the state database schema. The schema name
+// must pass state.CheckName; callers validate configuration before they get
+// here, so a bad name panics rather than producing malformed SQL.
+func NewStore(db *sql.DB, schema string, logger *zap.Logger) *Store {
+	if err := state.CheckName(schema); err != nil {
+		panic(fmt.Sprintf("outbox.NewStore: %v", err))
+	}
+	if logger == nil {
+		logger = zap.NewNop()
+	}
+	return &Store{
+		db:          db,
+		schema:      schema,
+		logger:      logger.Named("outbox"),
+		outbox:      state.Table(schema, "outbox"),
+		claims:      state.Table(schema, "claims"),
+		checkpoints: state.Table(schema, "checkpoints"),
+		leases:      state.Table(schema, "leases"),
+	}
+}
+
+// RaiseIDFloor makes this process's later outbox ids sort after the newest
+// id already in the outbox. A replica calls it when it takes over the
+// enqueue lease: the previous leader's clock may be ahead of ours, and an id
+// smaller than an earlier change's would break per-key order.
+func (s *Store) RaiseIDFloor(ctx context.Context) error {
+	var maxID sql.NullString
+	if err := s.db.QueryRowContext(ctx, "SELECT MAX(id) FROM "+s.outbox).Scan(&maxID); err != nil {
+		return fmt.Errorf("read newest outbox id: %w", err)
+	}
+	if !maxID.Valid {
+		return nil
+	}
+	return RaiseIDFloor(maxID.String)
+}
+
+// serverErrno returns the server error number of err, or 0.
+func serverErrno(err error) uint16 {
+	var me *mysql.MySQLError
+	if errors.As(err, &me) {
+		return me.Number
+	}
+	return 0
+}
