@@ -122,7 +122,8 @@ func Open(ctx context.Context, cfg Config) (*Stream, error) {
 		zap.String("metadata mode", s.info.MetadataMode), zap.String("start", s.start.String()))
 	if s.info.MetadataMode != "binlog" {
 		s.log.Warn("column names come from information_schema (binlog_row_metadata is not FULL or the fallback is forced): " +
-			"rows written before a DDL the reader has not reached yet are refused, not guessed")
+			"a row written before a DDL the reader has not reached yet is refused when its column count or types differ, " +
+			"and cannot be told apart when they do not (a renamed column); set binlog_row_metadata=FULL")
 	}
 	ok = true
 	return s, nil
@@ -221,8 +222,9 @@ func (s *Stream) Run(ctx context.Context, h func(context.Context, Event) error) 
 		if progressed {
 			backoff = backoffMin
 		}
+		// err.Error(): go-mysql's errors carry stack traces zap would print.
 		s.log.Warn("binlog connection lost; resuming at the last commit",
-			zap.Error(err), zap.String("resume", r.resume.String()), zap.Duration("backoff", backoff))
+			zap.String("error", err.Error()), zap.String("resume", r.resume.String()), zap.Duration("backoff", backoff))
 		t := time.NewTimer(backoff)
 		select {
 		case <-ctx.Done():
