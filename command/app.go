@@ -52,6 +52,7 @@ func NewApp(stdin io.Reader, stdout, stderr io.Writer) *cli.App {
 			tailCommand(),
 			receiveCommand(),
 			probeCommand(),
+			deadCommand(),
 			versionCommand(),
 		},
 		// Errors are printed once, by Main, as one line.
