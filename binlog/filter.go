@@ -73,3 +73,11 @@ func (f *tableFilter) match(db, tbl string) bool {
 	}
 	return f.all || f.dbs[db] || f.tables[tbl] || f.exact[db+"."+tbl]
 }
+
+// CheckTablePatterns validates include patterns ("db.tbl", "db.*",
+// "*.tbl") the way Open will, so a command line can report a bad pattern
+// as a usage error before connecting.
+func CheckTablePatterns(patterns []string) error {
+	_, err := newTableFilter(patterns, nil)
+	return err
+}

@@ -1,0 +1,96 @@
+package command
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cdcout/cdcout/canonical"
+	"github.com/cdcout/cdcout/internal/mysqltest"
+)
+
+func runCmd(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var out, errOut bytes.Buffer
+	code = run(ctx, append([]string{"cdcout"}, args...), strings.NewReader(""), &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+func TestTail(t *testing.T) {
+	srv := mysqltest.Start(t, mysqltest.Options{})
+	db := srv.CreateDB(t, "tail")
+	srv.Exec(t,
+		"CREATE TABLE `"+db+"`.t (id INT PRIMARY KEY, v VARCHAR(10))",
+		"CREATE TABLE `"+db+"`.other (id INT PRIMARY KEY)",
+		"INSERT INTO `"+db+"`.t VALUES (1, 'a'), (2, 'b')",
+		"INSERT INTO `"+db+"`.other VALUES (1)",
+		"UPDATE `"+db+"`.t SET v = 'c' WHERE id = 2",
+		"DELETE FROM `"+db+"`.t WHERE id = 1",
+	)
+
+	t.Run("limit", func(t *testing.T) {
+		code, out, errOut := runCmd(t, "tail", "--dsn", srv.DSN, "--from", "start", "--tables", db+".t",
+			"--limit", "4", "--server-id", "7001", "--log-format", "json")
+		if code != ExitOK {
+			t.Fatalf("exit %d, stderr:\n%s", code, errOut)
+		}
+		lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+		var got []string
+		for _, l := range lines {
+			ch, _, err := canonical.UnmarshalEnvelope([]byte(l))
+			if err != nil {
+				t.Fatalf("line %q: %v", l, err)
+			}
+			got = append(got, string(ch.Op)+" "+ch.Source.Table+" "+canonical.KeyJSON(ch.Key))
+			if !strings.HasPrefix(ch.ChangeKey, "g:") {
+				t.Errorf("change key %q", ch.ChangeKey)
+			}
+		}
+		want := []string{`c t {"id":1}`, `c t {"id":2}`, `u t {"id":2}`, `d t {"id":1}`}
+		if strings.Join(got, "\n") != strings.Join(want, "\n") {
+			t.Fatalf("envelopes:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+		}
+		if !strings.Contains(errOut, `"metadata mode":"binlog"`) {
+			t.Errorf("stderr does not log the metadata mode:\n%s", errOut)
+		}
+	})
+
+	t.Run("bad flags", func(t *testing.T) {
+		for _, args := range [][]string{
+			{"tail", "--dsn", "root:hunter2@tcp(127.0.0.1:3306)"}, // no slash
+			{"tail", "--dsn", srv.DSN, "--from", "yesterday"},
+			{"tail", "--dsn", srv.DSN, "--tables", "nodot"},
+			{"tail", "--dsn", srv.DSN, "--server-id", "0"},
+			{"tail"},
+		} {
+			code, out, errOut := runCmd(t, args...)
+			if code != ExitConfig {
+				t.Errorf("%v: exit %d, want %d; stderr %s", args, code, ExitConfig, errOut)
+			}
+			if (out != "" && len(args) > 1) || strings.Contains(errOut, "hunter2") {
+				t.Errorf("%v: stdout %q stderr %q", args, out, errOut)
+			}
+		}
+	})
+
+	t.Run("unreachable", func(t *testing.T) {
+		code, _, errOut := runCmd(t, "tail", "--dsn", "root:hunter2@tcp(127.0.0.1:1)/?timeout=2s")
+		if code != ExitFailure || strings.Contains(errOut, "hunter2") || !strings.Contains(errOut, "root@127.0.0.1:1") {
+			t.Fatalf("exit %d, stderr:\n%s", code, errOut)
+		}
+	})
+
+	t.Run("no row binlog", func(t *testing.T) {
+		srv.Exec(t, "SET GLOBAL binlog_format = 'STATEMENT'")
+		defer srv.Exec(t, "SET GLOBAL binlog_format = 'ROW'")
+		code, _, errOut := runCmd(t, "tail", "--dsn", srv.DSN, "--log-level", "error")
+		lines := strings.Split(strings.TrimSpace(errOut), "\n")
+		if code != ExitFailure || len(lines) != 1 || !strings.Contains(lines[0], "SET GLOBAL binlog_format = 'ROW'") {
+			t.Fatalf("exit %d, stderr:\n%s", code, errOut)
+		}
+	})
+}
