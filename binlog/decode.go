@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+	"unsafe"
 
 	gomysql "github.com/go-mysql-org/go-mysql/mysql"
 	"github.com/go-mysql-org/go-mysql/replication"
@@ -161,12 +162,13 @@ func (c *Column) decode(v any) (any, error) {
 			}
 			return bytes.Clone(b), nil
 		}
-		var raw []byte
+		// raw may alias go-mysql's buffer; every branch below copies.
+		var raw string
 		switch x := v.(type) {
 		case []byte:
-			raw = x
+			raw = unsafe.String(unsafe.SliceData(x), len(x))
 		case string:
-			raw = []byte(x) // copies, which we need anyway
+			raw = x
 		default:
 			return nil, unexpected(v)
 		}
@@ -175,10 +177,15 @@ func (c *Column) decode(v any) (any, error) {
 			return decodeJSONText(raw)
 		}
 		if isBinaryCharset(c.Charset) {
-			b := bytes.Clone(raw)
+			n := len(raw)
 			if t == gomysql.MYSQL_TYPE_STRING {
-				b = padBinary(b, c.stringLength())
+				n = max(n, c.stringLength())
 			}
+			// BINARY(n): the server strips trailing 0x00 bytes when it
+			// writes the row event and pads them back when it reads the
+			// column, so SELECT returns n bytes and so must we.
+			b := make([]byte, n)
+			copy(b, raw)
 			return b, nil
 		}
 		return decodeText(raw, c.Charset)
@@ -273,22 +280,21 @@ func (c *Column) decodeDatetime(v any, t byte, utc bool) (any, error) {
 	if len(s) < 19 || !isDate(s[:10]) || s[10] != ' ' || !isClock(s[11:19], 2) {
 		return nil, fmt.Errorf("malformed datetime %q", s)
 	}
-	frac, err := fraction(s[19:], fsp)
+	var buf [40]byte
+	b := append(buf[:0], s[:10]...)
+	b = append(b, 'T')
+	b = append(b, s[11:19]...)
+	b, err := appendFraction(b, s[19:], fsp)
 	if err != nil {
 		return nil, fmt.Errorf("datetime %q: %w", s, err)
 	}
-	if utc && strings.HasPrefix(s, "0000-00-00 00:00:00") && strings.Trim(frac, ".0") != "" {
+	if utc && s[:19] == "0000-00-00 00:00:00" && strings.Trim(string(b[19:]), ".0") != "" {
 		// go-mysql prints every TIMESTAMP with 0 epoch seconds as the
 		// zero value, but MariaDB stores 1970-01-01 00:00:00.000001 ..
 		// 00:00:00.999999 UTC that way too (the zero value has no
 		// fraction), and SELECT shows them as real instants.
-		s = "1970-01-01 00:00:00"
+		copy(b, "1970-01-01T00:00:00")
 	}
-	b := make([]byte, 0, 32)
-	b = append(b, s[:10]...)
-	b = append(b, 'T')
-	b = append(b, s[11:19]...)
-	b = append(b, frac...)
 	if utc {
 		b = append(b, 'Z')
 	}
@@ -309,14 +315,13 @@ func (c *Column) decodeTime(v any, t byte) (any, error) {
 	if colon < 2 || colon > 3 || len(body) < colon+6 || !isClock(body[:colon+6], colon) {
 		return nil, fmt.Errorf("malformed time %q", s)
 	}
-	frac, err := fraction(body[colon+6:], c.fsp(t))
+	whole := len(s) - len(body) + colon + 6 // sign and H…:MM:SS
+	var buf [24]byte
+	b, err := appendFraction(append(buf[:0], s[:whole]...), s[whole:], c.fsp(t))
 	if err != nil {
 		return nil, fmt.Errorf("time %q: %w", s, err)
 	}
-	if frac == "" && len(body) == colon+6 {
-		return strings.Clone(s), nil
-	}
-	return s[:len(s)-len(body)+colon+6] + frac, nil
+	return string(b), nil
 }
 
 // fsp is the fractional-second precision of a temporal column. The table
@@ -335,24 +340,30 @@ func (c *Column) fsp(t byte) int {
 	return 0
 }
 
-// fraction normalises ".123" (or "") to exactly fsp digits.
-func fraction(s string, fsp int) (string, error) {
+// appendFraction appends ".123" (or "") normalised to exactly fsp digits:
+// missing digits are zeros, extra digits must be zeros.
+func appendFraction(dst []byte, s string, fsp int) ([]byte, error) {
 	if s != "" {
 		if s[0] != '.' || len(s) < 2 || len(s) > 7 || !allDigits(s[1:]) {
-			return "", fmt.Errorf("malformed fraction %q", s)
+			return dst, fmt.Errorf("malformed fraction %q", s)
 		}
 		s = s[1:]
 	}
 	if len(s) > fsp {
 		if strings.Trim(s[fsp:], "0") != "" {
-			return "", fmt.Errorf("fraction %q has more than %d digits", s, fsp)
+			return dst, fmt.Errorf("fraction %q has more than %d digits", s, fsp)
 		}
 		s = s[:fsp]
 	}
 	if fsp == 0 {
-		return "", nil
+		return dst, nil
 	}
-	return "." + s + strings.Repeat("0", fsp-len(s)), nil
+	dst = append(dst, '.')
+	dst = append(dst, s...)
+	for i := len(s); i < fsp; i++ {
+		dst = append(dst, '0')
+	}
+	return dst, nil
 }
 
 func (c *Column) decodeEnum(v any) (any, error) {
@@ -404,7 +415,7 @@ func (c *Column) memberName(name string) (string, error) {
 		}
 		return name, nil
 	}
-	out, err := decodeText([]byte(name), c.Charset)
+	out, err := decodeText(name, c.Charset)
 	if err != nil {
 		return "", err
 	}
@@ -416,7 +427,7 @@ func (c *Column) memberName(name string) (string, error) {
 func decodeJSON(v any) (any, error) {
 	switch x := v.(type) {
 	case string:
-		return decodeJSONText([]byte(x))
+		return decodeJSONText(x)
 	case []byte:
 		if len(x) == 0 {
 			// An empty document is what MySQL stores for a NOT NULL
@@ -424,20 +435,21 @@ func decodeJSON(v any) (any, error) {
 			// MySQL itself reads it as the JSON null literal.
 			return canonical.RawJSON("null"), nil
 		}
-		return decodeJSONText(x)
+		return decodeJSONText(unsafe.String(unsafe.SliceData(x), len(x)))
 	case *replication.JsonDiff:
 		return nil, errors.New("partial JSON update (binlog_row_value_options=PARTIAL_JSON) carries no full row image; turn it off")
 	}
 	return nil, unexpected(v)
 }
 
-// decodeJSONText validates a JSON document and returns it as RawJSON, to be
-// embedded (re-emitted canonically) by the encoder.
-func decodeJSONText(b []byte) (any, error) {
+// decodeJSONText validates a JSON document and returns a copy as RawJSON,
+// to be embedded (re-emitted canonically) by the encoder.
+func decodeJSONText(s string) (any, error) {
+	b := []byte(s)
 	if !json.Valid(b) || !utf8.Valid(b) {
-		return nil, fmt.Errorf("invalid JSON document %.64q", b)
+		return nil, fmt.Errorf("invalid JSON document %.64q", s)
 	}
-	return canonical.RawJSON(bytes.Clone(b)), nil
+	return canonical.RawJSON(b), nil
 }
 
 func isBinaryCharset(cs string) bool { return cs == "" || cs == "binary" }
@@ -456,24 +468,14 @@ func (c *Column) stringLength() int {
 	return int(b1)
 }
 
-// padBinary restores the trailing 0x00 bytes of a BINARY(n) value: the
-// server strips them when it writes the row event and pads them back when
-// it reads the column, so SELECT returns n bytes and so must we.
-func padBinary(b []byte, n int) []byte {
-	for len(b) < n {
-		b = append(b, 0)
-	}
-	return b
-}
-
-// decodeText converts a character column's bytes to a UTF-8 string.
-func decodeText(raw []byte, charset string) (any, error) {
+// decodeText converts a character column's bytes to a new UTF-8 string.
+func decodeText(raw string, charset string) (any, error) {
 	switch charset {
 	case "utf8mb4", "utf8mb3", "utf8", "ascii":
-		if !utf8.Valid(raw) {
+		if !utf8.ValidString(raw) {
 			return nil, fmt.Errorf("%s text is not valid UTF-8", charset)
 		}
-		return string(raw), nil
+		return strings.Clone(raw), nil
 	case "latin1":
 		return decodeLatin1(raw), nil
 	}
@@ -482,23 +484,23 @@ func decodeText(raw []byte, charset string) (any, error) {
 		return nil, fmt.Errorf("character set %q is not supported", charset)
 	}
 	if isASCII(raw) && !asciiIncompatible[charset] {
-		return string(raw), nil
+		return strings.Clone(raw), nil
 	}
-	out, err := enc.NewDecoder().Bytes(raw)
+	out, err := enc.NewDecoder().String(raw)
 	if err != nil {
 		return nil, fmt.Errorf("decode %s text: %w", charset, err)
 	}
 	// x/text decoders turn undecodable bytes into U+FFFD; that would be a
 	// silent loss, so it is an error unless the input could mean it.
-	if bytes.ContainsRune(out, utf8.RuneError) && !encodesReplacementChar[charset] {
+	if strings.ContainsRune(out, utf8.RuneError) && !encodesReplacementChar[charset] {
 		return nil, fmt.Errorf("%s text has bytes that do not decode", charset)
 	}
-	return string(out), nil
+	return out, nil
 }
 
-func isASCII(b []byte) bool {
-	for _, c := range b {
-		if c >= utf8.RuneSelf {
+func isASCII(b string) bool {
+	for i := 0; i < len(b); i++ {
+		if b[i] >= utf8.RuneSelf {
 			return false
 		}
 	}
@@ -516,12 +518,13 @@ var latin1High = [32]rune{
 	0x02DC, 0x2122, 0x0161, 0x203A, 0x0153, 0x009D, 0x017E, 0x0178,
 }
 
-func decodeLatin1(raw []byte) string {
+func decodeLatin1(raw string) string {
 	if isASCII(raw) {
-		return string(raw)
+		return strings.Clone(raw)
 	}
 	out := make([]byte, 0, len(raw)+len(raw)/2)
-	for _, c := range raw {
+	for i := 0; i < len(raw); i++ {
+		c := raw[i]
 		switch {
 		case c < 0x80:
 			out = append(out, c)
