@@ -1,0 +1,145 @@
+package binlog
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	gomysql "github.com/go-mysql-org/go-mysql/mysql"
+	"github.com/go-mysql-org/go-mysql/replication"
+	"go.uber.org/zap"
+
+	"github.com/cdcout/cdcout/canonical"
+	"github.com/cdcout/cdcout/internal/logbridge"
+	"github.com/cdcout/cdcout/internal/mysqltest"
+)
+
+// BenchmarkStreamVsRaw reads one binlog of CDCOUT_BENCH_ROWS (default
+// 200 000) inserted rows of an 8-column table twice in one run: with a bare
+// go-mysql BinlogSyncer (rows parsed, nothing else) and with Stream plus
+// canonical.AppendEnvelope per change. It reports both rates and their
+// ratio; the target is stream/raw ≥ 0.5.
+func BenchmarkStreamVsRaw(b *testing.B) {
+	rows := 200_000
+	if v := os.Getenv("CDCOUT_BENCH_ROWS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			b.Fatalf("CDCOUT_BENCH_ROWS=%q: want a positive integer", v)
+		}
+		rows = n
+	}
+	srv := mysqltest.Start(b, mysqltest.Options{})
+	db := srv.CreateDB(b, "bench")
+	srv.Exec(b, "CREATE TABLE `"+db+"`.t (id BIGINT PRIMARY KEY, a INT NOT NULL, b VARCHAR(32), c DECIMAL(12,2), "+
+		"d DATETIME(3), e DOUBLE, f TEXT, g TINYINT UNSIGNED)")
+	conn := srv.Open(b)
+	var from string
+	if err := conn.QueryRow("SELECT @@GLOBAL.gtid_binlog_pos").Scan(&from); err != nil {
+		b.Fatal(err)
+	}
+	const batch = 1000
+	start := time.Now()
+	for lo := 1; lo <= rows; lo += batch {
+		hi := min(lo+batch-1, rows)
+		q := fmt.Sprintf("INSERT INTO `%s`.t SELECT seq, seq %% 1000, CONCAT('name-', seq), seq / 100, "+
+			"'2024-05-06 07:08:09.123' + INTERVAL seq SECOND, seq * 1.5, REPEAT('x', 40), seq %% 256 FROM `%s`.seq_%d_to_%d", db, db, lo, hi)
+		if _, err := conn.Exec(q); err != nil {
+			b.Fatalf("insert: %v", err)
+		}
+	}
+	b.Logf("inserted %d rows in %s", rows, time.Since(start).Round(time.Millisecond))
+
+	b.ResetTimer()
+	var rawRate, streamRate float64
+	for i := 0; i < b.N; i++ {
+		rawRate = benchRaw(b, srv, db, from, rows)
+		streamRate = benchStream(b, srv, db, from, rows)
+	}
+	b.StopTimer()
+	b.ReportMetric(rawRate, "raw_rows/s")
+	b.ReportMetric(streamRate, "stream_rows/s")
+	b.ReportMetric(streamRate/rawRate, "stream/raw")
+	b.Logf("rows=%d raw=%.0f rows/s stream+canonical=%.0f rows/s ratio=%.2f", rows, rawRate, streamRate, streamRate/rawRate)
+}
+
+func benchRaw(b *testing.B, srv *mysqltest.Server, db, from string, rows int) float64 {
+	b.Helper()
+	gset, err := gomysql.ParseMariadbGTIDSet(from)
+	if err != nil {
+		b.Fatal(err)
+	}
+	syncer := replication.NewBinlogSyncer(replication.BinlogSyncerConfig{
+		ServerID:                nextServerID(),
+		Flavor:                  gomysql.MariaDBFlavor,
+		Host:                    srv.Host,
+		Port:                    uint16(srv.Port),
+		User:                    srv.User,
+		Password:                srv.Password,
+		TimestampStringLocation: time.UTC,
+		Logger:                  logbridge.New(zap.NewNop()),
+	})
+	defer syncer.Close()
+	t0 := time.Now()
+	streamer, err := syncer.StartSyncGTID(gset)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	n := 0
+	for n < rows {
+		ev, err := streamer.GetEvent(ctx)
+		if err != nil {
+			b.Fatalf("raw read after %d rows: %v", n, err)
+		}
+		if re, ok := ev.Event.(*replication.RowsEvent); ok && string(re.Table.Schema) == db {
+			n += len(re.Rows)
+		}
+	}
+	return float64(n) / time.Since(t0).Seconds()
+}
+
+func benchStream(b *testing.B, srv *mysqltest.Server, db, from string, rows int) float64 {
+	b.Helper()
+	cfg := testConfig(b, srv, db)
+	cfg.Logger = zap.NewNop()
+	cfg.From = from
+	t0 := time.Now()
+	s, err := Open(context.Background(), cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	n := 0
+	var size int
+	buf := make([]byte, 0, 1024)
+	done := fmt.Errorf("done")
+	err = s.Run(ctx, func(_ context.Context, ev Event) error {
+		if ev.Change == nil {
+			return nil
+		}
+		var err error
+		if buf, err = canonical.AppendEnvelope(buf[:0], ev.Change, ""); err != nil {
+			return err
+		}
+		size += len(buf)
+		if n++; n >= rows {
+			return done
+		}
+		return nil
+	})
+	if err != done {
+		b.Fatalf("stream after %d rows: %v", n, err)
+	}
+	if !strings.Contains(string(buf), `"op":"c"`) || size == 0 {
+		b.Fatalf("unexpected envelope %s", buf)
+	}
+	return float64(n) / time.Since(t0).Seconds()
+}
+
