@@ -142,4 +142,3 @@ func benchStream(b *testing.B, srv *mysqltest.Server, db, from string, rows int)
 	}
 	return float64(n) / time.Since(t0).Seconds()
 }
-
