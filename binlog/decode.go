@@ -406,14 +406,22 @@ func (c *Column) decodeSet(v any) (any, error) {
 	return out, nil
 }
 
-// memberName decodes an ENUM/SET member name, which the table map carries
-// in the column's character set.
+// memberName returns an ENUM/SET member name as UTF-8.
+//
+// The Stream fills EnumValues/SetValues from the table map (binlog
+// metadata), which carries the names in the column's character set, or in
+// the information_schema fallback from COLUMN_TYPE, which is already UTF-8;
+// Column does not say which. A name that is valid UTF-8 is therefore taken
+// as it is and anything else is decoded from the column charset. The two
+// only collide for a non-UTF-8 name whose bytes happen to form valid UTF-8
+// (latin1 "Ã©"), which ENUM member names practically never are; UCS-2/
+// UTF-16/UTF-32 names from the table map are recognised by their NUL bytes.
 func (c *Column) memberName(name string) (string, error) {
-	if isBinaryCharset(c.Charset) {
-		if !utf8.ValidString(name) {
-			return "", fmt.Errorf("member name %q is not UTF-8", name)
-		}
+	if utf8.ValidString(name) && (!asciiIncompatible[c.Charset] || !strings.Contains(name, "\x00")) {
 		return name, nil
+	}
+	if isBinaryCharset(c.Charset) {
+		return "", fmt.Errorf("member name %q is not UTF-8", name)
 	}
 	out, err := decodeText(name, c.Charset)
 	if err != nil {
