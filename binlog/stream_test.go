@@ -3,9 +3,17 @@ package binlog
 import (
 	"database/sql"
 	"fmt"
+	"net"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/cdcout/cdcout/canonical"
 	"github.com/cdcout/cdcout/internal/mysqltest"
@@ -287,4 +295,150 @@ func TestReconnectAfterRestart(t *testing.T) {
 		keys[ch.ChangeKey] = id
 	}
 	t.Logf("%d rows in the table, %d changes streamed (%d distinct keys)", len(ids), len(changesOf(evs)), len(keys))
+}
+
+// blackhole is a TCP proxy whose existing connections can be frozen: bytes
+// are read and dropped, sockets stay open. That is a half-open connection
+// as a dead NAT entry or a hung server produces it: no error, just silence.
+type blackhole struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	conns  []*atomic.Bool // frozen flags of live connections
+}
+
+func newBlackhole(t *testing.T, target string) *blackhole {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &blackhole{ln: ln, target: target}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			frozen := new(atomic.Bool)
+			p.mu.Lock()
+			p.conns = append(p.conns, frozen)
+			p.mu.Unlock()
+			pipe := func(dst, src net.Conn) {
+				buf := make([]byte, 32<<10)
+				for {
+					n, err := src.Read(buf)
+					if err != nil {
+						dst.Close()
+						return
+					}
+					if !frozen.Load() {
+						if _, err := dst.Write(buf[:n]); err != nil {
+							src.Close()
+							return
+						}
+					}
+				}
+			}
+			go pipe(s, c)
+			go pipe(c, s)
+		}
+	}()
+	return p
+}
+
+func (p *blackhole) freeze() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, f := range p.conns {
+		f.Store(true)
+	}
+}
+
+// TestReadTimeoutReconnects: when the connection goes silent (heartbeats
+// stop arriving) the read timeout declares it dead and the stream
+// reconnects from its last commit.
+func TestReadTimeoutReconnects(t *testing.T) {
+	srv := mysqltest.Shared(t)
+	db := srv.CreateDB(t, "halfopen")
+	srv.Exec(t, "CREATE TABLE `"+db+"`.t (id INT PRIMARY KEY)")
+	proxy := newBlackhole(t, fmt.Sprintf("%s:%d", srv.Host, srv.Port))
+	dsn, err := mysql.ParseDSN(srv.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dsn.Addr = proxy.ln.Addr().String()
+	cfg := testConfig(t, srv, db)
+	cfg.DSN = dsn.FormatDSN()
+	cfg.HeartbeatPeriod = 300 * time.Millisecond
+	cfg.ReadTimeout = 1500 * time.Millisecond
+	core, logs := observer.New(zapcore.WarnLevel)
+	cfg.Logger = zap.New(core)
+	s := openStream(t, cfg)
+	c := collect(t, s)
+	srv.Exec(t, "INSERT INTO `"+db+"`.t VALUES (1)")
+	c.waitChanges(t, 1)
+
+	proxy.freeze()
+	frozenAt := time.Now()
+	srv.Exec(t, "INSERT INTO `"+db+"`.t VALUES (2)", "INSERT INTO `"+db+"`.t VALUES (3)")
+	evs := c.waitChanges(t, 3)
+	if d := time.Since(frozenAt); d < cfg.ReadTimeout {
+		t.Fatalf("rows arrived %s after the freeze, before the read timeout: the proxy did not freeze", d)
+	}
+	var ids []any
+	for _, ch := range changesOf(evs) {
+		ids = append(ids, ch.After["id"])
+	}
+	if fmt.Sprint(ids) != "[1 2 3]" {
+		t.Fatalf("ids %v, want [1 2 3]", ids)
+	}
+	if n := logs.FilterMessage("binlog connection lost; resuming at the last commit").Len(); n == 0 {
+		t.Fatal("no reconnect logged")
+	}
+}
+
+// TestEmptyCommitsCoalesced: transactions with no captured rows still move
+// the position, but a burst of them costs at most about one Commit a
+// second; the last one is flushed at the next heartbeat.
+func TestEmptyCommitsCoalesced(t *testing.T) {
+	srv := mysqltest.Shared(t)
+	db := srv.CreateDB(t, "empty")
+	other := srv.CreateDB(t, "emptyother")
+	srv.Exec(t, "CREATE TABLE `"+other+"`.t (id INT PRIMARY KEY)")
+	cfg := testConfig(t, srv, db)
+	cfg.HeartbeatPeriod = 200 * time.Millisecond
+	s := openStream(t, cfg)
+	c := collect(t, s)
+	conn := srv.Open(t)
+	for i := 0; i < 50; i++ {
+		if _, err := conn.Exec(fmt.Sprintf("INSERT INTO `%s`.t VALUES (%d)", other, i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var end string
+	if err := conn.QueryRow("SELECT @@GLOBAL.gtid_binlog_pos").Scan(&end); err != nil {
+		t.Fatal(err)
+	}
+	evs := c.waitFor(t, func([]Event) bool { return s.Position().GTIDSet == end }, "position %s", end)
+	commits := 0
+	for _, ev := range evs {
+		if ev.Commit != nil {
+			commits++
+			if ev.Commit.Rows != 0 {
+				t.Fatalf("commit with %d rows from an uncaptured table", ev.Commit.Rows)
+			}
+		}
+	}
+	if commits == 0 || commits > 10 {
+		t.Fatalf("%d commits for 50 empty transactions, want a few", commits)
+	}
+	if n := len(changesOf(evs)); n != 0 {
+		t.Fatalf("%d changes from an uncaptured database", n)
+	}
 }
