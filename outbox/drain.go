@@ -272,45 +272,64 @@ func (d *Drainer) DrainOnce(ctx context.Context) (int, error) {
 	return total, errors.Join(errs...)
 }
 
+// run is one pipe's service loop. A single claimer keeps up to
+// 2 × Concurrency batches claimed ahead (claiming is serial per pipe, so
+// it claims several batches per statement), and Concurrency workers deliver
+// them.
 func (p *pipeDrainer) run(ctx context.Context) {
-	slots := make(chan struct{}, p.cfg.Concurrency)
+	work := make(chan []Record, p.cfg.Concurrency)
 	var wg sync.WaitGroup
-	defer wg.Wait()
-	idle := idleMin
-	timer := time.NewTimer(idle)
-	defer timer.Stop()
-	failing := false
-	for {
-		select {
-		case slots <- struct{}{}:
-		case <-ctx.Done():
-			return
-		}
-		if ctx.Err() != nil {
-			return
-		}
-		p.mu.Lock()
-		checkExpired := time.Since(p.lastExp) >= expiredEvery
-		p.mu.Unlock()
-		recs, err := p.claim(ctx, p.cfg.BatchSize, checkExpired)
-		if err == nil && len(recs) > 0 {
-			idle, failing = idleMin, false
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer func() { <-slots }()
+	for range p.cfg.Concurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for recs := range work {
 				// Outcomes are recorded even while shutting down: the
 				// delivery happened, and the claim must not be left to
 				// expire into a redelivery.
 				if err := p.deliverAndRecord(context.WithoutCancel(ctx), recs); err != nil {
 					p.log.Error("record outcome", zap.Error(err))
 				}
-				// A finished row may unblock the next row of its key.
+				// A finished row may unblock the next row of its key, and
+				// frees room for more claims.
 				p.poke()
-			}()
+			}
+		}()
+	}
+	defer func() {
+		close(work)
+		wg.Wait()
+	}()
+
+	maxOutstanding := 2 * p.cfg.Concurrency * p.cfg.BatchSize
+	idle := idleMin
+	timer := time.NewTimer(idle)
+	defer timer.Stop()
+	failing := false
+	for ctx.Err() == nil {
+		p.mu.Lock()
+		room := maxOutstanding - len(p.inflight)
+		checkExpired := time.Since(p.lastExp) >= expiredEvery
+		p.mu.Unlock()
+		var (
+			recs []Record
+			err  error
+		)
+		if room >= p.cfg.BatchSize {
+			recs, err = p.claim(ctx, min(room, p.cfg.Concurrency*p.cfg.BatchSize), checkExpired)
+		}
+		if len(recs) > 0 {
+			idle, failing = idleMin, false
+			// Claimed rows are always handed to a worker, even when ctx
+			// ends meanwhile: left undelivered they would hold their keys
+			// until the claim lease ran out.
+			for len(recs) > 0 {
+				n := min(len(recs), p.cfg.BatchSize)
+				work <- recs[:n:n]
+				recs = recs[n:]
+			}
 			continue
 		}
-		<-slots
 		if err != nil && !errors.Is(err, errNoLease) && ctx.Err() == nil {
 			if !failing {
 				p.log.Warn("claim rows", zap.Error(err))
@@ -333,16 +352,11 @@ func (p *pipeDrainer) run(ctx context.Context) {
 		timer.Reset(wait)
 		select {
 		case <-ctx.Done():
-			return
 		case <-p.wake:
 			idle = idleMin
 		case <-timer.C:
-			idle = min(idle*2, idleMax)
-		}
-		if !timer.Stop() {
-			select {
-			case <-timer.C:
-			default:
+			if room >= p.cfg.BatchSize {
+				idle = min(idle*2, idleMax)
 			}
 		}
 	}

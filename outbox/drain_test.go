@@ -607,3 +607,33 @@ func TestWakeDeliversPromptly(t *testing.T) {
 		t.Fatal("not delivered")
 	}
 }
+
+// Stopping Run lets the delivery in flight finish and records its outcome,
+// so no row is left delivering for its claim lease to expire.
+func TestRunStopFinishesInFlight(t *testing.T) {
+	s := newTestState(t)
+	const pipe = "i:app.t:fake"
+	id := s.insert(t, pipe, `[1]`)
+	entered := make(chan struct{})
+	snk := fakeSink{fn: func(ctx context.Context, recs []Record) []error {
+		close(entered)
+		select {
+		case <-ctx.Done():
+			return []error{ctx.Err()}
+		case <-time.After(300 * time.Millisecond):
+		}
+		return make([]error, len(recs))
+	}}
+	d := s.drainer(t, "r1/boot", map[string]PipeConfig{pipe: {Sink: snk}}, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	<-entered
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if r := s.row(t, id); r.status != "delivered" {
+		t.Fatalf("row after stop = %+v, want delivered", r)
+	}
+}
