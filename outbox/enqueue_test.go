@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"strings"
@@ -10,9 +11,11 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
 
 	"github.com/cdcout/cdcout/binlog"
 	"github.com/cdcout/cdcout/canonical"
+	"github.com/cdcout/cdcout/internal/mysqltest"
 	"github.com/cdcout/cdcout/lease"
 	"github.com/cdcout/cdcout/state"
 )
@@ -428,18 +431,36 @@ func TestEnqueueLargeBatchChunked(t *testing.T) {
 }
 
 // Payloads larger than one packet in total are split by bytes, not only
-// by rows.
+// by rows: with the server's max_allowed_packet at 8 MiB, 20 MiB of rows
+// must still go in.
 func TestEnqueueSplitsByBytes(t *testing.T) {
-	s, db, schema := testStore(t)
-	ctx := context.Background()
+	_, admin, schema := testStore(t)
+	var was int64
+	if err := admin.QueryRow("SELECT @@GLOBAL.max_allowed_packet").Scan(&was); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec("SET GLOBAL max_allowed_packet = 8388608"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Exec("SET GLOBAL max_allowed_packet = ?", was) })
+	// A pool opened now gets the small packet limit in its sessions. With
+	// interpolateParams the statement is one packet (server-side prepared
+	// statements would stream big values separately and hide the limit).
+	db, err := sql.Open("mysql", mysqltest.Shared(t).DSN+"&interpolateParams=true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	s := NewStore(db, schema, zaptest.NewLogger(t))
+
 	big := strings.Repeat("x", 512<<10)
 	var items []Pending
-	for i := 0; i < 40; i++ { // 20 MiB: over the server's 16 MiB max_allowed_packet
+	for i := 0; i < 40; i++ {
 		p := gtidItem("a:app.blobs:hook", 1, i)
 		p.Change.After["data"] = big
 		items = append(items, p)
 	}
-	res, err := s.Enqueue(ctx, "r1", Fence{}, items, nil)
+	res, err := s.Enqueue(context.Background(), "r1", Fence{}, items, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
