@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/cdcout/cdcout/canonical"
+	"github.com/cdcout/cdcout/lease"
 )
 
 // Statement size bounds. A batch of any size is written in one transaction,
@@ -51,6 +52,11 @@ type Fence struct {
 	Lease  string
 	Holder string
 	Epoch  uint64
+}
+
+// FenceOf is the fence of a held enqueue lease.
+func FenceOf(l lease.Lease) Fence {
+	return Fence{Lease: l.Name, Holder: l.Holder, Epoch: l.Epoch}
 }
 
 // EnqueueResult counts what one Enqueue did with its items.

@@ -245,6 +245,9 @@ func TestEnqueueFencedCommitsNothing(t *testing.T) {
 	s, db, schema := testStore(t)
 	ctx := context.Background()
 	good := grantLease(t, db, schema, "enqueue/a", "r1", 5, time.Hour)
+	if got := FenceOf(lease.Lease{Name: "enqueue/a", Holder: "r1", Epoch: 5}); got != good {
+		t.Fatalf("FenceOf = %+v, want %+v", got, good)
+	}
 	var items []Pending
 	for i := 0; i < 700; i++ { // more than one statement's worth
 		items = append(items, gtidItem("a:app.users:hook", 3, i))
