@@ -405,3 +405,43 @@ func isPurgedError(err error) bool {
 	}
 	return false
 }
+
+// GTIDs parses the position's GTID set in its flavor; nil when the
+// position has none.
+func (p Position) GTIDs() (gomysql.GTIDSet, error) {
+	if p.GTIDSet == "" {
+		return nil, nil
+	}
+	flavor := p.Flavor
+	if flavor == "" {
+		flavor = gomysql.MySQLFlavor
+		if mariadbGTIDSetRe.MatchString(p.GTIDSet) {
+			flavor = gomysql.MariaDBFlavor
+		}
+	}
+	set, err := gomysql.ParseGTIDSet(flavor, p.GTIDSet)
+	if err != nil {
+		return nil, fmt.Errorf("parse gtid set %q: %w", p.GTIDSet, err)
+	}
+	return set, nil
+}
+
+// FilePos is the position's file:pos in go-mysql's form.
+func (p Position) FilePos() gomysql.Position {
+	return gomysql.Position{Name: p.File, Pos: p.Pos}
+}
+
+// String is the position for humans and logs: the GTID set when there is
+// one, else server_uuid/file:pos.
+func (p Position) String() string {
+	if p.GTIDSet != "" {
+		return p.GTIDSet
+	}
+	if p.File == "" {
+		return "(none)"
+	}
+	if p.ServerUUID != "" {
+		return fmt.Sprintf("%s/%s:%d", p.ServerUUID, p.File, p.Pos)
+	}
+	return fmt.Sprintf("%s:%d", p.File, p.Pos)
+}

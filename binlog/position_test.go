@@ -221,3 +221,27 @@ func purgeAll(t *testing.T, srv *mysqltest.Server) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+func TestPositionConversions(t *testing.T) {
+	p := Position{Flavor: "mariadb", GTIDSet: "0-1-42,1-2-7", File: "binlog.000002", Pos: 99}
+	set, err := p.GTIDs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := set.String(), "0-1-42,1-2-7"; got != want {
+		t.Fatalf("gtids %q, want %q", got, want)
+	}
+	if got := p.FilePos(); got.Name != "binlog.000002" || got.Pos != 99 {
+		t.Fatalf("file pos %v", got)
+	}
+	m := Position{GTIDSet: "3e11fa47-71ca-11e1-9e33-c80aa9429562:1-5"}
+	if set, err := m.GTIDs(); err != nil || set.String() != "3e11fa47-71ca-11e1-9e33-c80aa9429562:1-5" {
+		t.Fatalf("mysql gtids %v, %v", set, err)
+	}
+	if set, err := (Position{File: "f", Pos: 4}).GTIDs(); set != nil || err != nil {
+		t.Fatalf("no gtids: %v, %v", set, err)
+	}
+	if got, want := (Position{ServerUUID: "u", File: "f", Pos: 4}).String(), "u/f:4"; got != want {
+		t.Fatalf("String %q, want %q", got, want)
+	}
+}

@@ -264,7 +264,7 @@ func keyIndexes(key, names []string) []int {
 
 // compatible reports whether an information_schema DATA_TYPE can describe a
 // column of binlog type typ. Unknown data types are accepted.
-func compatible(dataType string, typ byte, mariadb bool) bool {
+func compatible(dataType string, typ byte) bool {
 	want := map[string][]byte{
 		"tinyint":    {gomysql.MYSQL_TYPE_TINY},
 		"smallint":   {gomysql.MYSQL_TYPE_SHORT},
@@ -326,7 +326,7 @@ func (c *schemaCache) fromInformationSchema(ctx context.Context, tm *replication
 	mismatch := len(info.cols) != int(tm.ColumnCount)
 	if !mismatch {
 		for i, col := range info.cols {
-			if !compatible(col.dataType, realType(tm, i), c.mariadb) {
+			if !compatible(col.dataType, realType(tm, i)) {
 				mismatch = true
 				break
 			}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -54,6 +55,8 @@ type Stream struct {
 	filter *tableFilter
 	schema *schemaCache
 	start  startPoint
+	// plaintext: tls=preferred and the server offered no TLS.
+	plaintext bool
 
 	mu      sync.Mutex
 	emitted Position // last Commit handed to the handler
@@ -112,6 +115,14 @@ func Open(ctx context.Context, cfg Config) (*Stream, error) {
 		return nil, err
 	}
 	s.schema = newSchemaCache(s.db, s.log, s.info.Flavor == gomysql.MariaDBFlavor, s.info.MetadataMode == "binlog", collations)
+	if dsn.TLS != nil && dsn.AllowFallbackToPlaintext {
+		// tls=preferred: the replication connection follows what the SQL
+		// connection negotiated, since go-mysql cannot fall back itself.
+		var name, cipher string
+		if err := s.db.QueryRowContext(ctx, "SHOW SESSION STATUS LIKE 'Ssl_cipher'").Scan(&name, &cipher); err != nil || cipher == "" {
+			s.plaintext = true
+		}
+	}
 	if s.start, err = s.resolveStart(ctx); err != nil {
 		return nil, err
 	}
@@ -155,6 +166,10 @@ func (s *Stream) syncerConfig() (replication.BinlogSyncerConfig, error) {
 	if err != nil {
 		return replication.BinlogSyncerConfig{}, fmt.Errorf("address %q: %w", s.dsn.Addr, err)
 	}
+	tlsConfig := s.dsn.TLS
+	if s.plaintext {
+		tlsConfig = nil
+	}
 	return replication.BinlogSyncerConfig{
 		ServerID:                s.cfg.ServerID,
 		Flavor:                  s.info.Flavor,
@@ -162,7 +177,7 @@ func (s *Stream) syncerConfig() (replication.BinlogSyncerConfig, error) {
 		Port:                    uint16(port),
 		User:                    s.dsn.User,
 		Password:                s.dsn.Passwd,
-		TLSConfig:               s.dsn.TLS,
+		TLSConfig:               tlsConfig,
 		ParseTime:               false,
 		UseDecimal:              false,
 		TimestampStringLocation: time.UTC,
@@ -294,7 +309,7 @@ func (r *reader) session(ctx context.Context, scfg replication.BinlogSyncerConfi
 
 // classify turns server-side refusals into permanent errors.
 func (r *reader) classify(err error) error {
-	if err == nil || r.s.cfg.Logger == nil {
+	if err == nil {
 		return err
 	}
 	if isFatalReadError(err) {
@@ -328,10 +343,10 @@ func (r *reader) event(ctx context.Context, ev *replication.BinlogEvent, outer *
 			r.tx.mysqlSID, r.tx.mysqlGNO, r.tx.mysqlTag, r.tx.hasMySQL, r.tx.tagged = u, e.GNO, e.Tag, true, true
 		}
 	case *replication.QueryEvent:
-		switch q := string(e.Query); q {
-		case "BEGIN", "XA START":
+		switch q := string(e.Query); {
+		case q == "BEGIN" || strings.HasPrefix(q, "XA START"):
 			r.tx.inBegin = true
-		case "COMMIT", "ROLLBACK":
+		case q == "COMMIT" || q == "ROLLBACK":
 			return r.commit(ctx, ev.Header, outer)
 		default:
 			if isDDL(e.Query) {
