@@ -83,23 +83,37 @@ func (c *schemaCache) invalidate() {
 
 // isDDL reports whether a query event may change a table definition.
 func isDDL(q []byte) bool {
-	q = bytes.TrimSpace(q)
-	for bytes.HasPrefix(q, []byte("/*")) {
-		end := bytes.Index(q, []byte("*/"))
-		if end < 0 {
-			return false
-		}
-		q = bytes.TrimSpace(q[end+2:])
-	}
-	word := q
-	if i := bytes.IndexAny(q, " \t\r\n("); i >= 0 {
-		word = q[:i]
-	}
-	switch strings.ToUpper(string(word)) {
+	switch firstWord(q) {
 	case "ALTER", "RENAME", "DROP", "TRUNCATE", "CREATE":
 		return true
 	}
 	return false
+}
+
+// dmlVerb returns the statement's verb when it is a row-changing statement
+// (INSERT, UPDATE, DELETE, REPLACE, LOAD), else "".
+func dmlVerb(q []byte) string {
+	w := firstWord(q)
+	switch w {
+	case "INSERT", "UPDATE", "DELETE", "REPLACE", "LOAD":
+		return w
+	}
+	return ""
+}
+
+func firstWord(q []byte) string {
+	q = bytes.TrimSpace(q)
+	for bytes.HasPrefix(q, []byte("/*")) {
+		end := bytes.Index(q, []byte("*/"))
+		if end < 0 {
+			return ""
+		}
+		q = bytes.TrimSpace(q[end+2:])
+	}
+	if i := bytes.IndexAny(q, " \t\r\n("); i >= 0 {
+		q = q[:i]
+	}
+	return strings.ToUpper(string(q))
 }
 
 func sameMap(a, b *replication.TableMapEvent) bool {

@@ -351,6 +351,13 @@ func (r *reader) event(ctx context.Context, ev *replication.BinlogEvent, outer *
 		default:
 			if isDDL(e.Query) {
 				r.s.schema.invalidate()
+			} else if verb := dmlVerb(e.Query); verb != "" {
+				// A session wrote with binlog_format=STATEMENT: its changes
+				// have no row images and cannot be captured. Say so loudly
+				// (without the statement, which may hold personal data).
+				r.s.log.Error("statement-based change in the binlog cannot be captured (a session used binlog_format=STATEMENT or MIXED)",
+					zap.String("statement", verb), zap.String("default_db", string(e.Schema)),
+					zap.String("gtid", r.tx.gtid), zap.String("file", r.file), zap.Uint32("pos", outer.LogPos))
 			}
 			if !r.tx.inBegin {
 				// A statement outside BEGIN (DDL) is a transaction of its own.

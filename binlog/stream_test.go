@@ -442,3 +442,66 @@ func TestEmptyCommitsCoalesced(t *testing.T) {
 		t.Fatalf("%d changes from an uncaptured database", n)
 	}
 }
+
+// TestStatementFormatSessionReported: a session that switches to
+// binlog_format=STATEMENT leaves no row images; the stream cannot capture
+// its change and says so in the log instead of passing over it silently.
+func TestStatementFormatSessionReported(t *testing.T) {
+	srv := mysqltest.Shared(t)
+	db := srv.CreateDB(t, "stmt")
+	srv.Exec(t, "CREATE TABLE `"+db+"`.t (id INT PRIMARY KEY)")
+	cfg := testConfig(t, srv, db)
+	core, logs := observer.New(zapcore.ErrorLevel)
+	cfg.Logger = zap.New(core)
+	s := openStream(t, cfg)
+	c := collect(t, s)
+	ctx := t.Context()
+	conn, err := srv.Open(t).Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	for _, q := range []string{
+		"SET SESSION binlog_format = 'STATEMENT'",
+		"INSERT INTO `" + db + "`.t VALUES (1)",
+		"SET SESSION binlog_format = 'ROW'",
+		"INSERT INTO `" + db + "`.t VALUES (2)",
+	} {
+		if _, err := conn.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	evs := c.waitChanges(t, 1)
+	if got := changesOf(evs)[0].After["id"]; got != int64(2) {
+		t.Fatalf("first change id %v, want 2", got)
+	}
+	entries := logs.FilterMessageSnippet("statement-based change").All()
+	if len(entries) != 1 || entries[0].ContextMap()["statement"] != "INSERT" {
+		t.Fatalf("log entries %+v, want one for the INSERT", entries)
+	}
+}
+
+func TestStatementClassification(t *testing.T) {
+	for _, tc := range []struct {
+		q   string
+		ddl bool
+		dml string
+	}{
+		{"ALTER TABLE t ADD c INT", true, ""},
+		{"/* generated */ rename table a to b", true, ""},
+		{"DROP TABLE `x`", true, ""},
+		{"TRUNCATE t", true, ""},
+		{"CREATE TABLE t (id INT)", true, ""},
+		{"insert into t values (1)", false, "INSERT"},
+		{"UPDATE t SET a=1", false, "UPDATE"},
+		{"BEGIN", false, ""},
+		{"SAVEPOINT s1", false, ""},
+	} {
+		if got := isDDL([]byte(tc.q)); got != tc.ddl {
+			t.Errorf("isDDL(%q) = %v", tc.q, got)
+		}
+		if got := dmlVerb([]byte(tc.q)); got != tc.dml {
+			t.Errorf("dmlVerb(%q) = %q, want %q", tc.q, got, tc.dml)
+		}
+	}
+}
