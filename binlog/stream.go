@@ -77,7 +77,7 @@ func Open(ctx context.Context, cfg Config) (*Stream, error) {
 	if cfg.ReadTimeout <= cfg.HeartbeatPeriod {
 		return nil, fmt.Errorf("read timeout %s must exceed the heartbeat period %s", cfg.ReadTimeout, cfg.HeartbeatPeriod)
 	}
-	dsn, err := mysql.ParseDSN(cfg.DSN)
+	dsn, err := ParseDSN(cfg.DSN)
 	if err != nil {
 		return nil, fmt.Errorf("parse DSN: %w", err)
 	}

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/go-sql-driver/mysql"
 	"github.com/urfave/cli/v2"
 	"go.uber.org/zap"
 
@@ -48,10 +47,8 @@ func runTail(c *cli.Context) error {
 	}
 	defer logger.Sync()
 
-	dsn, err := mysql.ParseDSN(c.String("dsn"))
+	dsn, err := binlog.ParseDSN(c.String("dsn"))
 	if err != nil {
-		// go-sql-driver's parse errors do not quote the DSN, so the
-		// password cannot leak through them.
 		return ConfigErrorf("--dsn: %v", err)
 	}
 	if c.Int("limit") < 0 {

@@ -61,7 +61,9 @@ func TestTail(t *testing.T) {
 
 	t.Run("bad flags", func(t *testing.T) {
 		for _, args := range [][]string{
-			{"tail", "--dsn", "root:hunter2@tcp(127.0.0.1:3306)"}, // no slash
+			{"tail", "--dsn", "root:hunter2@tcp(127.0.0.1:3306)"},      // no slash
+			{"tail", "--dsn", "root:hunter2/x@tcp(127.0.0.1:3306)"},    // unescaped '/' in the password
+			{"tail", "--dsn", "root:hunter2/x%zz@tcp(127.0.0.1:3306)"}, // and a bad escape
 			{"tail", "--dsn", srv.DSN, "--from", "yesterday"},
 			{"tail", "--dsn", srv.DSN, "--tables", "nodot"},
 			{"tail", "--dsn", srv.DSN, "--server-id", "0"},
@@ -71,7 +73,7 @@ func TestTail(t *testing.T) {
 			if code != ExitConfig {
 				t.Errorf("%v: exit %d, want %d; stderr %s", args, code, ExitConfig, errOut)
 			}
-			if (out != "" && len(args) > 1) || strings.Contains(errOut, "hunter2") {
+			if (out != "" && len(args) > 1) || strings.Contains(errOut, "hunter") {
 				t.Errorf("%v: stdout %q stderr %q", args, out, errOut)
 			}
 		}
@@ -79,7 +81,7 @@ func TestTail(t *testing.T) {
 
 	t.Run("unreachable", func(t *testing.T) {
 		code, _, errOut := runCmd(t, "tail", "--dsn", "root:hunter2@tcp(127.0.0.1:1)/?timeout=2s")
-		if code != ExitFailure || strings.Contains(errOut, "hunter2") || !strings.Contains(errOut, "root@127.0.0.1:1") {
+		if code != ExitFailure || strings.Contains(errOut, "hunter") || !strings.Contains(errOut, "root@127.0.0.1:1") {
 			t.Fatalf("exit %d, stderr:\n%s", code, errOut)
 		}
 	})
