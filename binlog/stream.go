@@ -221,8 +221,9 @@ func (s *Stream) Run(ctx context.Context, h func(context.Context, Event) error) 
 		r.resume.gset = r.resume.gset.Clone()
 	}
 	backoff := backoffMin
-	for attempt := 0; ; attempt++ {
-		progressed, err := r.session(ctx, scfg)
+	for {
+		commits := r.commits
+		err := r.session(ctx, scfg)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -234,7 +235,9 @@ func (s *Stream) Run(ctx context.Context, h func(context.Context, Event) error) 
 		if errors.As(err, &pe) {
 			return pe.err
 		}
-		if progressed {
+		if r.commits > commits {
+			// The last connection did useful work: this is a new failure,
+			// not the same one again.
 			backoff = backoffMin
 		}
 		// err.Error(): go-mysql's errors carry stack traces zap would print.
@@ -262,6 +265,7 @@ type reader struct {
 
 	lastCommit time.Time // when the last Commit was emitted
 	pending    *Commit   // coalesced empty commit not yet emitted
+	commits    int       // transactions read, over all connections
 }
 
 // txState is the transaction being read.
@@ -278,12 +282,12 @@ type txState struct {
 	tagged   bool
 }
 
-// session runs one connection. progressed reports whether any event
-// arrived (to reset the backoff).
-func (r *reader) session(ctx context.Context, scfg replication.BinlogSyncerConfig) (progressed bool, err error) {
+// session runs one connection until it fails.
+func (r *reader) session(ctx context.Context, scfg replication.BinlogSyncerConfig) error {
 	syncer := replication.NewBinlogSyncer(scfg)
 	defer syncer.Close()
 	var streamer *replication.BinlogStreamer
+	var err error
 	sp := r.resume
 	if sp.gset != nil && (sp.useGTID || sp.file == "") {
 		streamer, err = syncer.StartSyncGTID(sp.gset.Clone())
@@ -291,18 +295,17 @@ func (r *reader) session(ctx context.Context, scfg replication.BinlogSyncerConfi
 		streamer, err = syncer.StartSync(gomysql.Position{Name: sp.file, Pos: sp.pos})
 	}
 	if err != nil {
-		return false, r.classify(err)
+		return r.classify(err)
 	}
 	r.file = sp.file
 	r.tx = txState{}
 	for {
 		ev, err := streamer.GetEvent(ctx)
 		if err != nil {
-			return progressed, r.classify(err)
+			return r.classify(err)
 		}
-		progressed = true
 		if err := r.event(ctx, ev, ev.Header); err != nil {
-			return progressed, err
+			return err
 		}
 	}
 }
@@ -493,6 +496,7 @@ func decodeRow(t *Table, vals []any) (canonical.Row, error) {
 func (r *reader) commit(ctx context.Context, hdr, outer *replication.EventHeader) error {
 	tx := r.tx
 	r.tx = txState{}
+	r.commits++
 	if gs := r.resume.gset; gs != nil {
 		switch {
 		case tx.maria != nil:
