@@ -220,13 +220,14 @@ func Resolve(src Sources) (*Config, error) {
 			sinkPath = EnvName("sink")
 		}
 	}
+	fromFile := len(cfg.Sinks)
 	for i, v := range sinkFlags {
 		name, url := ParseSinkArg(v)
 		if url == "" {
 			errs.add(fmt.Sprintf("%s[%d]", sinkPath, i), "empty URL (want [NAME=]URL)")
 			continue
 		}
-		mergeSink(cfg, name, url)
+		mergeSink(cfg, fromFile, name, url)
 	}
 	cfg.FillSinkDefaults()
 	return cfg, errs.err()
@@ -248,8 +249,12 @@ func ParseSinkArg(v string) (name, url string) {
 	return name, url
 }
 
-func mergeSink(cfg *Config, name, url string) {
-	for i := range cfg.Sinks {
+// mergeSink gives the file's sink called name (among the first fromFile)
+// the URL, or appends a new sink. Two --sink values with one name are both
+// appended, so Validate reports the duplicate instead of one silently
+// replacing the other.
+func mergeSink(cfg *Config, fromFile int, name, url string) {
+	for i := range cfg.Sinks[:fromFile] {
 		n := cfg.Sinks[i].Name
 		if n == "" {
 			n = schemeOf(cfg.Sinks[i].URL)

@@ -1,0 +1,192 @@
+package command
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/cdcout/cdcout/internal/mysqltest"
+)
+
+// runArgs runs cdcout with args and a clean CDCOUT_* environment.
+func runArgs(t *testing.T, ctx context.Context, args ...string) (int, string, string) {
+	t.Helper()
+	for _, kv := range os.Environ() {
+		if k, _, _ := strings.Cut(kv, "="); strings.HasPrefix(k, "CDCOUT_") && k != "CDCOUT_TEST_DSN" {
+			t.Setenv(k, "")
+			os.Unsetenv(k)
+		}
+	}
+	var out, errOut strings.Builder
+	code := run(ctx, append([]string{"cdcout"}, args...), strings.NewReader(""), &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+func yamlFile(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "cdcout.yaml")
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+const testPassword = "Sup3rS3cretPw"
+
+func TestRunBadInput(t *testing.T) {
+	dsn := "cdc:" + testPassword + "@tcp(127.0.0.1:1)/"
+	for _, tc := range []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"malformed yaml", []string{"run", "--config", yamlFile(t, "sinks: [\n  - url: x\n")}, []string{"config:"}},
+		{"unknown key", []string{"run", "--dsn", dsn, "--config", yamlFile(t, "sinks:\n  - url: \"stdout:\"\n    retries: 3\n")}, []string{"sinks[0].retries: unknown key (line 3)"}},
+		{"duplicate sink names", []string{"run", "--dsn", dsn, "--sink", "a=stdout:", "--sink", "a=http://h.example/x"}, []string{`sinks[1].name: duplicate sink name "a"`}},
+		{"no sinks", []string{"run", "--dsn", dsn}, []string{"sinks: no sinks configured"}},
+		{"unknown scheme", []string{"run", "--dsn", dsn, "--sink", "ftp://h/x"}, []string{`sinks[0].url: unknown scheme "ftp" (want stdout:, file://, http://, https://, kafka://, nats://)`}},
+		{"bad duration flag", []string{"run", "--dsn", dsn, "--sink", "stdout:", "--lease-ttl", "fast"}, []string{`--lease-ttl: "fast" is not a duration`}},
+		{"no dsn", []string{"run", "--sink", "stdout:"}, []string{"dsn: required"}},
+		{"claim lease", []string{"run", "--dsn", dsn, "--sink", "stdout:", "--claim-lease", "5s"}, []string{"sinks[0].timeout: 10s must be shorter than claim_lease 5s"}},
+		{"bad webhook secret", []string{"run", "--dsn", dsn, "--config", yamlFile(t, "sinks:\n  - url: http://h.example/x\n    secret: \"whsec_"+testPassword+"!\"\n")}, []string{"whsec_ but the rest is not base64"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, stderr := runArgs(t, context.Background(), tc.args...)
+			if code != ExitConfig {
+				t.Errorf("exit code = %d, want %d; stderr %q", code, ExitConfig, stderr)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(stderr, w) {
+					t.Errorf("stderr %q does not contain %q", stderr, w)
+				}
+			}
+			if strings.Count(strings.TrimSpace(stderr), "\n") != 0 {
+				t.Errorf("error is not one line: %q", stderr)
+			}
+			if strings.Contains(stderr, testPassword) || strings.Contains(stderr, "goroutine") {
+				t.Errorf("stderr leaks the password or a stack trace: %q", stderr)
+			}
+		})
+	}
+}
+
+func TestRunEnvPrecedence(t *testing.T) {
+	// An env-only setting that is wrong must be reported under its variable
+	// name; the same setting given as a flag wins over it.
+	t.Setenv("CDCOUT_LEASE_TTL", "quick")
+	var out, errOut strings.Builder
+	code := run(context.Background(), []string{"cdcout", "run", "--dsn", "u:p@tcp(127.0.0.1:1)/", "--sink", "stdout:"}, strings.NewReader(""), &out, &errOut)
+	if code != ExitConfig || !strings.Contains(errOut.String(), `CDCOUT_LEASE_TTL: "quick" is not a duration`) {
+		t.Errorf("code %d, stderr %q", code, errOut.String())
+	}
+}
+
+func TestRunDatabaseErrors(t *testing.T) {
+	srv := mysqltest.Shared(t)
+	mc, err := mysql.ParseDSN(srv.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	state := srv.CreateDB(t, "runbad")
+	srv.Exec(t,
+		"CREATE USER IF NOT EXISTS 'cdcrun'@'%' IDENTIFIED BY '"+testPassword+"'",
+		"GRANT ALL ON *.* TO 'cdcrun'@'%'",
+	)
+	wrong := mc.Clone()
+	wrong.User, wrong.Passwd = "cdcrun", testPassword+"x"
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	code, _, stderr := runArgs(t, ctx, "run", "--dsn", wrong.FormatDSN(), "--state-db", state, "--sink", "stdout:", "--http-addr", "off")
+	if code != ExitConfig {
+		t.Errorf("wrong password: exit %d, want %d; stderr %q", code, ExitConfig, stderr)
+	}
+	if !strings.Contains(stderr, "Access denied") || !strings.Contains(stderr, "cdcrun@") {
+		t.Errorf("wrong password: stderr %q should say access denied for cdcrun@host", stderr)
+	}
+	if strings.Contains(stderr, testPassword) {
+		t.Errorf("wrong password: stderr leaks the password: %q", stderr)
+	}
+	if n := strings.Count(strings.TrimSpace(lastLine(stderr)), "\n"); n != 0 {
+		t.Errorf("not one line: %q", stderr)
+	}
+
+	unreachable := mc.Clone()
+	unreachable.User, unreachable.Passwd = "cdcrun", testPassword
+	unreachable.Addr = "127.0.0.1:1"
+	unreachable.Timeout = 2 * time.Second
+	code, _, stderr = runArgs(t, ctx, "run", "--dsn", unreachable.FormatDSN(), "--state-db", state, "--sink", "stdout:", "--http-addr", "off")
+	if code != ExitFailure {
+		t.Errorf("unreachable: exit %d, want %d; stderr %q", code, ExitFailure, stderr)
+	}
+	if !strings.Contains(stderr, "127.0.0.1:1") || strings.Contains(stderr, testPassword) {
+		t.Errorf("unreachable: stderr %q should name the address and not the password", stderr)
+	}
+}
+
+// lastLine is the cdcout: error line (log lines may precede it).
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
+}
+
+// TestRunStopsGracefully runs the command against a real server and
+// cancels it: exit 0.
+func TestRunStopsGracefully(t *testing.T) {
+	srv := mysqltest.Shared(t)
+	state := srv.CreateDB(t, "rungood")
+	out := filepath.Join(t.TempDir(), "out.jsonl")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	var stderr string
+	go func() {
+		var code int
+		code, _, stderr = runArgs(t, ctx, "run", "--dsn", srv.DSN, "--state-db", state, "--instance", state,
+			"--sink", "f=file://"+out, "--http-addr", "off", "--log-format", "json")
+		done <- code
+	}()
+	// Wait until the lease is taken (the engine is running), then stop.
+	db := srv.Open(t)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var n int
+		err := db.QueryRow(fmt.Sprintf("SELECT COUNT(*) FROM `%s`.leases WHERE name = ? AND expires_at > NOW(6)", state), "enqueue/"+state).Scan(&n)
+		if err == nil && n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			cancel()
+			t.Fatalf("engine never took its lease")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	cancel()
+	select {
+	case code := <-done:
+		if code != ExitOK {
+			t.Errorf("exit %d after stop, want 0; stderr %s", code, stderr)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("run did not stop")
+	}
+}
+
+func TestRunServerWithoutRowBinlog(t *testing.T) {
+	srv := mysqltest.Start(t, mysqltest.Options{Args: []string{"--binlog-format=STATEMENT"}})
+	state := srv.CreateDB(t, "runstmt")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	code, _, stderr := runArgs(t, ctx, "run", "--dsn", srv.DSN, "--state-db", state, "--sink", "stdout:", "--http-addr", "off")
+	if code != ExitConfig {
+		t.Errorf("exit %d, want %d; stderr %q", code, ExitConfig, stderr)
+	}
+	if !strings.Contains(lastLine(stderr), "binlog_format") {
+		t.Errorf("stderr %q should name binlog_format", lastLine(stderr))
+	}
+}

@@ -1,0 +1,180 @@
+package engine
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/cdcout/cdcout/config"
+	"github.com/cdcout/cdcout/outbox"
+	"github.com/cdcout/cdcout/state"
+)
+
+// drainers runs one outbox.Drainer per pipe. Pipes are per table
+// ("<instance>:<db.table>:<sink>") and tables appear while cdcout runs, so
+// a drainer is started the first time a pipe gets rows (or at start, for
+// pipes with undelivered rows) rather than from a fixed list.
+type drainers struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	db     *sql.DB
+	cfg    *config.Config
+	holder string
+	sinks  map[string]sinkEntry
+	log    *zap.Logger
+
+	mu      sync.Mutex
+	byPipe  map[string]*outbox.Drainer
+	skipped map[string]bool
+	stopped bool
+	wg      sync.WaitGroup
+}
+
+func newDrainers(ctx context.Context, db *sql.DB, cfg *config.Config, holder string, sinks map[string]sinkEntry, log *zap.Logger) *drainers {
+	ctx, cancel := context.WithCancel(ctx)
+	return &drainers{
+		ctx: ctx, cancel: cancel, db: db, cfg: cfg, holder: holder, sinks: sinks, log: log,
+		byPipe: map[string]*outbox.Drainer{}, skipped: map[string]bool{},
+	}
+}
+
+// discover starts drainers for this instance's pipes that have rows to
+// deliver from before this process started.
+func (d *drainers) discover(ctx context.Context) error {
+	rows, err := d.db.QueryContext(ctx, "SELECT DISTINCT pipe FROM "+state.Table(d.cfg.StateDB, "outbox")+
+		" WHERE pipe LIKE ? AND status IN ('pending','delivering')", likePrefix(d.cfg.Instance+":"))
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	var pipes []string
+	for rows.Next() {
+		var p string
+		if err := rows.Scan(&p); err != nil {
+			return err
+		}
+		pipes = append(pipes, p)
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	d.written(pipes)
+	return nil
+}
+
+func likePrefix(p string) string {
+	r := make([]rune, 0, len(p)+1)
+	for _, c := range p {
+		if c == '%' || c == '_' || c == '\\' {
+			r = append(r, '\\')
+		}
+		r = append(r, c)
+	}
+	return string(r) + "%"
+}
+
+// written wakes (starting if needed) the drainers of pipes that got rows.
+func (d *drainers) written(pipes []string) {
+	for _, p := range pipes {
+		if dr := d.ensure(p); dr != nil {
+			dr.Wake()
+		}
+	}
+}
+
+func (d *drainers) ensure(pipe string) *outbox.Drainer {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.stopped {
+		return nil
+	}
+	if dr, ok := d.byPipe[pipe]; ok {
+		return dr
+	}
+	if d.skipped[pipe] {
+		return nil
+	}
+	inst, sinkName, ok := splitPipe(pipe)
+	se, known := d.sinks[sinkName]
+	if !ok || inst != d.cfg.Instance || !known {
+		// Rows of a sink that is not configured stay pending: a deploy
+		// that removed a sink before its rows drained must not lose them.
+		d.skipped[pipe] = true
+		d.log.Warn("pipe has rows but its sink is not configured; leaving them pending", zap.String("pipe", pipe))
+		return nil
+	}
+	dr, err := outbox.NewDrainer(outbox.DrainerConfig{
+		DB:         d.db,
+		Schema:     d.cfg.StateDB,
+		ClaimedBy:  d.holder,
+		ClaimLease: d.cfg.ClaimLease,
+		Pipes: map[string]outbox.PipeConfig{pipe: {
+			Sink:        se.sink,
+			Timeout:     se.cfg.Timeout,
+			MaxAttempts: se.cfg.MaxAttempts,
+			Concurrency: se.cfg.Concurrency,
+			BatchSize:   se.cfg.BatchSize,
+		}},
+		Logger: d.log,
+	})
+	if err != nil {
+		d.skipped[pipe] = true
+		d.log.Error("start drainer", zap.String("pipe", pipe), zap.Error(err))
+		return nil
+	}
+	d.byPipe[pipe] = dr
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		if err := dr.Run(d.ctx); err != nil {
+			d.log.Error("drainer stopped", zap.String("pipe", pipe), zap.Error(err))
+		}
+	}()
+	return dr
+}
+
+// stopClaiming tells every drainer to stop claiming rows; deliveries in
+// flight finish and record their outcomes.
+func (d *drainers) stopClaiming() {
+	d.mu.Lock()
+	d.stopped = true
+	d.mu.Unlock()
+	d.cancel()
+}
+
+// releaseOrphans returns rows this process claimed but never handed to a
+// sink (a claim whose read-back was cut off by the stop) to pending. It
+// must only run once every drainer has returned: then no delivery of ours
+// is in flight, and without it those rows would wait out the claim lease
+// (minutes) before another drainer may take them.
+func (d *drainers) releaseOrphans(ctx context.Context) (int64, error) {
+	res, err := d.db.ExecContext(ctx, "UPDATE "+state.Table(d.cfg.StateDB, "outbox")+
+		" SET status = 'pending', claimed_by = NULL, claim_expires_at = NULL, attempts = GREATEST(attempts - 1, 0)"+
+		" WHERE claimed_by = ? AND status = 'delivering'", d.holder)
+	if err != nil {
+		return 0, fmt.Errorf("release undelivered claims: %w", err)
+	}
+	return res.RowsAffected()
+}
+
+// wait waits for the drainers to finish, at most timeout. It reports
+// whether they did.
+func (d *drainers) wait(timeout time.Duration) bool {
+	done := make(chan struct{})
+	go func() {
+		d.wg.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
+	}
+}

@@ -1,0 +1,508 @@
+// Package engine wires one cdcout replica: it reads the source's binlog,
+// routes each change to the sinks that subscribe to it, writes outbox rows
+// and the checkpoint in one transaction under the enqueue lease, and runs
+// the drainers that deliver the rows.
+//
+// Run owns every goroutine it starts (stream, flush ticker, lease keeper,
+// drainers) and waits for each before it returns. A cancelled context is a
+// graceful stop: reading stops, the complete transactions still buffered
+// are written with their checkpoint, deliveries in flight finish (bounded by
+// the shutdown timeout) and the lease is released.
+package engine
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"go.uber.org/zap"
+
+	"github.com/cdcout/cdcout/binlog"
+	"github.com/cdcout/cdcout/config"
+	"github.com/cdcout/cdcout/dedup"
+	"github.com/cdcout/cdcout/format"
+	"github.com/cdcout/cdcout/internal/buildinfo"
+	"github.com/cdcout/cdcout/lease"
+	"github.com/cdcout/cdcout/outbox"
+	"github.com/cdcout/cdcout/sink/filesink"
+	"github.com/cdcout/cdcout/sink/httpsink"
+	"github.com/cdcout/cdcout/sink/stdoutsink"
+	"github.com/cdcout/cdcout/state"
+)
+
+// counterMaxEntries bounds the digest-mode occurrence counter (about 150
+// bytes an entry).
+const counterMaxEntries = 200_000
+
+// Option adjusts an Engine.
+type Option func(*Engine)
+
+// WithStdout sets where stdout: sinks write (default os.Stdout).
+func WithStdout(w io.Writer) Option { return func(e *Engine) { e.stdout = w } }
+
+// Engine is one replica.
+type Engine struct {
+	cfg    *config.Config
+	log    *zap.Logger
+	stdout io.Writer
+
+	holder    string // "<replica-id>/<boot nonce>"
+	leaseName string // "enqueue/<instance>"
+	routes    []*route
+	sinks     map[string]sinkEntry
+	closers   []io.Closer
+
+	mu  sync.Mutex
+	enq *enqueuer // current tenure's, for Stats
+}
+
+type sinkEntry struct {
+	cfg  config.Sink
+	sink outbox.Sink
+}
+
+// New validates cfg and builds the sinks. Nothing connects to a database
+// until Run.
+func New(cfg *config.Config, logger *zap.Logger, opts ...Option) (*Engine, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = zap.NewNop()
+	}
+	nonce := make([]byte, 6)
+	_, _ = rand.Read(nonce)
+	e := &Engine{
+		cfg:       cfg,
+		log:       logger.Named("engine"),
+		stdout:    os.Stdout,
+		holder:    cfg.ReplicaID + "/" + hex.EncodeToString(nonce),
+		leaseName: "enqueue/" + cfg.Instance,
+		sinks:     map[string]sinkEntry{},
+	}
+	for _, o := range opts {
+		o(e)
+	}
+	for i, sc := range cfg.Sinks {
+		s, err := e.buildSink(sc)
+		if err != nil {
+			e.closeSinks()
+			return nil, fmt.Errorf("sinks[%d] (%s): %w", i, sc.Name, err)
+		}
+		e.sinks[sc.Name] = sinkEntry{cfg: sc, sink: s}
+		e.routes = append(e.routes, newRoute(sc))
+	}
+	return e, nil
+}
+
+// buildSink selects the sink type by URL scheme. One package per external
+// client; an explicit switch, no registry.
+func (e *Engine) buildSink(sc config.Sink) (outbox.Sink, error) {
+	f, err := format.New(sc.Format)
+	if err != nil {
+		return nil, err
+	}
+	scheme, _, _ := strings.Cut(sc.URL, ":")
+	switch strings.ToLower(scheme) {
+	case "stdout":
+		return stdoutsink.New(e.stdout, f), nil
+	case "file":
+		p, err := filesink.PathOf(sc.URL)
+		if err != nil {
+			return nil, err
+		}
+		s, err := filesink.Open(p, f)
+		if err != nil {
+			return nil, err
+		}
+		e.closers = append(e.closers, s)
+		return s, nil
+	case "http", "https":
+		secret, err := httpsink.ParseSecret(sc.Secret.Value())
+		if err != nil {
+			return nil, err
+		}
+		headers := map[string]string{}
+		for k, v := range sc.Headers {
+			headers[k] = v.Value()
+		}
+		return httpsink.New(httpsink.Options{URL: sc.URL, Secret: secret, Headers: headers, Format: f})
+	case "kafka":
+		// Helper E's sink/kafkasink: constructed from sc.URL, sc.Kafka and f.
+		return nil, errors.New("kafka sinks are not available in this build yet")
+	case "nats":
+		// Helper E's sink/natssink: constructed from sc.URL, sc.NATS and f.
+		return nil, errors.New("nats sinks are not available in this build yet")
+	default:
+		return nil, fmt.Errorf("unknown sink scheme %q", scheme)
+	}
+}
+
+func (e *Engine) closeSinks() {
+	for _, c := range e.closers {
+		if err := c.Close(); err != nil {
+			e.log.Warn("close sink", zap.Error(err))
+		}
+	}
+	e.closers = nil
+}
+
+// Holder is this process's lease holder and drain claim id.
+func (e *Engine) Holder() string { return e.holder }
+
+// Run runs the replica until ctx ends (returning nil after a graceful stop)
+// or a fatal error.
+func (e *Engine) Run(ctx context.Context) error {
+	defer e.closeSinks()
+	cfg := e.cfg
+	db, err := openDB(cfg.EffectiveStateDSN().Value())
+	if err != nil {
+		return fmt.Errorf("state database %s: %w", config.DSNAddr(cfg.EffectiveStateDSN().Value()), err)
+	}
+	defer db.Close()
+	if err := db.PingContext(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("connect to state database %s: %w", config.DSNAddr(cfg.EffectiveStateDSN().Value()), err)
+	}
+	if err := state.Migrate(ctx, db, cfg.StateDB); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	store := outbox.NewStore(db, cfg.StateDB, e.log)
+	leases := lease.NewManager(db, cfg.StateDB)
+
+	// Drainers run for the whole Run, across enqueue tenures: delivery
+	// does not depend on who enqueues.
+	dctx, stopDrain := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopDrain()
+	drains := newDrainers(dctx, db, cfg, e.holder, e.sinks, e.log)
+	if err := drains.discover(ctx); err != nil && ctx.Err() == nil {
+		e.log.Warn("look up pipes with pending rows", zap.Error(err))
+	}
+	// Drainers stop claiming as soon as the stop is asked for.
+	stopWatch := context.AfterFunc(ctx, drains.stopClaiming)
+	defer stopWatch()
+
+	janitor, err := outbox.NewJanitor(outbox.JanitorConfig{
+		DB:          db,
+		Schema:      cfg.StateDB,
+		Retention:   time.Duration(cfg.RetentionHours) * time.Hour,
+		DedupWindow: cfg.EffectiveDedupWindow(),
+		Logger:      e.log,
+	})
+	if err != nil {
+		return err
+	}
+	jctx, stopJanitor := context.WithCancel(ctx)
+	defer stopJanitor()
+	janitorDone := make(chan struct{})
+	go func() {
+		defer close(janitorDone)
+		if err := janitor.Run(jctx); err != nil && jctx.Err() == nil {
+			e.log.Error("janitor stopped", zap.Error(err))
+		}
+	}()
+	defer func() { stopJanitor(); <-janitorDone }()
+
+	resetPending := cfg.ResetPosition
+	var runErr error
+	for ctx.Err() == nil {
+		l, err := e.acquire(ctx, leases)
+		if err != nil {
+			if ctx.Err() == nil {
+				runErr = err
+			}
+			break
+		}
+		err = e.tenure(ctx, db, l, leases, store, drains, &resetPending)
+		if errors.Is(err, errLeaseLost) {
+			e.log.Warn("enqueue lease lost; stopped enqueueing, re-acquiring", zap.Error(err))
+			continue
+		}
+		if errors.Is(err, errReread) {
+			e.log.Info("re-reading from the checkpoint", zap.Error(err))
+			continue
+		}
+		if err != nil && ctx.Err() == nil {
+			runErr = err
+		}
+		break
+	}
+	drains.stopClaiming()
+	if !drains.wait(cfg.ShutdownTimeout) {
+		e.log.Warn("deliveries still in flight after the shutdown timeout; their rows are redelivered after the claim lease",
+			zap.Duration("shutdown_timeout", cfg.ShutdownTimeout))
+	} else {
+		rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if n, err := drains.releaseOrphans(rctx); err != nil {
+			e.log.Warn("release claims", zap.Error(err))
+		} else if n > 0 {
+			e.log.Info("released claimed rows that were never delivered", zap.Int64("rows", n))
+		}
+		rcancel()
+	}
+	return runErr
+}
+
+func openDB(dsn string) (*sql.DB, error) {
+	mc, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("parse DSN: %w", err)
+	}
+	conn, err := mysql.NewConnector(mc)
+	if err != nil {
+		return nil, err
+	}
+	db := sql.OpenDB(conn)
+	db.SetMaxOpenConns(32)
+	db.SetMaxIdleConns(32)
+	db.SetConnMaxIdleTime(time.Minute)
+	return db, nil
+}
+
+// acquire waits until this replica holds the enqueue lease.
+func (e *Engine) acquire(ctx context.Context, leases *lease.Manager) (lease.Lease, error) {
+	ttl := e.cfg.LeaseTTL
+	logged := false
+	for {
+		l, ok, err := leases.Acquire(ctx, e.leaseName, e.holder, ttl)
+		if err != nil {
+			if ctx.Err() != nil {
+				return lease.Lease{}, ctx.Err()
+			}
+			e.log.Warn("acquire enqueue lease", zap.Error(err))
+		} else if ok {
+			e.log.Info("enqueue lease acquired", zap.String("lease", l.Name), zap.Uint64("epoch", l.Epoch), zap.String("holder", l.Holder))
+			return l, nil
+		} else if !logged {
+			e.log.Info("enqueue lease held by another replica; waiting", zap.String("lease", e.leaseName), zap.String("holder", l.Holder))
+			logged = true
+		}
+		t := time.NewTimer(max(ttl/5, 100*time.Millisecond))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return lease.Lease{}, ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// tenure is one term as the enqueue lease holder: read from the
+// checkpoint and enqueue until ctx ends or the lease is lost.
+func (e *Engine) tenure(ctx context.Context, db *sql.DB, l lease.Lease, leases *lease.Manager, store *outbox.Store, drains *drainers, resetPending *bool) (err error) {
+	cfg := e.cfg
+	tctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	keeper := leases.NewKeeper(l, e.log)
+	var lost bool
+	var wg sync.WaitGroup
+	var lostMu sync.Mutex
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := keeper.Run(tctx); errors.Is(err, lease.ErrNotHeld) {
+			lostMu.Lock()
+			lost = true
+			lostMu.Unlock()
+			cancel()
+		}
+	}()
+	defer func() {
+		cancel()
+		wg.Wait()
+		lostMu.Lock()
+		wasLost := lost
+		lostMu.Unlock()
+		if wasLost && err == nil || wasLost && errors.Is(err, context.Canceled) {
+			err = fmt.Errorf("%w: %v", errLeaseLost, keeper.Err())
+		}
+		if !wasLost && !errors.Is(err, errLeaseLost) {
+			rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
+			if rerr := leases.Release(rctx, keeper.Lease()); rerr != nil && !errors.Is(rerr, lease.ErrNotHeld) {
+				e.log.Warn("release enqueue lease", zap.Error(rerr))
+			}
+			rcancel()
+		}
+	}()
+
+	// A new leader's ids must sort after the previous leader's.
+	if err := store.RaiseIDFloor(tctx); err != nil {
+		return err
+	}
+	if *resetPending {
+		e.log.Warn("--reset-position: DISCARDING the stored checkpoint; changes between it and --from will NOT be captured",
+			zap.String("source", e.leaseName), zap.String("from", cfg.From))
+		if err := store.ResetCheckpoint(tctx, e.leaseName); err != nil {
+			return err
+		}
+		*resetPending = false
+	}
+	var (
+		pos    *binlog.Position
+		claims []string
+	)
+	if cfg.ChangeIdentity == "gtid" {
+		pos, err = store.LoadCheckpoint(tctx, e.leaseName)
+	} else {
+		// Digest mode may be chosen below (auto without GTIDs): read the
+		// claims in the checkpoint's snapshot now, so the counter can be
+		// seeded consistently.
+		pos, claims, err = loadCheckpointAndClaims(tctx, db, cfg.StateDB, e.leaseName, cfg.EffectiveDedupWindow())
+	}
+	if err != nil {
+		return err
+	}
+	bcfg := binlog.Config{
+		DSN:        cfg.DSN.Value(),
+		ServerID:   e.serverID(),
+		From:       cfg.From,
+		Resume:     pos,
+		Include:    cfg.Tables,
+		ExcludeDBs: []string{cfg.StateDB},
+		Instance:   cfg.Instance,
+		Version:    buildinfo.Version(),
+		Logger:     e.log,
+	}
+	if pos != nil {
+		e.log.Info("resuming from checkpoint", zap.Any("position", pos))
+	} else {
+		e.log.Info("no checkpoint; starting", zap.String("from", cfg.From))
+	}
+	stream, err := binlog.Open(tctx, bcfg)
+	if err != nil {
+		return err
+	}
+	defer stream.Close()
+	info := stream.Info()
+	digestMode := false
+	switch cfg.ChangeIdentity {
+	case "digest":
+		digestMode = true
+	case "auto":
+		digestMode = !info.GTIDMode
+	case "gtid":
+		if !info.GTIDMode {
+			return errors.New("change_identity gtid: the source server does not use GTIDs (enable gtid_mode, or use --change-identity auto|digest)")
+		}
+	}
+	q := &enqueuer{
+		store:      store,
+		log:        e.log,
+		instance:   cfg.Instance,
+		claimedBy:  cfg.ReplicaID,
+		fence:      outbox.Fence{Lease: l.Name, Holder: l.Holder, Epoch: l.Epoch},
+		source:     e.leaseName,
+		routes:     e.routes,
+		digestMode: digestMode,
+		batchSize:  cfg.EnqueueBatchSize,
+		maxBuffer:  cfg.EnqueueMaxBuffer,
+		interval:   cfg.EnqueueFlushInterval,
+		written:    drains.written,
+		lastRow:    -1,
+	}
+	if digestMode {
+		// The counter must remember longer than claims live (see
+		// dedup.OccurrenceCounter), hence twice the dedup window.
+		q.counter = dedup.NewOccurrenceCounter(2*cfg.EffectiveDedupWindow(), counterMaxEntries)
+		q.counter.SeedFromChangeKeys(claims, time.Now())
+	}
+	e.mu.Lock()
+	e.enq = q
+	e.mu.Unlock()
+	e.log.Info("enqueueing", zap.Bool("digest_mode", digestMode), zap.Int("routes", len(e.routes)), zap.Int("seeded_claims", len(claims)))
+
+	// The ticker writes batches of an idle stream.
+	tickErr := make(chan error, 1)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(max(cfg.EnqueueFlushInterval/2, 5*time.Millisecond))
+		defer t.Stop()
+		for {
+			select {
+			case <-tctx.Done():
+				return
+			case <-t.C:
+				if err := q.tick(tctx); err != nil {
+					if tctx.Err() == nil {
+						tickErr <- err
+						cancel()
+					}
+					return
+				}
+			}
+		}
+	}()
+
+	err = stream.Run(tctx, q.handle)
+	select {
+	case terr := <-tickErr:
+		err = terr
+	default:
+	}
+	lostMu.Lock()
+	wasLost := lost
+	lostMu.Unlock()
+	if ctx.Err() != nil && !wasLost && !errors.Is(err, errLeaseLost) {
+		// Graceful stop: write the complete transactions still buffered,
+		// fenced by the lease we still hold.
+		fctx, fcancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ferr := q.final(fctx)
+		fcancel()
+		if ferr != nil {
+			e.log.Warn("write last batch on stop; it is read again from the checkpoint", zap.Error(ferr))
+		}
+		e.log.Info("enqueue stopped", zap.Int64("rows_written", q.rowsWritten), zap.Int64("batches", q.flushes))
+		return nil
+	}
+	if errors.Is(err, context.Canceled) && wasLost {
+		return errLeaseLost
+	}
+	return err
+}
+
+// serverID is the configured replication client id, or one derived from
+// the replica id and instance: stable across restarts, distinct between
+// replicas, and well above the small ids servers usually have.
+func (e *Engine) serverID() uint32 {
+	if e.cfg.ServerID != 0 {
+		return e.cfg.ServerID
+	}
+	h := fnv.New32a()
+	h.Write([]byte(e.cfg.Instance + "/" + e.cfg.ReplicaID))
+	return 1<<30 | h.Sum32()&(1<<30-1)
+}
+
+// Stats are counters of the current tenure, for tests and logs.
+type Stats struct {
+	RowsWritten int64
+	Batches     int64
+}
+
+// Stats returns the current enqueue counters.
+func (e *Engine) Stats() Stats {
+	e.mu.Lock()
+	q := e.enq
+	e.mu.Unlock()
+	if q == nil {
+		return Stats{}
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return Stats{RowsWritten: q.rowsWritten, Batches: q.flushes}
+}

@@ -1,0 +1,228 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/cdcout/cdcout/binlog"
+	"github.com/cdcout/cdcout/canonical"
+	"github.com/cdcout/cdcout/dedup"
+	"github.com/cdcout/cdcout/lease"
+	"github.com/cdcout/cdcout/outbox"
+)
+
+// errLeaseLost ends a tenure: the enqueue lease moved (fenced write) or
+// could not be renewed in time. Run goes back to acquiring it.
+var errLeaseLost = errors.New("enqueue lease lost")
+
+// errReread ends a tenure so the next one reads again from the checkpoint
+// with a freshly seeded occurrence counter (see handleChange).
+var errReread = errors.New("digest-mode transaction replayed after part of it was written")
+
+// enqueueStore is what the enqueuer needs of outbox.Store.
+type enqueueStore interface {
+	Enqueue(ctx context.Context, claimedBy string, fence outbox.Fence, items []outbox.Pending, cp *outbox.Checkpoint) (outbox.EnqueueResult, error)
+}
+
+// openChange is a routed, masked change of the transaction being read,
+// not yet keyed: in digest mode its occurrence is only taken at the
+// commit, so a transaction the stream replays after a reconnect (from its
+// first row) does not count its rows twice.
+type openChange struct {
+	pipe, sink string
+	ch         *canonical.Change
+}
+
+// enqueuer turns the stream's events into outbox batches. Batches are
+// written at transaction boundaries (with the checkpoint) once they hold
+// batchSize rows or the oldest unwritten commit is interval old, and in the
+// middle of a transaction (without a checkpoint) when the buffer reaches
+// maxBuffer: memory stays bounded whatever a transaction's size.
+type enqueuer struct {
+	store      enqueueStore
+	log        *zap.Logger
+	instance   string
+	claimedBy  string
+	fence      outbox.Fence
+	source     string
+	routes     []*route
+	digestMode bool
+	counter    *dedup.OccurrenceCounter
+	batchSize  int
+	maxBuffer  int
+	interval   time.Duration
+	// written is told which pipes got rows, to wake (or start) their
+	// drainers.
+	written func(pipes []string)
+
+	mu    sync.Mutex
+	ready []outbox.Pending   // keyed rows, all before cp unless mid-flushed
+	open  []openChange       // the current transaction's rows, unkeyed
+	cp    *outbox.Checkpoint // last commit not yet written; nil when none
+	since time.Time          // when the oldest unwritten commit arrived
+	// midTx is set once rows of the current transaction were written
+	// before its commit; a replay of that transaction is then not
+	// detectable here (see handleChange).
+	midTx bool
+	// lastRow is the ordinal of the last row of the current transaction
+	// (-1 at a transaction's start); a smaller or equal one is a replay.
+	lastRow int
+
+	// Counters for logs and tests.
+	rowsWritten, flushes int64
+}
+
+// handle is the stream handler.
+func (q *enqueuer) handle(ctx context.Context, ev binlog.Event) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if ev.Change != nil {
+		return q.handleChange(ctx, ev.Change)
+	}
+	return q.handleCommit(ctx, ev.Commit)
+}
+
+func (q *enqueuer) handleChange(ctx context.Context, ch *canonical.Change) error {
+	if ch.Source.Row <= q.lastRow {
+		// The stream replays a transaction cut off by a reconnect from its
+		// first row: forget the unkeyed rows of the first reading. Rows
+		// already written mid-transaction collapse onto their claims in
+		// GTID mode. In digest mode the counter has counted them, so the
+		// replay would key them anew: start over from the checkpoint,
+		// whose seeding leaves them out.
+		if q.digestMode && q.midTx {
+			return errReread
+		}
+		q.log.Debug("transaction replayed after reconnect; dropping its buffered rows",
+			zap.Int("rows", len(q.open)), zap.Bool("partly_written", q.midTx))
+		clear(q.open)
+		q.open = q.open[:0]
+	}
+	q.lastRow = ch.Source.Row
+	for _, r := range q.routes {
+		if !r.matches(ch) {
+			continue
+		}
+		q.open = append(q.open, openChange{
+			pipe: pipeName(q.instance, ch.Source.DB, ch.Source.Table, r.sink),
+			sink: r.sink,
+			ch:   r.mask(ch),
+		})
+	}
+	if len(q.ready)+len(q.open) >= q.maxBuffer {
+		// A huge transaction: write what we have without moving the
+		// checkpoint past it. A crash replays the transaction and its
+		// written rows collapse onto their claims.
+		if err := q.keyOpen(); err != nil {
+			return err
+		}
+		q.midTx = true
+		return q.flush(ctx, q.cp)
+	}
+	return nil
+}
+
+func (q *enqueuer) handleCommit(ctx context.Context, c *binlog.Commit) error {
+	if err := q.keyOpen(); err != nil {
+		return err
+	}
+	q.midTx = false
+	q.lastRow = -1
+	q.cp = &outbox.Checkpoint{Source: q.source, Pos: c.Pos}
+	if q.since.IsZero() {
+		q.since = time.Now()
+	}
+	if len(q.ready) >= q.batchSize || time.Since(q.since) >= q.interval {
+		return q.flush(ctx, q.cp)
+	}
+	return nil
+}
+
+// keyOpen gives the open rows their change keys and moves them to ready.
+func (q *enqueuer) keyOpen() error {
+	for _, o := range q.open {
+		ch := o.ch
+		digest := canonical.Digest(o.pipe, ch.Op, ch.Key, ch.After, ch.Before)
+		var key string
+		if q.digestMode {
+			n := q.counter.Next(digest, time.UnixMilli(ch.Source.TsMs))
+			key = dedup.DigestKey(digest, n)
+		} else {
+			if ch.ChangeKey == "" {
+				return fmt.Errorf("change of %s.%s has no GTID key: the source is not writing GTIDs (use --change-identity digest)", ch.Source.DB, ch.Source.Table)
+			}
+			key = ch.ChangeKey
+		}
+		q.ready = append(q.ready, outbox.Pending{Pipe: o.pipe, Sink: o.sink, Change: ch, ChangeKey: key, Digest: digest})
+	}
+	clear(q.open)
+	q.open = q.open[:0]
+	return nil
+}
+
+// tick writes a batch whose oldest commit has waited the flush interval;
+// the stream may be idle, so commits alone cannot be relied on to do it.
+func (q *enqueuer) tick(ctx context.Context) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.cp == nil || time.Since(q.since) < q.interval {
+		return nil
+	}
+	return q.flush(ctx, q.cp)
+}
+
+// final writes the complete transactions still buffered (graceful stop).
+// The open transaction's rows are dropped: it will be read again from the
+// checkpoint.
+func (q *enqueuer) final(ctx context.Context) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.open = q.open[:0]
+	if q.cp == nil && len(q.ready) == 0 {
+		return nil
+	}
+	return q.flush(ctx, q.cp)
+}
+
+// flush writes ready with cp (nil: no checkpoint move). Transient database
+// errors are retried until ctx ends; a fenced write ends the tenure.
+func (q *enqueuer) flush(ctx context.Context, cp *outbox.Checkpoint) error {
+	backoff := 100 * time.Millisecond
+	for {
+		res, err := q.store.Enqueue(ctx, q.claimedBy, q.fence, q.ready, cp)
+		if err == nil {
+			q.rowsWritten += int64(res.Inserted)
+			q.flushes++
+			clear(q.ready)
+			q.ready = q.ready[:0]
+			if cp == q.cp {
+				q.cp = nil
+				q.since = time.Time{}
+			}
+			if len(res.Pipes) > 0 && q.written != nil {
+				q.written(res.Pipes)
+			}
+			return nil
+		}
+		if errors.Is(err, outbox.ErrFenced) || errors.Is(err, lease.ErrNotHeld) {
+			return fmt.Errorf("%w: %v", errLeaseLost, err)
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		q.log.Warn("enqueue failed; retrying", zap.Error(err), zap.Int("rows", len(q.ready)), zap.Duration("backoff", backoff))
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
