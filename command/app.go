@@ -49,6 +49,7 @@ func NewApp(stdin io.Reader, stdout, stderr io.Writer) *cli.App {
 		EnableBashCompletion: false,
 		HideVersion:          true,
 		Commands: []*cli.Command{
+			runCommand(),
 			tailCommand(),
 			receiveCommand(),
 			probeCommand(),
