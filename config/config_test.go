@@ -253,6 +253,8 @@ func TestValidate(t *testing.T) {
 		{"ttl", func(c *Config) { c.LeaseTTL = 10 * time.Millisecond }, []string{"lease_ttl:"}},
 		{"dedup", func(c *Config) { c.DedupWindow = 5 * time.Second }, []string{"dedup_window:"}},
 		{"http addr", func(c *Config) { c.HTTPAddr = "8080" }, []string{"http_addr:"}},
+		{"partial capture pattern", func(c *Config) { c.Tables = []string{"shop.order_*"} }, []string{"tables[0]:", "whole name"}},
+		{"kafka without host", func(c *Config) { c.Sinks[0].URL = "kafka:///topic" }, []string{"sinks[0].url: want kafka://"}},
 		{"many at once", func(c *Config) {
 			c.DSN = ""
 			c.Sinks[1].URL = "gopher://x"
@@ -277,6 +279,14 @@ func TestValidate(t *testing.T) {
 				}
 			}
 		})
+	}
+	for _, url := range []string{"kafka://b1:9092,b2:9092/cdc.{db}.{table}", "nats://n1:4222/cdc.{db}.{table}", "file:///tmp/x.jsonl", "stdout"} {
+		c := valid()
+		c.Sinks[0].URL = url
+		c.Sinks[0].Name = "x"
+		if err := c.Validate(); err != nil {
+			t.Errorf("url %q: %v", url, err)
+		}
 	}
 	for _, from := range []string{"now", "start", "0-1-42", "0-1-42,1-2-7", "mysql-bin.000003:4", "3E11FA47-71CA-11E1-9E33-C80AA9429562:1-5"} {
 		c := valid()

@@ -48,6 +48,8 @@ func (c *Config) Validate() error {
 	for i, p := range c.Tables {
 		if err := checkTablePattern(p); err != nil {
 			errs.add(fmt.Sprintf("tables[%d]", i), "%v", err)
+		} else if !WholeNamePattern(p) {
+			errs.add(fmt.Sprintf("tables[%d]", i), "%q: * must stand for a whole name here (db.table, db.*, *.table); sinks' tables: filters take partial patterns", p)
 		}
 	}
 	if err := checkFrom(c.From); err != nil {
@@ -153,9 +155,12 @@ func (s *Sink) validate(errs *Errors, at string, claimLease time.Duration) {
 			errs.add(at+".url", "want %s://host[:port]/path", scheme)
 		}
 	case "kafka", "nats":
-		u, err := neturl.Parse(s.URL)
-		if err != nil || u.Host == "" {
-			errs.add(at+".url", "want %s://host:port[,host:port]/…", scheme)
+		// Broker lists ("b1:9092,b2:9092") and {db}/{table} templates are
+		// not URLs net/url accepts; the sink packages parse them.
+		rest := s.URL[len(scheme)+1:]
+		hosts, _, _ := strings.Cut(strings.TrimPrefix(rest, "//"), "/")
+		if !strings.HasPrefix(rest, "//") || strings.Trim(hosts, ", ") == "" {
+			errs.add(at+".url", "want %s://host:port[,host:port]/template", scheme)
 		}
 	case "":
 		if s.URL == "" {
@@ -289,6 +294,17 @@ func checkTablePattern(p string) error {
 		}
 	}
 	return nil
+}
+
+// WholeNamePattern reports whether p uses * only as a whole name ("db.*",
+// "*.tbl"), the form the binlog reader's capture filter takes.
+func WholeNamePattern(p string) bool {
+	for _, part := range strings.Split(p, ".") {
+		if part != "*" && strings.Contains(part, "*") {
+			return false
+		}
+	}
+	return true
 }
 
 // MatchTable reports whether a db.table pattern matches db and table.

@@ -36,6 +36,8 @@ import (
 	"github.com/cdcout/cdcout/outbox"
 	"github.com/cdcout/cdcout/sink/filesink"
 	"github.com/cdcout/cdcout/sink/httpsink"
+	"github.com/cdcout/cdcout/sink/kafkasink"
+	"github.com/cdcout/cdcout/sink/natssink"
 	"github.com/cdcout/cdcout/sink/stdoutsink"
 	"github.com/cdcout/cdcout/state"
 )
@@ -138,15 +140,52 @@ func (e *Engine) buildSink(sc config.Sink) (outbox.Sink, error) {
 		}
 		return httpsink.New(httpsink.Options{URL: sc.URL, Secret: secret, Headers: headers, Format: f})
 	case "kafka":
-		// Helper E's sink/kafkasink: constructed from sc.URL, sc.Kafka and f.
-		return nil, errors.New("kafka sinks are not available in this build yet")
+		brokers, topic, err := kafkasink.ParseURL(sc.URL)
+		if err != nil {
+			return nil, err
+		}
+		o := kafkasink.Options{Brokers: brokers, TopicTemplate: topic, Format: sc.Format, Logger: e.log}
+		if k := sc.Kafka; k != nil {
+			if t := k.TLS; t != nil {
+				o.TLS = &kafkasink.TLSOptions{CAFile: t.CAFile, CertFile: t.CertFile, KeyFile: t.KeyFile, InsecureSkipVerify: t.InsecureSkipVerify}
+			}
+			if a := k.SASL; a != nil {
+				o.SASL = &kafkasink.SASLOptions{Mechanism: a.Mechanism, Username: a.Username, Password: a.Password.Value()}
+			}
+		}
+		s, err := kafkasink.New(context.Background(), o)
+		if err != nil {
+			return nil, err
+		}
+		e.closers = append(e.closers, closerFunc(s.Close))
+		return s, nil
 	case "nats":
-		// Helper E's sink/natssink: constructed from sc.URL, sc.NATS and f.
-		return nil, errors.New("nats sinks are not available in this build yet")
+		server, subject, err := natssink.ParseURL(sc.URL)
+		if err != nil {
+			return nil, err
+		}
+		o := natssink.Options{URL: server, SubjectTemplate: subject, Format: sc.Format, Logger: e.log}
+		if n := sc.NATS; n != nil {
+			o.CredentialsFile, o.User, o.Password, o.Token = n.CredentialsFile, n.User, n.Password.Value(), n.Token.Value()
+			if t := n.TLS; t != nil {
+				o.TLS = &natssink.TLSOptions{CAFile: t.CAFile, CertFile: t.CertFile, KeyFile: t.KeyFile, InsecureSkipVerify: t.InsecureSkipVerify}
+			}
+		}
+		s, err := natssink.New(context.Background(), o)
+		if err != nil {
+			return nil, err
+		}
+		e.closers = append(e.closers, closerFunc(s.Close))
+		return s, nil
 	default:
 		return nil, fmt.Errorf("unknown sink scheme %q", scheme)
 	}
 }
+
+// closerFunc adapts a sink's Close without a result to io.Closer.
+type closerFunc func()
+
+func (f closerFunc) Close() error { f(); return nil }
 
 func (e *Engine) closeSinks() {
 	for _, c := range e.closers {
@@ -372,7 +411,7 @@ func (e *Engine) tenure(ctx context.Context, db *sql.DB, l lease.Lease, leases *
 		ServerID:   e.serverID(),
 		From:       cfg.From,
 		Resume:     pos,
-		Include:    cfg.Tables,
+		Include:    e.captureTables(),
 		ExcludeDBs: []string{cfg.StateDB},
 		Instance:   cfg.Instance,
 		Version:    buildinfo.Version(),
@@ -474,6 +513,32 @@ func (e *Engine) tenure(ctx context.Context, db *sql.DB, l lease.Lease, leases *
 		return errLeaseLost
 	}
 	return err
+}
+
+// captureTables is what the binlog reader decodes: --tables, or when that
+// is unset and every sink lists the tables it wants, the union of those
+// lists (tables nobody subscribes to are then not decoded at all).
+func (e *Engine) captureTables() []string {
+	if len(e.cfg.Tables) > 0 {
+		return e.cfg.Tables
+	}
+	var union []string
+	seen := map[string]bool{}
+	for _, s := range e.cfg.Sinks {
+		if len(s.Tables.Include) == 0 {
+			return nil
+		}
+		for _, p := range s.Tables.Include {
+			if !config.WholeNamePattern(p) {
+				return nil // a partial pattern: filter per sink only
+			}
+			if !seen[p] {
+				seen[p] = true
+				union = append(union, p)
+			}
+		}
+	}
+	return union
 }
 
 // serverID is the configured replication client id, or one derived from
