@@ -1,6 +1,7 @@
 package binlog
 
 import (
+	"context"
 	"database/sql"
 	"fmt"
 	"net"
@@ -10,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	gomysql "github.com/go-mysql-org/go-mysql/mysql"
+	"github.com/go-mysql-org/go-mysql/replication"
 	"github.com/go-sql-driver/mysql"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -503,5 +506,84 @@ func TestStatementClassification(t *testing.T) {
 		if got := dmlVerb([]byte(tc.q)); got != tc.dml {
 			t.Errorf("dmlVerb(%q) = %q, want %q", tc.q, got, tc.dml)
 		}
+	}
+}
+
+// TestTransactionPayloadUnwrapped: MySQL's binlog_transaction_compression
+// wraps a transaction's events in one TRANSACTION_PAYLOAD event, which
+// go-mysql decompresses into Events. The throwaway server is MariaDB, so
+// the test wraps real parsed events of a transaction in a payload event
+// the way MySQL would, and checks the stream emits the same changes and
+// commit as for the plain events, with the payload's position.
+func TestTransactionPayloadUnwrapped(t *testing.T) {
+	srv := mysqltest.Shared(t)
+	db := srv.CreateDB(t, "payload")
+	srv.Exec(t, "CREATE TABLE `"+db+"`.t (id INT PRIMARY KEY, v VARCHAR(10))")
+	var from string
+	if err := srv.Open(t).QueryRow("SELECT @@GLOBAL.gtid_binlog_pos").Scan(&from); err != nil {
+		t.Fatal(err)
+	}
+	srv.Exec(t, "INSERT INTO `"+db+"`.t VALUES (1, 'a'), (2, 'b')")
+
+	// Read the transaction's events as go-mysql parses them.
+	s := openStream(t, testConfig(t, srv, db))
+	scfg, err := s.syncerConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	syncer := replication.NewBinlogSyncer(scfg)
+	defer syncer.Close()
+	gset, _ := gomysql.ParseMariadbGTIDSet(from)
+	streamer, err := syncer.StartSyncGTID(gset)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gtidEv, rotate *replication.BinlogEvent
+	var inner []*replication.BinlogEvent
+	for gtidEv == nil || len(inner) == 0 || inner[len(inner)-1].Header.EventType != replication.XID_EVENT {
+		ev, err := streamer.GetEvent(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch ev.Event.(type) {
+		case *replication.RotateEvent:
+			rotate = ev
+		case *replication.MariadbGTIDEvent:
+			gtidEv = ev
+		case *replication.QueryEvent, *replication.TableMapEvent, *replication.RowsEvent, *replication.XIDEvent:
+			if gtidEv != nil {
+				inner = append(inner, ev)
+			}
+		}
+	}
+	last := inner[len(inner)-1].Header
+	payload := &replication.BinlogEvent{
+		Header: &replication.EventHeader{EventType: replication.TRANSACTION_PAYLOAD_EVENT, ServerID: 1,
+			Timestamp: last.Timestamp, LogPos: last.LogPos, EventSize: last.LogPos - inner[0].Header.LogPos + inner[0].Header.EventSize},
+		Event: &replication.TransactionPayloadEvent{Events: inner},
+	}
+
+	var got []Event
+	before, _ := gomysql.ParseMariadbGTIDSet(from)
+	r := &reader{s: s, resume: startPoint{gset: before}, lastCommit: time.Now(), h: func(_ context.Context, ev Event) error {
+		got = append(got, ev)
+		return nil
+	}}
+	for _, ev := range []*replication.BinlogEvent{rotate, gtidEv, payload} {
+		if err := r.event(t.Context(), ev, ev.Header); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(got) != 3 || got[0].Change == nil || got[1].Change == nil || got[2].Commit == nil {
+		t.Fatalf("events %+v, want two changes and a commit", got)
+	}
+	for i, ev := range got[:2] {
+		ch := ev.Change
+		if ch.Source.Row != i || ch.After["id"] != int64(i+1) || ch.Source.Pos != payload.Header.LogPos-payload.Header.EventSize {
+			t.Errorf("change %d: row %d after %v pos %d", i, ch.Source.Row, ch.After, ch.Source.Pos)
+		}
+	}
+	if c := got[2].Commit; c.Rows != 2 || c.Pos.Pos != payload.Header.LogPos || !strings.Contains(c.Pos.GTIDSet, c.GTID) {
+		t.Errorf("commit %+v", c)
 	}
 }
