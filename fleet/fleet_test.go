@@ -1,0 +1,135 @@
+package fleet
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/cdcout/cdcout/internal/mysqltest"
+	"github.com/cdcout/cdcout/state"
+)
+
+func TestMain(m *testing.M) { mysqltest.RunMain(m) }
+
+func TestWriteReadForgetMembers(t *testing.T) {
+	srv := mysqltest.Shared(t)
+	schema := srv.CreateDB(t, "fleet")
+	db := srv.Open(t)
+	ctx := context.Background()
+	if err := state.Migrate(ctx, db, schema); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Date(2026, 3, 1, 10, 0, 0, 123000, time.UTC)
+	for _, o := range []Observation{
+		{ReplicaID: "r1", Kind: KindEngine, StartedAt: start, Version: "v1", Payload: payload{Pipes: 3}, ReachableAt: "10.0.0.1:8080"},
+		{ReplicaID: "r2", Kind: KindEngine, StartedAt: start, Version: "v1", Payload: payload{Pipes: 1}},
+	} {
+		if err := Write(ctx, db, schema, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A restart overwrites its own row.
+	if err := Write(ctx, db, schema, Observation{ReplicaID: "r1", Kind: KindEngine, StartedAt: start.Add(time.Hour), Version: "v2", Payload: payload{Pipes: 4}}); err != nil {
+		t.Fatal(err)
+	}
+	// r2 has not written for five minutes.
+	srv.Exec(t, "UPDATE `"+schema+"`.replicas SET written_at = NOW(6) - INTERVAL 5 MINUTE WHERE replica_id = 'r2'")
+	// r3 holds a live lease of this instance but writes no row; r4 holds
+	// one of another instance; r5 an expired one.
+	srv.Exec(t, "INSERT INTO `"+schema+"`.leases (name, holder, epoch, expires_at) VALUES "+
+		"('enqueue/inst', 'r3/abc', 1, NOW(6) + INTERVAL 1 MINUTE),"+
+		"('drain/other:db.t:s', 'r4/abc', 1, NOW(6) + INTERVAL 1 MINUTE),"+
+		"('drain/inst:db.t:s', 'r5/abc', 1, NOW(6) - INTERVAL 1 MINUTE)")
+
+	rows, err := Read(ctx, db, schema, KindEngine)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := len(rows), 2; got != want {
+		t.Fatalf("rows = %d, want %d", got, want)
+	}
+	if got, want := rows[0].Version, "v2"; got != want {
+		t.Fatalf("r1 version = %q, want %q (restart overwrites)", got, want)
+	}
+	if got, want := rows[0].StartedAt, start.Add(time.Hour); !got.Equal(want) {
+		t.Fatalf("r1 started_at = %v, want %v", got, want)
+	}
+	if got, want := rows[0].ReachableAt, ""; got != want {
+		t.Fatalf("r1 reachable_at = %q, want %q", got, want)
+	}
+	if rows[0].Age > 10*time.Second || rows[1].Age < 5*time.Minute-time.Second {
+		t.Fatalf("ages = %v, %v", rows[0].Age, rows[1].Age)
+	}
+
+	mem, err := Members(ctx, db, schema, "inst", rows, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := map[string]bool{}
+	for _, m := range mem {
+		ids[m.ID] = true
+	}
+	if !ids["r1"] || !ids["r2"] || !ids["r3"] || ids["r4"] || ids["r5"] || len(ids) != 3 {
+		t.Fatalf("members = %v, want r1, r2, r3", mem)
+	}
+	res := Merge[payload](rows, mem, DefaultStaleAfter)
+	if len(res.Missing) != 1 || res.Missing[0] != "r3" {
+		t.Fatalf("missing = %v, want [r3]", res.Missing)
+	}
+	if len(res.Stale) != 1 || res.Stale[0].ReplicaID != "r2" || res.Stale[0].AgeSeconds < 299 {
+		t.Fatalf("stale = %v, want r2 ~300s", res.Stale)
+	}
+	if res.Responded != 1 || res.Expected != 3 {
+		t.Fatalf("responded/expected = %d/%d, want 1/3", res.Responded, res.Expected)
+	}
+	if res.Versions["v1"] != 1 || res.Versions["v2"] != 1 {
+		t.Fatalf("versions = %v, want v1:1 v2:1", res.Versions)
+	}
+
+	n, err := Forget(ctx, db, schema, "r2")
+	if err != nil || n != 1 {
+		t.Fatalf("forget = %d, %v; want 1 row", n, err)
+	}
+	rows, err = Read(ctx, db, schema, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 1 || rows[0].ReplicaID != "r1" {
+		t.Fatalf("rows after forget = %+v", rows)
+	}
+}
+
+func TestHeartbeatWrites(t *testing.T) {
+	srv := mysqltest.Shared(t)
+	schema := srv.CreateDB(t, "fleethb")
+	db := srv.Open(t)
+	if err := state.Migrate(context.Background(), db, schema); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	n := 0
+	hb := &Heartbeat{DB: db, Schema: schema, Every: 20 * time.Millisecond, Observe: func() Observation {
+		n++
+		return Observation{ReplicaID: "hb", Kind: KindEngine, Version: "v", Payload: payload{Pipes: n}}
+	}}
+	done := make(chan error, 1)
+	go func() { done <- hb.Run(ctx) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		rows, err := Read(context.Background(), db, schema, KindEngine)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rows) == 1 && string(rows[0].Payload) != `{"pipes":1}` {
+			break // written at least twice
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("heartbeat did not rewrite its row: %+v", rows)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}

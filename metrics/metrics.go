@@ -1,0 +1,312 @@
+// Package metrics holds cdcout's Prometheus instruments on a registry of
+// their own, and the methods the engine calls to feed them.
+//
+// A private registry rather than prometheus.DefaultRegisterer: two engines
+// in one test process (multi-replica tests) must not collide on
+// registration, and /metrics should show exactly cdcout's series plus the
+// Go and process collectors, nothing a dependency registered behind our back.
+//
+// Every value is in base units (seconds, counts) as Prometheus expects.
+// Methods are safe on a nil *Metrics, so code paths that run without an
+// HTTP server (tests, `cdcout tail`) need no checks.
+package metrics
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/cdcout/cdcout/internal/buildinfo"
+	"github.com/cdcout/cdcout/outbox"
+)
+
+// Metrics is one process's set of instruments.
+type Metrics struct {
+	reg *prometheus.Registry
+
+	sourceLag        prometheus.Gauge
+	sourceConnected  prometheus.Gauge
+	changes          *prometheus.CounterVec
+	claims           *prometheus.CounterVec
+	digestMismatch   prometheus.Counter
+	deliveries       *prometheus.CounterVec
+	deliveryDuration *prometheus.HistogramVec
+	deliveryLatency  *prometheus.HistogramVec
+	drainErrors      *prometheus.CounterVec
+	leaseHeld        *prometheus.GaugeVec
+	handoffDropped   prometheus.Counter
+
+	mu     sync.Mutex
+	outbox *outboxCollector
+}
+
+// New returns Metrics registered on a fresh registry, with the Go runtime
+// and process collectors and cdcout_build_info already set.
+func New() *Metrics {
+	m := &Metrics{reg: prometheus.NewRegistry()}
+	m.sourceLag = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "cdcout_source_lag_seconds",
+		Help: "Seconds between the source commit of the last change read and the time it was read.",
+	})
+	m.sourceConnected = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "cdcout_source_connected",
+		Help: "1 while this replica's binlog connection to the source is up, else 0.",
+	})
+	m.changes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "cdcout_changes_total",
+		Help: "Row changes read from the binlog, by table (db.table) and op (c, u, d).",
+	}, []string{"table", "op"})
+	m.claims = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "cdcout_claims_total",
+		Help: "Outcome of claiming (pipe, change) pairs at enqueue: inserted, already_ours, others.",
+	}, []string{"result"})
+	m.digestMismatch = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "cdcout_claim_digest_mismatch_total",
+		Help: "Existing claims whose digest differed from this replica's decoding of the change (schema drift).",
+	})
+	m.deliveries = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "cdcout_deliveries_total",
+		Help: "Outbox rows handed to sinks, by pipe and result (delivered, retried, dead).",
+	}, []string{"pipe", "result"})
+	m.deliveryDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "cdcout_delivery_duration_seconds",
+		Help:    "Duration of one sink Deliver call (one batch), by pipe.",
+		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+	}, []string{"pipe"})
+	m.deliveryLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "cdcout_delivery_latency_seconds",
+		Help:    "Source commit to successful delivery, per delivered row, by pipe.",
+		Buckets: []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600},
+	}, []string{"pipe"})
+	m.drainErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "cdcout_drain_errors_total",
+		Help: "State-database errors while claiming rows or recording outcomes, by pipe and op.",
+	}, []string{"pipe", "op"})
+	m.leaseHeld = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "cdcout_lease_held",
+		Help: "1 while this replica holds the lease, else 0.",
+	}, []string{"lease"})
+	m.handoffDropped = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "cdcout_handoff_dropped_pending_total",
+		Help: "Changes evicted from the leadership handoff buffer before they were enqueued; the next leader re-reads them from the checkpoint.",
+	})
+	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "cdcout_build_info",
+		Help: "Always 1; the labels carry the build's version and commit.",
+	}, []string{"version", "commit"})
+	build.WithLabelValues(buildinfo.Version(), buildinfo.Commit()).Set(1)
+
+	m.reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		m.sourceLag, m.sourceConnected, m.changes, m.claims, m.digestMismatch,
+		m.deliveries, m.deliveryDuration, m.deliveryLatency, m.drainErrors,
+		m.leaseHeld, m.handoffDropped, build,
+	)
+	return m
+}
+
+// Registry is the registry the instruments live on, for tests and for
+// callers that add their own collectors.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Handler serves the registry in the Prometheus exposition format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
+}
+
+// SetSourceLag records the lag of the change just read (commit → read).
+func (m *Metrics) SetSourceLag(d time.Duration) {
+	if m == nil {
+		return
+	}
+	if d < 0 {
+		d = 0
+	}
+	m.sourceLag.Set(d.Seconds())
+}
+
+// SetSourceConnected records whether the binlog connection is up.
+func (m *Metrics) SetSourceConnected(up bool) {
+	if m == nil {
+		return
+	}
+	m.sourceConnected.Set(boolFloat(up))
+}
+
+// ObserveChange counts one row change read from the binlog.
+func (m *Metrics) ObserveChange(db, table, op string) {
+	if m == nil {
+		return
+	}
+	m.changes.WithLabelValues(db+"."+table, op).Inc()
+}
+
+// ObserveEnqueue counts one outbox.Store.Enqueue's claim outcomes.
+func (m *Metrics) ObserveEnqueue(r outbox.EnqueueResult) {
+	if m == nil {
+		return
+	}
+	m.claims.WithLabelValues("inserted").Add(float64(r.Inserted))
+	m.claims.WithLabelValues("already_ours").Add(float64(r.AlreadyOurs))
+	m.claims.WithLabelValues("others").Add(float64(r.OthersClaims))
+	m.digestMismatch.Add(float64(r.DigestMismatches))
+}
+
+// ObserveDelivery counts one row's delivery outcome (result is delivered,
+// retried or dead) and, when d > 0, observes the batch duration.
+func (m *Metrics) ObserveDelivery(pipe, result string, d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.deliveries.WithLabelValues(pipe, result).Inc()
+	if d > 0 {
+		m.deliveryDuration.WithLabelValues(pipe).Observe(d.Seconds())
+	}
+}
+
+// SetLeaseHeld records whether this replica holds the named lease.
+func (m *Metrics) SetLeaseHeld(name string, held bool) {
+	if m == nil {
+		return
+	}
+	m.leaseHeld.WithLabelValues(name).Set(boolFloat(held))
+}
+
+// AddHandoffDroppedPending adds n changes the handoff buffer dropped
+// before they were enqueued. dedup.HandoffBuffer.DroppedPending is
+// cumulative per buffer: pass the difference since the last call.
+func (m *Metrics) AddHandoffDroppedPending(n int64) {
+	if m == nil || n <= 0 {
+		return
+	}
+	m.handoffDropped.Add(float64(n))
+}
+
+// DrainMetrics adapts the instruments to outbox.DrainerConfig.Metrics.
+func (m *Metrics) DrainMetrics() outbox.DrainMetrics {
+	if m == nil {
+		return outbox.DrainMetrics{}
+	}
+	add := func(result string) func(pipe string, n int) {
+		return func(pipe string, n int) { m.deliveries.WithLabelValues(pipe, result).Add(float64(n)) }
+	}
+	return outbox.DrainMetrics{
+		Batch: func(pipe string, _ int, d time.Duration) {
+			m.deliveryDuration.WithLabelValues(pipe).Observe(d.Seconds())
+		},
+		Delivered: add("delivered"),
+		Retried:   add("retried"),
+		Dead:      add("dead"),
+		Latency: func(pipe string, d time.Duration) {
+			m.deliveryLatency.WithLabelValues(pipe).Observe(d.Seconds())
+		},
+		Error: func(pipe, op string, _ error) { m.drainErrors.WithLabelValues(pipe, op).Inc() },
+	}
+}
+
+// OutboxStat is one pipe's row count in one status, read from the state
+// database.
+type OutboxStat struct {
+	Pipe   string
+	Status string
+	Rows   int64
+	// OldestPendingAge is set on the "pending" stat: how long the oldest
+	// pending row has waited in the outbox.
+	OldestPendingAge time.Duration
+}
+
+// WatchOutbox registers cdcout_outbox_rows{pipe,status} and
+// cdcout_outbox_oldest_pending_age_seconds{pipe}, computed by read on
+// scrape. The result is cached for cacheFor (default 5s) so several
+// scrapers, or a scrape storm, cost one GROUP BY. A failed read keeps the
+// last good values (the scrape still succeeds; the error is counted as
+// cdcout_drain_errors_total{op="outbox_stats"}). Calling it again replaces
+// the reader.
+func (m *Metrics) WatchOutbox(read func(ctx context.Context) ([]OutboxStat, error), cacheFor time.Duration) {
+	if m == nil {
+		return
+	}
+	if cacheFor <= 0 {
+		cacheFor = 5 * time.Second
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.outbox != nil {
+		m.outbox.mu.Lock()
+		m.outbox.read, m.outbox.cacheFor, m.outbox.at = read, cacheFor, time.Time{}
+		m.outbox.mu.Unlock()
+		return
+	}
+	m.outbox = &outboxCollector{
+		read:     read,
+		cacheFor: cacheFor,
+		errs:     m.drainErrors,
+		rows: prometheus.NewDesc("cdcout_outbox_rows",
+			"Outbox rows by pipe and status, read from the state database.", []string{"pipe", "status"}, nil),
+		oldest: prometheus.NewDesc("cdcout_outbox_oldest_pending_age_seconds",
+			"Age of the oldest pending outbox row of the pipe (0 when none is pending).", []string{"pipe"}, nil),
+	}
+	m.reg.MustRegister(m.outbox)
+}
+
+type outboxCollector struct {
+	rows, oldest *prometheus.Desc
+	errs         *prometheus.CounterVec
+
+	mu       sync.Mutex
+	read     func(ctx context.Context) ([]OutboxStat, error)
+	cacheFor time.Duration
+	at       time.Time
+	last     []OutboxStat
+}
+
+func (c *outboxCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.rows
+	ch <- c.oldest
+}
+
+func (c *outboxCollector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	if time.Since(c.at) >= c.cacheFor {
+		// The scrape's own deadline is unknown here; a slow state database
+		// must not hang /metrics, so the read gets a short one.
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		stats, err := c.read(ctx)
+		cancel()
+		if err != nil {
+			c.errs.WithLabelValues("", "outbox_stats").Inc()
+		} else {
+			c.last = stats
+		}
+		c.at = time.Now()
+	}
+	stats := c.last
+	c.mu.Unlock()
+
+	oldest := map[string]float64{}
+	for _, s := range stats {
+		ch <- prometheus.MustNewConstMetric(c.rows, prometheus.GaugeValue, float64(s.Rows), s.Pipe, s.Status)
+		if _, ok := oldest[s.Pipe]; !ok {
+			oldest[s.Pipe] = 0
+		}
+		if s.Status == "pending" {
+			oldest[s.Pipe] = s.OldestPendingAge.Seconds()
+		}
+	}
+	for pipe, v := range oldest {
+		ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, v, pipe)
+	}
+}
+
+func boolFloat(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
