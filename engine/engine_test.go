@@ -350,3 +350,77 @@ func reresolve(c *config.Config) (*config.Config, error) {
 	c.FillSinkDefaults()
 	return c, c.Validate()
 }
+
+// TestLeaseStolen takes the enqueue lease away from a running engine (as a
+// replica with a higher epoch would): the engine must stop writing under its
+// old epoch, wait for the lease, and carry on from its checkpoint with
+// nothing lost or duplicated.
+func TestLeaseStolen(t *testing.T) {
+	srv := mysqltest.Shared(t)
+	src := srv.CreateDB(t, "steal_src")
+	stateDB := srv.CreateDB(t, "steal_state")
+	srv.Exec(t, "CREATE TABLE `"+src+"`.t (id INT PRIMARY KEY, v INT)")
+	db := srv.Open(t)
+	var from string
+	if err := db.QueryRow("SELECT @@gtid_binlog_pos").Scan(&from); err != nil {
+		t.Fatal(err)
+	}
+	rcv := newReceiver(t)
+	cfg := config.Default()
+	cfg.DSN = config.DSN(srv.DSN)
+	cfg.StateDB = stateDB
+	cfg.Instance = "steal"
+	cfg.ReplicaID = "r1"
+	cfg.From = from
+	cfg.LeaseTTL = 2 * time.Second
+	cfg.HTTPAddr = "off"
+	cfg.Sinks = []config.Sink{{Name: "hook", URL: rcv.srv.URL, Tables: config.TableFilter{Include: []string{src + ".*"}}}}
+	if _, err := reresolve(cfg); err != nil {
+		t.Fatal(err)
+	}
+	runEngine(t, cfg, zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)))
+
+	insert := func(from, to int) {
+		for id := from; id < to; id++ {
+			if _, err := db.Exec(fmt.Sprintf("INSERT INTO `%s`.t VALUES (%d, %d)", src, id, id)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	insert(0, 20)
+	waitFor(t, "first rows", 30*time.Second, func() bool { return rcv.count() >= 20 })
+
+	leaseTable := "`" + stateDB + "`.leases"
+	var epoch uint64
+	if err := db.QueryRow("SELECT epoch FROM "+leaseTable+" WHERE name = 'enqueue/steal'").Scan(&epoch); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec("UPDATE "+leaseTable+" SET holder = 'intruder/1', epoch = epoch + 1, expires_at = NOW(6) + INTERVAL 3 SECOND WHERE name = 'enqueue/steal'"); err != nil {
+		t.Fatal(err)
+	}
+	insert(20, 60)
+	waitFor(t, "rows after the takeover", 60*time.Second, func() bool { return rcv.count() >= 60 })
+
+	var holder string
+	var epochNow uint64
+	if err := db.QueryRow("SELECT holder, epoch FROM "+leaseTable+" WHERE name = 'enqueue/steal'").Scan(&holder, &epochNow); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(holder, "r1/") || epochNow <= epoch+1 {
+		t.Errorf("lease after takeover: holder %q epoch %d; want r1/… with epoch > %d", holder, epochNow, epoch+1)
+	}
+	var rows, keys int
+	if err := db.QueryRow("SELECT COUNT(*), COUNT(DISTINCT change_key) FROM `"+stateDB+"`.outbox").Scan(&rows, &keys); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 60 || keys != 60 {
+		t.Errorf("outbox: %d rows, %d keys; want 60 of each", rows, keys)
+	}
+	var cpEpoch uint64
+	if err := db.QueryRow("SELECT epoch FROM `" + stateDB + "`.checkpoints WHERE source = 'enqueue/steal'").Scan(&cpEpoch); err != nil {
+		t.Fatal(err)
+	}
+	if cpEpoch != epochNow {
+		t.Errorf("checkpoint written under epoch %d, want the current %d", cpEpoch, epochNow)
+	}
+}
