@@ -392,10 +392,10 @@ func TestLeaseStolen(t *testing.T) {
 
 	leaseTable := "`" + stateDB + "`.leases"
 	var epoch uint64
-	if err := db.QueryRow("SELECT epoch FROM "+leaseTable+" WHERE name = 'enqueue/steal'").Scan(&epoch); err != nil {
+	if err := db.QueryRow("SELECT epoch FROM " + leaseTable + " WHERE name = 'enqueue/steal'").Scan(&epoch); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.Exec("UPDATE "+leaseTable+" SET holder = 'intruder/1', epoch = epoch + 1, expires_at = NOW(6) + INTERVAL 3 SECOND WHERE name = 'enqueue/steal'"); err != nil {
+	if _, err := db.Exec("UPDATE " + leaseTable + " SET holder = 'intruder/1', epoch = epoch + 1, expires_at = NOW(6) + INTERVAL 3 SECOND WHERE name = 'enqueue/steal'"); err != nil {
 		t.Fatal(err)
 	}
 	insert(20, 60)
