@@ -21,8 +21,9 @@ import (
 // BenchmarkStreamVsRaw reads one binlog of CDCOUT_BENCH_ROWS (default
 // 200 000) inserted rows of an 8-column table twice in one run: with a bare
 // go-mysql BinlogSyncer (rows parsed, nothing else) and with Stream plus
-// canonical.AppendEnvelope per change. It reports both rates and their
-// ratio; the target is stream/raw ≥ 0.5.
+// canonical.AppendEnvelope per change. It reports both rates (best of
+// CDCOUT_BENCH_ROUNDS alternating rounds, default 3) and their ratio; the
+// target is stream/raw ≥ 0.5.
 func BenchmarkStreamVsRaw(b *testing.B) {
 	rows := 200_000
 	if v := os.Getenv("CDCOUT_BENCH_ROWS"); v != "" {
@@ -53,11 +54,24 @@ func BenchmarkStreamVsRaw(b *testing.B) {
 	}
 	b.Logf("inserted %d rows in %s", rows, time.Since(start).Round(time.Millisecond))
 
+	// The two readers alternate for a few rounds and each keeps its best
+	// rate: on a shared machine a neighbour's burst would otherwise decide
+	// the ratio.
+	rounds := 3
+	if v := os.Getenv("CDCOUT_BENCH_ROUNDS"); v != "" {
+		if n, err := strconv.Atoi(v); err == nil && n > 0 {
+			rounds = n
+		}
+	}
 	b.ResetTimer()
 	var rawRate, streamRate float64
 	for i := 0; i < b.N; i++ {
-		rawRate = benchRaw(b, srv, db, from, rows)
-		streamRate = benchStream(b, srv, db, from, rows)
+		for r := 0; r < rounds; r++ {
+			raw := benchRaw(b, srv, db, from, rows)
+			stream := benchStream(b, srv, db, from, rows)
+			b.Logf("round %d: raw %.0f rows/s, stream+canonical %.0f rows/s", r+1, raw, stream)
+			rawRate, streamRate = max(rawRate, raw), max(streamRate, stream)
+		}
 	}
 	b.StopTimer()
 	b.ReportMetric(rawRate, "raw_rows/s")
