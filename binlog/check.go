@@ -118,7 +118,9 @@ func (s *Stream) checkGrants(ctx context.Context, mariadb bool) error {
 		return nil
 	}
 	defer rows.Close()
-	var global []string
+	// Global privileges, one name each: substring tests would take
+	// "REPLICATION SLAVE ADMIN" for "REPLICATION SLAVE".
+	global := map[string]bool{}
 	usesRoles := false
 	for rows.Next() {
 		var g string
@@ -126,24 +128,28 @@ func (s *Stream) checkGrants(ctx context.Context, mariadb bool) error {
 			return fmt.Errorf("read grants: %w", err)
 		}
 		u := strings.ToUpper(g)
-		if strings.Contains(u, " ON *.* ") {
-			global = append(global, u)
-		} else if !strings.Contains(u, " ON ") {
+		privs, rest, ok := strings.Cut(strings.TrimPrefix(u, "GRANT "), " ON ")
+		if !ok {
 			usesRoles = true // GRANT role TO user
+			continue
+		}
+		if !strings.HasPrefix(rest, "*.* ") {
+			continue
+		}
+		for _, p := range strings.Split(privs, ",") {
+			global[strings.TrimSpace(p)] = true
 		}
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("read grants: %w", err)
 	}
 	has := func(privs ...string) bool {
-		for _, g := range global {
-			if strings.Contains(g, "ALL PRIVILEGES") {
+		if global["ALL PRIVILEGES"] || global["ALL"] {
+			return true
+		}
+		for _, p := range privs {
+			if global[p] {
 				return true
-			}
-			for _, p := range privs {
-				if strings.Contains(g, p) {
-					return true
-				}
 			}
 		}
 		return false
