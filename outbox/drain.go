@@ -367,6 +367,12 @@ var errNoLease = errors.New("drain lease not held")
 // notBlocked keeps a row only when it is the oldest undelivered row of its
 // key: no earlier row of the same (pipe, key_hash) is pending or delivering.
 // Done rows (delivered, dead) never block; a dead row releases its key.
+//
+// Cost: per candidate row this probes the key's earlier rows. With only
+// by_key (pipe, key_hash, id) the probe walks the key's whole retained
+// history, which makes a hot key's rows expensive to claim; an index on
+// (pipe, key_hash, status, id) turns it into two short range probes
+// (measured: 1,500 pending rows of 10 hot keys, 200-600 ms → 8 ms).
 const notBlocked = `NOT EXISTS (SELECT 1 FROM %[1]s e
   WHERE e.pipe = o.pipe AND e.key_hash = o.key_hash AND e.id < o.id
     AND e.status IN ('pending','delivering'))`

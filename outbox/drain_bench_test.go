@@ -14,8 +14,8 @@ import (
 
 // BenchmarkDrain measures rows/s drained from the outbox to a no-op sink
 // with the default concurrency and batch size: CDCOUT_BENCH_ROWS rows
-// (default 20,000) over a quarter as many keys, so per-key order is in
-// play. The figure is dominated by the claim/outcome statements against
+// (default 20,000) over CDCOUT_BENCH_KEYS keys (default a quarter as many),
+// so per-key order is in play. The figure is dominated by the claim/outcome statements against
 // the database.
 func BenchmarkDrain(b *testing.B) {
 	rows := 20000
@@ -25,6 +25,14 @@ func BenchmarkDrain(b *testing.B) {
 			b.Fatalf("CDCOUT_BENCH_ROWS=%q", v)
 		}
 		rows = n
+	}
+	keys := max(rows/4, 1)
+	if v := os.Getenv("CDCOUT_BENCH_KEYS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			b.Fatalf("CDCOUT_BENCH_KEYS=%q", v)
+		}
+		keys = n
 	}
 	s := newTestState(b)
 	const pipe = "bench:app.t:noop"
@@ -40,7 +48,7 @@ func BenchmarkDrain(b *testing.B) {
 			)
 			for j := start; j < min(start+1000, rows); j++ {
 				id := nextTestID()
-				key := fmt.Sprintf("[%d]", j%max(rows/4, 1))
+				key := fmt.Sprintf("[%d]", j%keys)
 				vals = append(vals, "(?, ?, 'noop', ?, 'app', 't', 'u', ?, ?, NOW(6), ?)")
 				args = append(args, id, pipe, "g:"+id, key, keyHash(key), `{"id":"`+id+`","after":{"a":1,"b":"some text"}}`)
 			}
