@@ -557,6 +557,8 @@ func (e *Engine) serverID() uint32 {
 type Stats struct {
 	RowsWritten int64
 	Batches     int64
+	// EnqueueTime is the time spent in outbox enqueue transactions.
+	EnqueueTime time.Duration
 }
 
 // Stats returns the current enqueue counters.
@@ -569,5 +571,5 @@ func (e *Engine) Stats() Stats {
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return Stats{RowsWritten: q.rowsWritten, Batches: q.flushes}
+	return Stats{RowsWritten: q.rowsWritten, Batches: q.flushes, EnqueueTime: q.flushTime}
 }

@@ -75,6 +75,7 @@ type enqueuer struct {
 
 	// Counters for logs and tests.
 	rowsWritten, flushes int64
+	flushTime            time.Duration
 }
 
 // handle is the stream handler.
@@ -194,7 +195,9 @@ func (q *enqueuer) final(ctx context.Context) error {
 func (q *enqueuer) flush(ctx context.Context, cp *outbox.Checkpoint) error {
 	backoff := 100 * time.Millisecond
 	for {
+		t0 := time.Now()
 		res, err := q.store.Enqueue(ctx, q.claimedBy, q.fence, q.ready, cp)
+		q.flushTime += time.Since(t0)
 		if err == nil {
 			q.rowsWritten += int64(res.Inserted)
 			q.flushes++
