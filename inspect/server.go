@@ -1,0 +1,400 @@
+// Package inspect serves a replica's health, metrics and state over HTTP:
+// /healthz and /readyz for orchestrators, /metrics for Prometheus, /v1/*
+// JSON for tools, and a self-contained dashboard page at /.
+//
+// Everything shown is read from the state database (scoped to this
+// replica's --instance) or from the engine through the Deps functions, so
+// every replica shows the same picture of the shared tables and its own
+// picture of its source connection. No response carries a secret: the only
+// one the server could see is the source DSN, which is redacted before it
+// is rendered, and every body is additionally scrubbed of Deps.Secrets.
+package inspect
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/cdcout/cdcout/binlog"
+	"github.com/cdcout/cdcout/config"
+	"github.com/cdcout/cdcout/metrics"
+)
+
+// DefaultKeepAlive is the idle keep-alive lifetime of a client connection.
+//
+// The bound that matters is the idle timeout of the proxy or load balancer
+// in front of us, and those defaults cluster at 60s (AWS ALB, Envoy) and
+// 75s (nginx). A server must keep an idle connection open LONGER than the
+// proxy does, or the proxy reuses a connection we just closed and the
+// request fails. 72s clears the 60s group with margin and sits just under
+// nginx's; a deployment behind nginx should raise it (http_keep_alive).
+// 76s instead would leave every ALB user holding connections the balancer
+// already dropped — the same defect mirrored — and the 60s group is the
+// larger one.
+const DefaultKeepAlive = 72 * time.Second
+
+// HeadersTimeoutMargin is how much longer than the keep-alive the header
+// deadline runs by default. The pairing comes from servers where the header
+// timer starts with the connection's idle period, so a header deadline at or
+// under the keep-alive cuts off a request that arrives just before the idle
+// close. Go's http.Server starts ReadHeaderTimeout when a request begins, so
+// the margin is not needed for that race here; we keep the documented
+// relation (headers = keep-alive + 5s) so the two knobs mean the same as in
+// the configuration reference, and it still bounds slow-header clients.
+const HeadersTimeoutMargin = 5 * time.Second
+
+// DefaultStallAfter is the source lag beyond which /readyz reports the
+// replica as stalled.
+const DefaultStallAfter = 5 * time.Minute
+
+//go:embed dashboard.html
+var dashboardFS embed.FS
+
+// Config configures the server.
+type Config struct {
+	// Addr is host:port to listen on; "" or "off" disables the server (Run
+	// then just waits for its context).
+	Addr string
+	// KeepAlive is the idle keep-alive timeout (default DefaultKeepAlive).
+	KeepAlive time.Duration
+	// HeadersTimeout bounds reading a request's headers (default KeepAlive
+	// + HeadersTimeoutMargin).
+	HeadersTimeout time.Duration
+	// StallAfter: /readyz fails while the connected source lags more than
+	// this (default DefaultStallAfter; negative disables the check).
+	StallAfter time.Duration
+	// StaleAfter is the fleet staleness threshold (default
+	// fleet.DefaultStaleAfter).
+	StaleAfter time.Duration
+	// ShutdownTimeout bounds the graceful shutdown (default 5s).
+	ShutdownTimeout time.Duration
+}
+
+// SourceStatus is the engine's view of its binlog source.
+type SourceStatus struct {
+	// Connected: the binlog connection is up and streaming.
+	Connected bool `json:"connected"`
+	// Following: this replica is a standby waiting for the enqueue lease,
+	// which is healthy without a binlog connection.
+	Following bool `json:"following"`
+	// Role is "leader" or "standby" (free text for display).
+	Role     string          `json:"role,omitempty"`
+	Position binlog.Position `json:"position"`
+	// Lag is the commit → read delay of the last change (or heartbeat).
+	Lag         time.Duration `json:"-"`
+	LastEventAt time.Time     `json:"lastEventAt,omitzero"`
+	// IdentityMode is "gtid" or "digest" (how changes are identified).
+	IdentityMode  string `json:"identityMode,omitempty"`
+	Flavor        string `json:"flavor,omitempty"`
+	ServerVersion string `json:"serverVersion,omitempty"`
+	// MetadataMode is "binlog" or "information_schema".
+	MetadataMode string `json:"metadataMode,omitempty"`
+	// DSN is rendered redacted (user:[redacted]@tcp(…)); give the real
+	// one, or none.
+	DSN string `json:"dsn,omitempty"`
+	// Error is the last connection error, if any.
+	Error string `json:"error,omitempty"`
+}
+
+// Deps is what the server reads from.
+type Deps struct {
+	// DB is the state database; Schema its name.
+	DB     *sql.DB
+	Schema string
+	// Instance scopes pipes, leases, checkpoint and fleet rows.
+	Instance string
+	// ReplicaID names this replica in the responses.
+	ReplicaID string
+	// Source reports the binlog source; nil reports not connected.
+	Source func() SourceStatus
+	// Ready, when set, is asked first by /readyz (e.g. "starting up").
+	Ready func() (bool, string)
+	// Metrics is served at /metrics; nil serves a fresh empty registry.
+	// New registers the outbox gauges on it (metrics.WatchOutbox).
+	Metrics *metrics.Metrics
+	// Pipes, when set, lists configured pipes so ones without rows show.
+	Pipes func() []string
+	// DroppedPending, when set, is the handoff buffer's dropped count.
+	DroppedPending func() int64
+	// Secrets are scrubbed from every response body as a last line of
+	// defence (the source DSN's password, sink secrets).
+	Secrets []string
+	Logger  *zap.Logger
+}
+
+// Server is the inspect HTTP server.
+type Server struct {
+	cfg    Config
+	deps   Deps
+	reader Reader
+	log    *zap.Logger
+	mux    *http.ServeMux
+
+	mu   sync.Mutex
+	addr net.Addr
+}
+
+// New builds a Server; nothing listens until Run.
+func New(cfg Config, deps Deps) *Server {
+	if cfg.KeepAlive <= 0 {
+		cfg.KeepAlive = DefaultKeepAlive
+	}
+	if cfg.HeadersTimeout <= 0 {
+		cfg.HeadersTimeout = cfg.KeepAlive + HeadersTimeoutMargin
+	}
+	if cfg.StallAfter == 0 {
+		cfg.StallAfter = DefaultStallAfter
+	}
+	if cfg.ShutdownTimeout <= 0 {
+		cfg.ShutdownTimeout = 5 * time.Second
+	}
+	if deps.Logger == nil {
+		deps.Logger = zap.NewNop()
+	}
+	if deps.Metrics == nil {
+		deps.Metrics = metrics.New()
+	}
+	s := &Server{
+		cfg:    cfg,
+		deps:   deps,
+		reader: Reader{DB: deps.DB, Schema: deps.Schema, Instance: deps.Instance, StaleAfter: cfg.StaleAfter},
+		log:    deps.Logger.Named("inspect"),
+		mux:    http.NewServeMux(),
+	}
+	if deps.DB != nil {
+		deps.Metrics.WatchOutbox(s.reader.OutboxStats, 5*time.Second)
+	}
+	s.routes()
+	return s
+}
+
+// Handler is the server's handler, for tests and for mounting elsewhere.
+func (s *Server) Handler() http.Handler { return s.mux }
+
+// Addr is the address the server listens on, nil before Run listened.
+func (s *Server) Addr() net.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.addr
+}
+
+// Run listens on cfg.Addr and serves until ctx ends, then shuts down
+// gracefully (in-flight requests get ShutdownTimeout). With Addr "off" it
+// only waits for ctx.
+func (s *Server) Run(ctx context.Context) error {
+	if s.cfg.Addr == "" || s.cfg.Addr == "off" {
+		<-ctx.Done()
+		return nil
+	}
+	ln, err := net.Listen("tcp", s.cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("inspect: listen on %s: %w", s.cfg.Addr, err)
+	}
+	s.mu.Lock()
+	s.addr = ln.Addr()
+	s.mu.Unlock()
+	srv := &http.Server{
+		Handler:           s.mux,
+		IdleTimeout:       s.cfg.KeepAlive,
+		ReadHeaderTimeout: s.cfg.HeadersTimeout,
+		ErrorLog:          zap.NewStdLog(s.log),
+	}
+	s.log.Info("serving", zap.String("addr", ln.Addr().String()))
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("inspect: serve: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
+	defer cancel()
+	err = srv.Shutdown(sctx)
+	if serr := <-errc; serr != nil && !errors.Is(serr, http.ErrServerClosed) && err == nil {
+		err = serr
+	}
+	if err != nil {
+		return fmt.Errorf("inspect: shutdown: %w", err)
+	}
+	return nil
+}
+
+func (s *Server) routes() {
+	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		s.writeText(w, http.StatusOK, "ok\n")
+	})
+	s.mux.HandleFunc("GET /readyz", s.readyz)
+	s.mux.HandleFunc("GET /metrics", s.metrics)
+	s.mux.HandleFunc("GET /v1/source", func(w http.ResponseWriter, r *http.Request) {
+		s.writeJSON(w, http.StatusOK, s.sourceView())
+	})
+	s.mux.HandleFunc("GET /v1/sinks", s.sinks)
+	s.mux.HandleFunc("GET /v1/leases", func(w http.ResponseWriter, r *http.Request) {
+		leases, err := s.reader.Leases(r.Context())
+		s.reply(w, map[string]any{"instance": s.deps.Instance, "leases": leases}, err)
+	})
+	s.mux.HandleFunc("GET /v1/fleet", func(w http.ResponseWriter, r *http.Request) {
+		f, err := s.reader.Fleet(r.Context())
+		s.reply(w, f, err)
+	})
+	s.mux.HandleFunc("GET /v1/dead", func(w http.ResponseWriter, r *http.Request) {
+		limit, _ := strconv.Atoi(r.URL.Query().Get("limit"))
+		dead, err := s.reader.Dead(r.Context(), limit)
+		s.reply(w, map[string]any{"instance": s.deps.Instance, "dead": dead}, err)
+	})
+	s.mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
+		page, err := dashboardFS.ReadFile("dashboard.html")
+		if err != nil {
+			http.Error(w, "dashboard missing from the build", http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.Header().Set("Cache-Control", "no-store")
+		// The page is self-contained: no script or style from anywhere else.
+		w.Header().Set("Content-Security-Policy", "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src 'self' data:")
+		_, _ = w.Write(s.scrub(page))
+	})
+}
+
+// sourceView is SourceStatus as JSON, with the DSN redacted and the lag
+// in seconds.
+type sourceView struct {
+	SourceStatus
+	Instance   string  `json:"instance"`
+	ReplicaID  string  `json:"replicaId,omitempty"`
+	LagSeconds float64 `json:"lagSeconds"`
+}
+
+func (s *Server) source() SourceStatus {
+	if s.deps.Source == nil {
+		return SourceStatus{}
+	}
+	return s.deps.Source()
+}
+
+func (s *Server) sourceView() sourceView {
+	src := s.source()
+	if src.DSN != "" {
+		src.DSN = config.RedactDSN(src.DSN)
+	}
+	return sourceView{SourceStatus: src, Instance: s.deps.Instance, ReplicaID: s.deps.ReplicaID, LagSeconds: src.Lag.Seconds()}
+}
+
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	var reasons []string
+	if s.deps.Ready != nil {
+		if ok, why := s.deps.Ready(); !ok {
+			reasons = append(reasons, why)
+		}
+	}
+	src := s.source()
+	if !src.Connected && !src.Following {
+		why := "binlog not connected"
+		if src.Error != "" {
+			why += ": " + src.Error
+		}
+		reasons = append(reasons, why)
+	}
+	if src.Connected && s.cfg.StallAfter > 0 && src.Lag > s.cfg.StallAfter {
+		reasons = append(reasons, fmt.Sprintf("stalled: source lag %s exceeds %s", src.Lag.Round(time.Second), s.cfg.StallAfter))
+	}
+	if s.deps.DB == nil {
+		reasons = append(reasons, "no state database")
+	} else {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		err := s.deps.DB.PingContext(ctx)
+		cancel()
+		if err != nil {
+			reasons = append(reasons, "state database unreachable: "+err.Error())
+		}
+	}
+	if len(reasons) > 0 {
+		s.writeText(w, http.StatusServiceUnavailable, "not ready: "+strings.Join(reasons, "; ")+"\n")
+		return
+	}
+	s.writeText(w, http.StatusOK, "ready\n")
+}
+
+func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
+	// The source gauges are sampled at scrape time, so the engine need not
+	// push them on every event.
+	if s.deps.Source != nil {
+		src := s.source()
+		s.deps.Metrics.SetSourceConnected(src.Connected)
+		if src.Connected {
+			s.deps.Metrics.SetSourceLag(src.Lag)
+		}
+	}
+	s.deps.Metrics.Handler().ServeHTTP(w, r)
+}
+
+// sinksView is the /v1/sinks body.
+type sinksView struct {
+	Instance string `json:"instance"`
+	// DroppedPending counts changes the handoff buffer dropped during
+	// leadership gaps (re-read from the checkpoint by the next leader);
+	// per replica, not per pipe, since the buffer holds every pipe's.
+	DroppedPending int64        `json:"droppedPending"`
+	Pipes          []PipeStatus `json:"pipes"`
+}
+
+func (s *Server) sinks(w http.ResponseWriter, r *http.Request) {
+	var extra []string
+	if s.deps.Pipes != nil {
+		extra = s.deps.Pipes()
+	}
+	pipes, err := s.reader.Pipes(r.Context(), extra...)
+	v := sinksView{Instance: s.deps.Instance, Pipes: pipes}
+	if s.deps.DroppedPending != nil {
+		v.DroppedPending = s.deps.DroppedPending()
+	}
+	s.reply(w, v, err)
+}
+
+func (s *Server) reply(w http.ResponseWriter, v any, err error) {
+	if err != nil {
+		s.log.Warn("read state", zap.Error(err))
+		s.writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
+		return
+	}
+	s.writeJSON(w, http.StatusOK, v)
+}
+
+func (s *Server) writeJSON(w http.ResponseWriter, code int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		code, b = http.StatusInternalServerError, []byte(`{"error":"encode response"}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	_, _ = w.Write(append(s.scrub(b), '\n'))
+}
+
+func (s *Server) writeText(w http.ResponseWriter, code int, text string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	_, _ = w.Write(s.scrub([]byte(text)))
+}
+
+func (s *Server) scrub(b []byte) []byte {
+	for _, sec := range s.deps.Secrets {
+		if sec != "" {
+			b = bytes.ReplaceAll(b, []byte(sec), []byte("[redacted]"))
+		}
+	}
+	return b
+}
