@@ -29,8 +29,8 @@ func testDeps(t *testing.T) Deps {
 			return SourceStatus{Connected: true, Role: "leader", Lag: 1500 * time.Millisecond,
 				Position:     binlog.Position{Flavor: "mariadb", GTIDSet: "0-1-42"},
 				IdentityMode: "gtid", Flavor: "mariadb", MetadataMode: "binlog",
-				DSN:          "repl:" + secretPw + "@tcp(127.0.0.1:3306)/",
-				Error:        "earlier: dial repl:" + secretPw + "@127.0.0.1",
+				DSN:   "repl:" + secretPw + "@tcp(127.0.0.1:3306)/",
+				Error: "earlier: dial repl:" + secretPw + "@127.0.0.1",
 			}
 		},
 		Pipes:          func() []string { return []string{"inst:shop.items:hook", "other:x.y:z"} },
