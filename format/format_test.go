@@ -197,3 +197,26 @@ func BenchmarkEncode(b *testing.B) {
 		})
 	}
 }
+
+func FuzzEncode(f *testing.F) {
+	for _, c := range []string{"insert", "update", "delete", "read"} {
+		b, err := os.ReadFile(filepath.Join("testdata", c+".envelope.json"))
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, payload []byte) {
+		rec := outbox.Record{ID: "x", Pipe: "i:d.t:s", DB: "d", Table: "t", Op: canonical.OpUpdate, Payload: payload}
+		for _, name := range []string{CloudEvents, Maxwell} {
+			fm, _ := New(name)
+			out, err := fm.Encode(rec)
+			if err != nil {
+				continue
+			}
+			if !json.Valid(out) {
+				t.Fatalf("%s: invalid JSON %q from %q", name, out, payload)
+			}
+		}
+	})
+}

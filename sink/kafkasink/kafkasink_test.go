@@ -335,3 +335,25 @@ func TestSASL(t *testing.T) {
 		})
 	}
 }
+
+func TestTransientErrorsAreRetriedWithinDeliver(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(1, "prod.shop.items"))
+	s := newSink(t, c, Options{kgoOpts: []kgo.Opt{kgo.MetadataMinAge(20 * time.Millisecond)}})
+	var failed atomic.Int32
+	c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if failed.Add(1) > 3 {
+			c.DropControl()
+			return nil, nil, false
+		}
+		return failProduce(req, kerr.NotLeaderForPartition.Code), nil, true
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	noErrors(t, s.Deliver(ctx, []outbox.Record{rec("a", 1)}))
+	noErrors(t, s.Deliver(ctx, []outbox.Record{rec("a", 2)}))
+	checkOrder(t, consume(t, c, "prod.shop.items", 2), []string{"a"}, 2)
+	if got := failed.Load(); got < 4 {
+		t.Fatalf("broker failed %d produce requests, want the first 3 refused and retried", got)
+	}
+}
