@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,9 +16,28 @@ func runCmd(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	var out, errOut bytes.Buffer
+	var out, errOut lockedBuffer
 	code = run(ctx, append([]string{"cdcout"}, args...), strings.NewReader(""), &out, &errOut)
 	return code, out.String(), errOut.String()
+}
+
+// lockedBuffer is safe for the concurrent writes of several goroutines'
+// loggers (the stream's and go-mysql's).
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 func TestTail(t *testing.T) {
