@@ -240,27 +240,31 @@ func (d *Drainer) DrainOnce(ctx context.Context) (int, error) {
 	)
 	for _, p := range d.pipes {
 		var (
-			batches [][]Record
-			err     error
+			jobs []job
+			err  error
+			rows int
 		)
-		for range p.cfg.Concurrency {
-			var recs []Record
-			recs, err = p.claim(ctx, p.cfg.BatchSize, true)
-			if err != nil || len(recs) == 0 {
+		for rows < p.cfg.Concurrency*p.cfg.BatchSize {
+			var js []job
+			js, err = p.claim(ctx, p.cfg.Concurrency*p.cfg.BatchSize-rows, true)
+			if err != nil || len(js) == 0 {
 				break
 			}
-			batches = append(batches, recs)
+			for _, j := range js {
+				rows += j.size()
+			}
+			jobs = append(jobs, js...)
 		}
 		if err != nil && !errors.Is(err, errNoLease) {
 			errs = append(errs, err)
 		}
+		total += rows
 		var wg sync.WaitGroup
-		for _, b := range batches {
-			total += len(b)
+		for _, j := range jobs {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if err := p.deliverAndRecord(ctx, b); err != nil {
+				if err := p.runJob(ctx, ctx, j); err != nil {
 					mu.Lock()
 					errs = append(errs, err)
 					mu.Unlock()
@@ -277,17 +281,17 @@ func (d *Drainer) DrainOnce(ctx context.Context) (int, error) {
 // it claims several batches per statement), and Concurrency workers deliver
 // them.
 func (p *pipeDrainer) run(ctx context.Context) {
-	work := make(chan []Record, p.cfg.Concurrency)
+	work := make(chan job, p.cfg.Concurrency)
 	var wg sync.WaitGroup
 	for range p.cfg.Concurrency {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for recs := range work {
+			for j := range work {
 				// Outcomes are recorded even while shutting down: the
 				// delivery happened, and the claim must not be left to
 				// expire into a redelivery.
-				if err := p.deliverAndRecord(context.WithoutCancel(ctx), recs); err != nil {
+				if err := p.runJob(context.WithoutCancel(ctx), ctx, j); err != nil {
 					p.log.Error("record outcome", zap.Error(err))
 				}
 				// A finished row may unblock the next row of its key, and
@@ -312,21 +316,20 @@ func (p *pipeDrainer) run(ctx context.Context) {
 		checkExpired := time.Since(p.lastExp) >= expiredEvery
 		p.mu.Unlock()
 		var (
-			recs []Record
+			jobs []job
 			err  error
 		)
 		if room >= p.cfg.BatchSize {
-			recs, err = p.claim(ctx, min(room, p.cfg.Concurrency*p.cfg.BatchSize), checkExpired)
+			jobs, err = p.claim(ctx, min(room, p.cfg.Concurrency*p.cfg.BatchSize), checkExpired)
 		}
-		if len(recs) > 0 {
+		if len(jobs) > 0 {
 			idle, failing = idleMin, false
 			// Claimed rows are always handed to a worker, even when ctx
 			// ends meanwhile: left undelivered they would hold their keys
-			// until the claim lease ran out.
-			for len(recs) > 0 {
-				n := min(len(recs), p.cfg.BatchSize)
-				work <- recs[:n:n]
-				recs = recs[n:]
+			// until the claim lease ran out. (A job's later lanes are
+			// released instead once ctx ends.)
+			for _, j := range jobs {
+				work <- j
 			}
 			continue
 		}
@@ -380,9 +383,16 @@ const notBlocked = `NOT EXISTS (SELECT 1 FROM %[1]s e
 type candidate struct{ id, keyHash string }
 
 // claim claims up to limit due rows of the pipe for this drainer and
-// returns them as records. Claimed rows are the oldest undelivered row of
-// their key, so no key appears twice and none has a row in flight.
-func (p *pipeDrainer) claim(ctx context.Context, limit int, withExpired bool) ([]Record, error) {
+// returns them as jobs for the workers. The rows it picks are the oldest
+// undelivered row of their key (the key's head), so no key has a row in
+// flight elsewhere.
+//
+// When there are few heads (a handful of hot keys with long queues), it also
+// claims each head's following rows, up to BatchSize per key, as "lanes" of
+// one job: lane i+1 holds the next row of every key whose row in lane i was
+// delivered. A hot key then moves one row per Deliver call instead of one
+// row per claim round trip, still strictly in order.
+func (p *pipeDrainer) claim(ctx context.Context, limit int, withExpired bool) ([]job, error) {
 	d := p.d
 	var (
 		l      lease.Lease
@@ -439,9 +449,16 @@ ORDER BY o.next_attempt_at, o.id LIMIT ?`, p.name, limit-len(cands)); err != nil
 	if len(cands) == 0 {
 		return nil, nil
 	}
-	ids := make([]any, len(cands))
-	for i, c := range cands {
-		ids[i] = c.id
+	follow, err := p.followers(ctx, cands, limit)
+	if err != nil {
+		return nil, fmt.Errorf("claim %s: find following rows: %w", p.name, err)
+	}
+	ids := make([]any, 0, len(cands))
+	for _, c := range cands {
+		ids = append(ids, c.id)
+		for _, id := range follow[c.keyHash] {
+			ids = append(ids, id)
+		}
 	}
 	in := placeholders(len(ids))
 	// The row conditions are re-checked here: between the SELECT and this
@@ -485,9 +502,9 @@ ORDER BY id`, append(ids, d.cfg.ClaimedBy)...)
 		return nil, fmt.Errorf("claim %s: read claimed rows: %w", p.name, err)
 	}
 	defer rows.Close()
-	var recs []Record
+	claimedAt := time.Now()
+	got := map[string]Record{}
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	for rows.Next() {
 		var (
 			r  Record
@@ -495,22 +512,212 @@ ORDER BY id`, append(ids, d.cfg.ClaimedBy)...)
 			ct sqlTime
 		)
 		if err := rows.Scan(&r.ID, &r.Sink, &r.DB, &r.Table, &op, &r.Key, &r.Attempt, &ct, &r.Payload); err != nil {
+			p.mu.Unlock()
 			return nil, fmt.Errorf("claim %s: read claimed rows: %w", p.name, err)
 		}
 		if p.inflight[r.ID] {
 			continue
 		}
 		r.Pipe, r.Op, r.CommitTime = p.name, canonical.Op(op), ct.t
-		p.inflight[r.ID] = true
-		recs = append(recs, r)
+		got[r.ID] = r
 	}
 	if err := rows.Err(); err != nil {
+		p.mu.Unlock()
+		return nil, fmt.Errorf("claim %s: read claimed rows: %w", p.name, err)
+	}
+	for id := range got {
+		p.inflight[id] = true
+	}
+	p.mu.Unlock()
+
+	// Lanes: a key's rows must be claimed contiguously from its head. A
+	// following row we did not get (another drainer took it meanwhile)
+	// ends the key's run there, and the rows after it are released.
+	var (
+		lanes   [][]Record
+		release []Record
+	)
+	for _, c := range cands {
+		seq := append([]string{c.id}, follow[c.keyHash]...)
+		broken := false
+		for i, id := range seq {
+			r, ok := got[id]
+			switch {
+			case !ok:
+				broken = true
+			case broken:
+				release = append(release, r)
+			default:
+				for len(lanes) <= i {
+					lanes = append(lanes, nil)
+				}
+				lanes[i] = append(lanes[i], r)
+			}
+		}
+	}
+	if len(release) > 0 {
+		p.release(ctx, release)
+	}
+	if len(lanes) == 0 {
+		return nil, nil
+	}
+	if len(lanes) == 1 {
+		// Only heads: one job per batch, so batches run concurrently.
+		var jobs []job
+		for recs := lanes[0]; len(recs) > 0; {
+			n := min(len(recs), p.cfg.BatchSize)
+			jobs = append(jobs, job{lanes: [][]Record{recs[:n:n]}, claimedAt: claimedAt})
+			recs = recs[n:]
+		}
+		return jobs, nil
+	}
+	return []job{{lanes: lanes, claimedAt: claimedAt}}, nil
+}
+
+// maxRunKeys: runs are only worth their extra query when few keys have
+// work; with many distinct heads a claim is full of parallel work already.
+const maxRunKeys = 64
+
+// followers returns, for claims with few heads, up to BatchSize ids that
+// follow each head in its key (in id order), cut at the first row that is
+// not pending: all of a key's rows after its head are normally pending and
+// never attempted, and anything else ends the run rather than being jumped.
+func (p *pipeDrainer) followers(ctx context.Context, heads []candidate, limit int) (map[string][]string, error) {
+	if len(heads) > maxRunKeys || len(heads) >= limit {
+		return nil, nil
+	}
+	per := min(p.cfg.BatchSize, (limit-len(heads))/len(heads))
+	if per < 1 {
+		return nil, nil
+	}
+	d := p.d
+	parts := make([]string, len(heads))
+	args := make([]any, 0, 4*len(heads))
+	for i, h := range heads {
+		parts[i] = `(SELECT id, key_hash, status, next_attempt_at <= NOW(6) FROM ` + d.outbox + `
+WHERE pipe = ? AND key_hash = ? AND id > ? ORDER BY id LIMIT ?)`
+		args = append(args, p.name, h.keyHash, h.id, per)
+	}
+	rows, err := d.cfg.DB.QueryContext(ctx, strings.Join(parts, " UNION ALL "), args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	type row struct {
+		id, status string
+		due        bool
+	}
+	byKey := map[string][]row{}
+	for rows.Next() {
+		var (
+			r  row
+			kh string
+		)
+		if err := rows.Scan(&r.id, &kh, &r.status, &r.due); err != nil {
+			return nil, err
+		}
+		byKey[kh] = append(byKey[kh], r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	out := map[string][]string{}
+	for kh, rs := range byKey {
+		// UNION ALL keeps each part's order only by accident; sort.
+		sort.Slice(rs, func(i, j int) bool { return rs[i].id < rs[j].id })
+		for _, r := range rs {
+			if r.status != "pending" || !r.due || p.isInflight(r.id) {
+				break
+			}
+			out[kh] = append(out[kh], r.id)
+		}
+	}
+	return out, nil
+}
+
+// release puts claimed rows we will not deliver now back to pending,
+// undoing the claim's attempt count, so their keys are not held until the
+// claim lease runs out.
+func (p *pipeDrainer) release(ctx context.Context, recs []Record) {
+	if len(recs) == 0 {
+		return
+	}
+	defer func() {
+		p.mu.Lock()
 		for _, r := range recs {
 			delete(p.inflight, r.ID)
 		}
-		return nil, fmt.Errorf("claim %s: read claimed rows: %w", p.name, err)
+		p.mu.Unlock()
+	}()
+	ids := make([]any, 0, len(recs)+1)
+	for _, r := range recs {
+		ids = append(ids, r.ID)
 	}
-	return recs, nil
+	ids = append(ids, p.d.cfg.ClaimedBy)
+	if _, err := p.d.cfg.DB.ExecContext(context.WithoutCancel(ctx), `UPDATE `+p.d.outbox+`
+SET status = 'pending', attempts = GREATEST(attempts - 1, 0), claim_expires_at = NULL
+WHERE id IN (`+placeholders(len(recs))+`) AND status = 'delivering' AND claimed_by = ?`, ids...); err != nil {
+		// They are re-claimed when the claim lease ends.
+		p.log.Warn("release claimed rows", zap.Int("rows", len(recs)), zap.Error(err))
+	}
+}
+
+// A job is one worker's share of a claim: lanes delivered one after the
+// other (see claim).
+type job struct {
+	lanes     [][]Record
+	claimedAt time.Time
+}
+
+func (j job) size() int {
+	n := 0
+	for _, l := range j.lanes {
+		n += len(l)
+	}
+	return n
+}
+
+// runJob delivers a job's lanes in order. A key whose row failed (retry or
+// dead) has its later rows released. Lanes stop, and the rest is released,
+// once stop ends (shutdown) or half the claim lease has passed, so a slow
+// sink cannot hold claims until they expire under us.
+func (p *pipeDrainer) runJob(ctx, stop context.Context, j job) error {
+	failed := map[string]bool{}
+	var errs []error
+	for li, lane := range j.lanes {
+		if li > 0 && (stop.Err() != nil || time.Since(j.claimedAt) > p.d.cfg.ClaimLease/2) {
+			var rest []Record
+			for _, l := range j.lanes[li:] {
+				rest = append(rest, l...)
+			}
+			p.release(ctx, rest)
+			break
+		}
+		var todo, skip []Record
+		for _, r := range lane {
+			if failed[r.Key] {
+				skip = append(skip, r)
+			} else {
+				todo = append(todo, r)
+			}
+		}
+		p.release(ctx, skip)
+		for len(todo) > 0 {
+			n := min(len(todo), p.cfg.BatchSize)
+			chunk := todo[:n:n]
+			todo = todo[n:]
+			res, err := p.deliverAndRecord(ctx, chunk)
+			if err != nil {
+				errs = append(errs, err)
+			}
+			for i, r := range chunk {
+				if err != nil || res[i] != nil {
+					failed[r.Key] = true
+				}
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func (p *pipeDrainer) isInflight(id string) bool {
@@ -520,7 +727,7 @@ func (p *pipeDrainer) isInflight(id string) bool {
 }
 
 // deliverAndRecord hands one batch to the sink and records every outcome.
-func (p *pipeDrainer) deliverAndRecord(ctx context.Context, recs []Record) error {
+func (p *pipeDrainer) deliverAndRecord(ctx context.Context, recs []Record) ([]error, error) {
 	defer func() {
 		p.mu.Lock()
 		for _, r := range recs {
@@ -543,7 +750,7 @@ func (p *pipeDrainer) deliverAndRecord(ctx context.Context, recs []Record) error
 	}
 	cancel()
 	p.d.cfg.Metrics.batch(p.name, len(recs), dur)
-	return p.record(ctx, recs, errs, dur)
+	return errs, p.record(ctx, recs, errs, dur)
 }
 
 // deliver calls the sink, turning a panic or a short result into errors so
