@@ -435,8 +435,9 @@ func (r *reader) rows(ctx context.Context, hdr, outer *replication.EventHeader, 
 		Pos:       pos,
 		TsMs:      int64(hdr.Timestamp) * 1000,
 	}
+	now := time.Now().UnixMilli()
 	for i := 0; i+step <= len(e.Rows); i += step {
-		ch := &canonical.Change{Op: op, Source: src, TsMs: time.Now().UnixMilli()}
+		ch := &canonical.Change{Op: op, Source: src, TsMs: now}
 		ch.Source.Row = r.tx.ordinal
 		var err error
 		switch op {
