@@ -485,7 +485,12 @@ WHERE o.pipe = ? AND o.id IN (` + in + `) AND ` + due
 		args = append(args, d.cfg.ClaimedBy, d.cfg.ClaimLease.Microseconds(), p.name)
 		args = append(args, ids...)
 	}
-	res, err := d.cfg.DB.ExecContext(ctx, q, args...)
+	// From the claim on, a stop must not cut us off: rows claimed but never
+	// read back would sit out the whole claim lease. The statements are
+	// short; a timeout still bounds them.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	res, err := d.cfg.DB.ExecContext(cctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("claim %s: %w", p.name, err)
 	}
@@ -494,11 +499,13 @@ WHERE o.pipe = ? AND o.id IN (` + in + `) AND ` + due
 		// longer current in the database.
 		return nil, nil
 	}
-	rows, err := d.cfg.DB.QueryContext(ctx, `SELECT id, sink, db, tbl, op, row_key, attempts, commit_ts, payload
+	rows, err := d.cfg.DB.QueryContext(cctx, `SELECT id, sink, db, tbl, op, row_key, attempts, commit_ts, payload
 FROM `+d.outbox+` WHERE id IN (`+in+`) AND status = 'delivering' AND claimed_by = ?
 ORDER BY id`, append(ids, d.cfg.ClaimedBy)...)
 	if err != nil {
-		// The claims stand; they are re-claimed when the claim lease ends.
+		// If the release fails too, the claims stand until the claim
+		// lease ends and are re-claimed then.
+		p.releaseIDs(cctx, ids)
 		return nil, fmt.Errorf("claim %s: read claimed rows: %w", p.name, err)
 	}
 	defer rows.Close()
@@ -513,6 +520,7 @@ ORDER BY id`, append(ids, d.cfg.ClaimedBy)...)
 		)
 		if err := rows.Scan(&r.ID, &r.Sink, &r.DB, &r.Table, &op, &r.Key, &r.Attempt, &ct, &r.Payload); err != nil {
 			p.mu.Unlock()
+			p.releaseIDs(cctx, ids)
 			return nil, fmt.Errorf("claim %s: read claimed rows: %w", p.name, err)
 		}
 		if p.inflight[r.ID] {
@@ -523,6 +531,7 @@ ORDER BY id`, append(ids, d.cfg.ClaimedBy)...)
 	}
 	if err := rows.Err(); err != nil {
 		p.mu.Unlock()
+		p.releaseIDs(cctx, ids)
 		return nil, fmt.Errorf("claim %s: read claimed rows: %w", p.name, err)
 	}
 	for id := range got {
@@ -556,7 +565,7 @@ ORDER BY id`, append(ids, d.cfg.ClaimedBy)...)
 		}
 	}
 	if len(release) > 0 {
-		p.release(ctx, release)
+		p.release(cctx, release)
 	}
 	if len(lanes) == 0 {
 		return nil, nil
@@ -660,6 +669,20 @@ WHERE id IN (`+placeholders(len(recs))+`) AND status = 'delivering' AND claimed_
 		// They are re-claimed when the claim lease ends.
 		p.log.Warn("release claimed rows", zap.Int("rows", len(recs)), zap.Error(err))
 	}
+}
+
+// releaseIDs releases rows of a claim whose read-back failed: those among
+// ids that we claimed and that are not in a delivery of ours.
+func (p *pipeDrainer) releaseIDs(ctx context.Context, ids []any) {
+	var recs []Record
+	p.mu.Lock()
+	for _, id := range ids {
+		if s, ok := id.(string); ok && !p.inflight[s] {
+			recs = append(recs, Record{ID: s})
+		}
+	}
+	p.mu.Unlock()
+	p.release(ctx, recs)
 }
 
 // A job is one worker's share of a claim: lanes delivered one after the
