@@ -35,6 +35,6 @@ func newLogger(w io.Writer, level, format string) (*zap.Logger, error) {
 	default:
 		return nil, ConfigErrorf("--log-format: %q is not json or console", format)
 	}
-	core := zapcore.NewCore(enc, zapcore.AddSync(w), lvl)
+	core := zapcore.NewCore(enc, zapcore.Lock(zapcore.AddSync(w)), lvl)
 	return zap.New(core), nil
 }
