@@ -3,6 +3,9 @@ package command
 import (
 	"context"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -142,13 +145,19 @@ func TestRunStopsGracefully(t *testing.T) {
 	srv := mysqltest.Shared(t)
 	state := srv.CreateDB(t, "rungood")
 	out := filepath.Join(t.TempDir(), "out.jsonl")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
 	var stderr string
 	go func() {
 		var code int
 		code, _, stderr = runArgs(t, ctx, "run", "--dsn", srv.DSN, "--state-db", state, "--instance", state,
-			"--sink", "f=file://"+out, "--http-addr", "off", "--log-format", "json")
+			"--sink", "f=file://"+out, "--http-addr", addr, "--log-format", "json")
 		done <- code
 	}()
 	// Wait until the lease is taken (the engine is running), then stop.
@@ -165,6 +174,16 @@ func TestRunStopsGracefully(t *testing.T) {
 			t.Fatalf("engine never took its lease")
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+	resp, err := http.Get("http://" + addr + "/v1/source")
+	if err != nil {
+		t.Errorf("inspect endpoint: %v", err)
+	} else {
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(body), `"connected":true`) {
+			t.Errorf("GET /v1/source = %d %s", resp.StatusCode, body)
+		}
 	}
 	cancel()
 	select {

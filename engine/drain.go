@@ -26,6 +26,8 @@ type drainers struct {
 	holder string
 	sinks  map[string]sinkEntry
 	log    *zap.Logger
+	// metrics observe every drainer's deliveries.
+	metrics outbox.DrainMetrics
 
 	mu      sync.Mutex
 	byPipe  map[string]*outbox.Drainer
@@ -119,7 +121,8 @@ func (d *drainers) ensure(pipe string) *outbox.Drainer {
 			Concurrency: se.cfg.Concurrency,
 			BatchSize:   se.cfg.BatchSize,
 		}},
-		Logger: d.log,
+		Logger:  d.log,
+		Metrics: d.metrics,
 	})
 	if err != nil {
 		d.skipped[pipe] = true

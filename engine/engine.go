@@ -31,8 +31,10 @@ import (
 	"github.com/cdcout/cdcout/config"
 	"github.com/cdcout/cdcout/dedup"
 	"github.com/cdcout/cdcout/format"
+	"github.com/cdcout/cdcout/inspect"
 	"github.com/cdcout/cdcout/internal/buildinfo"
 	"github.com/cdcout/cdcout/lease"
+	"github.com/cdcout/cdcout/metrics"
 	"github.com/cdcout/cdcout/outbox"
 	"github.com/cdcout/cdcout/sink/filesink"
 	"github.com/cdcout/cdcout/sink/httpsink"
@@ -64,8 +66,12 @@ type Engine struct {
 	sinks     map[string]sinkEntry
 	closers   []io.Closer
 
-	mu  sync.Mutex
-	enq *enqueuer // current tenure's, for Stats
+	metrics *metrics.Metrics
+
+	mu     sync.Mutex
+	enq    *enqueuer      // current tenure's, for Stats
+	stream *binlog.Stream // current tenure's, for the inspect endpoints
+	digest bool
 }
 
 type sinkEntry struct {
@@ -91,6 +97,7 @@ func New(cfg *config.Config, logger *zap.Logger, opts ...Option) (*Engine, error
 		holder:    cfg.ReplicaID + "/" + hex.EncodeToString(nonce),
 		leaseName: "enqueue/" + cfg.Instance,
 		sinks:     map[string]sinkEntry{},
+		metrics:   metrics.New(),
 	}
 	for _, o := range opts {
 		o(e)
@@ -201,9 +208,14 @@ func (e *Engine) Holder() string { return e.holder }
 
 // Run runs the replica until ctx ends (returning nil after a graceful stop)
 // or a fatal error.
-func (e *Engine) Run(ctx context.Context) error {
+func (e *Engine) Run(parent context.Context) error {
 	defer e.closeSinks()
 	cfg := e.cfg
+	// ctx also ends when the inspect server cannot serve (address in use):
+	// the replica then stops as gracefully as on a signal and reports why.
+	ctx, stopRun := context.WithCancel(parent)
+	defer stopRun()
+	serveErr := make(chan error, 1)
 	db, err := openDB(cfg.EffectiveStateDSN().Value())
 	if err != nil {
 		return fmt.Errorf("state database %s: %w", config.DSNAddr(cfg.EffectiveStateDSN().Value()), err)
@@ -224,11 +236,30 @@ func (e *Engine) Run(ctx context.Context) error {
 	store := outbox.NewStore(db, cfg.StateDB, e.log)
 	leases := lease.NewManager(db, cfg.StateDB)
 
+	srv := inspect.New(inspect.Config{Addr: cfg.HTTPAddr}, inspect.Deps{
+		DB: db, Schema: cfg.StateDB, Instance: cfg.Instance, ReplicaID: cfg.ReplicaID,
+		Source: e.sourceStatus, Metrics: e.metrics, Pipes: nil,
+		Secrets: e.secrets(), Logger: e.log,
+	})
+	ictx, stopInspect := context.WithCancel(context.WithoutCancel(ctx))
+	inspectDone := make(chan struct{})
+	go func() {
+		defer close(inspectDone)
+		if err := srv.Run(ictx); err != nil && ictx.Err() == nil {
+			serveErr <- err
+			stopRun()
+		}
+	}()
+	// The inspect server outlives the stop sequence so /readyz and metrics
+	// answer until the end.
+	defer func() { stopInspect(); <-inspectDone }()
+
 	// Drainers run for the whole Run, across enqueue tenures: delivery
 	// does not depend on who enqueues.
 	dctx, stopDrain := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopDrain()
 	drains := newDrainers(dctx, db, cfg, e.holder, e.sinks, e.log)
+	drains.metrics = e.metrics.DrainMetrics()
 	if err := drains.discover(ctx); err != nil && ctx.Err() == nil {
 		e.log.Warn("look up pipes with pending rows", zap.Error(err))
 	}
@@ -294,7 +325,65 @@ func (e *Engine) Run(ctx context.Context) error {
 		}
 		rcancel()
 	}
+	select {
+	case err := <-serveErr:
+		if runErr == nil {
+			runErr = err
+		}
+	default:
+	}
 	return runErr
+}
+
+// secrets lists what the inspect server must never echo.
+func (e *Engine) secrets() []string {
+	var out []string
+	for _, dsn := range []config.DSN{e.cfg.DSN, e.cfg.StateDSN} {
+		if mc, err := mysql.ParseDSN(dsn.Value()); err == nil && mc.Passwd != "" {
+			out = append(out, mc.Passwd)
+		}
+	}
+	for _, s := range e.cfg.Sinks {
+		for _, sec := range []config.Secret{s.Secret} {
+			if sec != "" {
+				out = append(out, sec.Value())
+			}
+		}
+		for _, h := range s.Headers {
+			out = append(out, h.Value())
+		}
+		if s.Kafka != nil && s.Kafka.SASL != nil && s.Kafka.SASL.Password != "" {
+			out = append(out, s.Kafka.SASL.Password.Value())
+		}
+		if s.NATS != nil {
+			for _, sec := range []config.Secret{s.NATS.Password, s.NATS.Token} {
+				if sec != "" {
+					out = append(out, sec.Value())
+				}
+			}
+		}
+	}
+	return out
+}
+
+// sourceStatus reports the binlog source to the inspect server.
+func (e *Engine) sourceStatus() inspect.SourceStatus {
+	e.mu.Lock()
+	st, digest := e.stream, e.digest
+	e.mu.Unlock()
+	if st == nil {
+		return inspect.SourceStatus{Following: true, Role: "standby", DSN: e.cfg.DSN.String()}
+	}
+	info := st.Info()
+	mode := "gtid"
+	if digest {
+		mode = "digest"
+	}
+	return inspect.SourceStatus{
+		Connected: true, Role: "leader", Position: st.Position(), IdentityMode: mode,
+		Flavor: info.Flavor, ServerVersion: info.Version, MetadataMode: info.MetadataMode,
+		DSN: e.cfg.DSN.String(),
+	}
 }
 
 func openDB(dsn string) (*sql.DB, error) {
@@ -326,6 +415,7 @@ func (e *Engine) acquire(ctx context.Context, leases *lease.Manager) (lease.Leas
 			e.log.Warn("acquire enqueue lease", zap.Error(err))
 		} else if ok {
 			e.log.Info("enqueue lease acquired", zap.String("lease", l.Name), zap.Uint64("epoch", l.Epoch), zap.String("holder", l.Holder))
+			e.metrics.SetLeaseHeld(l.Name, true)
 			return l, nil
 		} else if !logged {
 			e.log.Info("enqueue lease held by another replica; waiting", zap.String("lease", e.leaseName), zap.String("holder", l.Holder))
@@ -364,6 +454,10 @@ func (e *Engine) tenure(ctx context.Context, db *sql.DB, l lease.Lease, leases *
 	defer func() {
 		cancel()
 		wg.Wait()
+		e.metrics.SetLeaseHeld(l.Name, false)
+		e.mu.Lock()
+		e.stream = nil
+		e.mu.Unlock()
 		lostMu.Lock()
 		wasLost := lost
 		lostMu.Unlock()
@@ -452,6 +546,7 @@ func (e *Engine) tenure(ctx context.Context, db *sql.DB, l lease.Lease, leases *
 		maxBuffer:  cfg.EnqueueMaxBuffer,
 		interval:   cfg.EnqueueFlushInterval,
 		written:    drains.written,
+		observe:    e.metrics.ObserveEnqueue,
 		lastRow:    -1,
 	}
 	if digestMode {
@@ -461,7 +556,7 @@ func (e *Engine) tenure(ctx context.Context, db *sql.DB, l lease.Lease, leases *
 		q.counter.SeedFromChangeKeys(claims, time.Now())
 	}
 	e.mu.Lock()
-	e.enq = q
+	e.enq, e.stream, e.digest = q, stream, digestMode
 	e.mu.Unlock()
 	e.log.Info("enqueueing", zap.Bool("digest_mode", digestMode), zap.Int("routes", len(e.routes)), zap.Int("seeded_claims", len(claims)))
 

@@ -424,3 +424,31 @@ func TestLeaseStolen(t *testing.T) {
 		t.Errorf("checkpoint written under epoch %d, want the current %d", cpEpoch, epochNow)
 	}
 }
+
+// TestInspectAddressInUse: a replica whose inspect address is taken stops
+// with that error instead of running blind.
+func TestInspectAddressInUse(t *testing.T) {
+	srv := mysqltest.Shared(t)
+	stateDB := srv.CreateDB(t, "busy_state")
+	ln := httptest.NewServer(http.NotFoundHandler())
+	defer ln.Close()
+	cfg := config.Default()
+	cfg.DSN = config.DSN(srv.DSN)
+	cfg.StateDB = stateDB
+	cfg.Instance = "busy"
+	cfg.HTTPAddr = strings.TrimPrefix(ln.URL, "http://")
+	cfg.Sinks = []config.Sink{{URL: "stdout:"}}
+	if _, err := reresolve(cfg); err != nil {
+		t.Fatal(err)
+	}
+	e, err := New(cfg, zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)), WithStdout(io.Discard))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = e.Run(ctx)
+	if err == nil || !strings.Contains(err.Error(), "listen on "+cfg.HTTPAddr) {
+		t.Fatalf("Run = %v, want a listen error", err)
+	}
+}

@@ -59,6 +59,8 @@ type enqueuer struct {
 	// written is told which pipes got rows, to wake (or start) their
 	// drainers.
 	written func(pipes []string)
+	// observe, when set, is told every enqueue's result (metrics).
+	observe func(outbox.EnqueueResult)
 
 	mu    sync.Mutex
 	ready []outbox.Pending   // keyed rows, all before cp unless mid-flushed
@@ -206,6 +208,9 @@ func (q *enqueuer) flush(ctx context.Context, cp *outbox.Checkpoint) error {
 			if cp == q.cp {
 				q.cp = nil
 				q.since = time.Time{}
+			}
+			if q.observe != nil {
+				q.observe(res)
 			}
 			if len(res.Pipes) > 0 && q.written != nil {
 				q.written(res.Pipes)
