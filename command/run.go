@@ -8,7 +8,6 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/urfave/cli/v2"
-	"go.uber.org/zap/zapcore"
 
 	"github.com/cdcout/cdcout/binlog"
 	"github.com/cdcout/cdcout/config"
@@ -95,13 +94,7 @@ func runAction(c *cli.Context, set []config.Setting) error {
 	if err := cfg.Validate(); err != nil {
 		return ConfigErrorf("config: %v", err)
 	}
-	logw := c.App.ErrWriter
-	if _, isFile := logw.(*os.File); !isFile {
-		// The engine logs from many goroutines; a plain io.Writer (a test's
-		// buffer) needs the lock an *os.File does not.
-		logw = zapcore.Lock(zapcore.AddSync(logw))
-	}
-	logger, err := newLogger(logw, cfg.LogLevel, cfg.LogFormat)
+	logger, err := newLogger(c.App.ErrWriter, cfg.LogLevel, cfg.LogFormat)
 	if err != nil {
 		return err
 	}
