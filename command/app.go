@@ -54,6 +54,8 @@ func NewApp(stdin io.Reader, stdout, stderr io.Writer) *cli.App {
 			receiveCommand(),
 			probeCommand(),
 			deadCommand(),
+			statusCommand(),
+			fleetCommand(),
 			versionCommand(),
 		},
 		// Errors are printed once, by Main, as one line.

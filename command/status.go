@@ -1,0 +1,173 @@
+package command
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/cdcout/cdcout/fleet"
+	"github.com/cdcout/cdcout/inspect"
+)
+
+// stateDBFlags are the flags that locate the state database; deadStateDB
+// reads them.
+func stateDBFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "dsn", EnvVars: []string{"CDCOUT_DSN"}, Usage: "source database DSN (the state database's too unless --state-dsn)"},
+		&cli.StringFlag{Name: "state-dsn", EnvVars: []string{"CDCOUT_STATE_DSN"}, Usage: "state database DSN (default: --dsn)"},
+		&cli.StringFlag{Name: "state-db", EnvVars: []string{"CDCOUT_STATE_DB"}, Value: "cdcout", Usage: "state database name"},
+	}
+}
+
+// statusCommand prints what /v1/sinks, /v1/leases and /v1/fleet show, plus
+// the checkpoint, read straight from the state database, so it works when
+// no replica (or no HTTP server) is running.
+func statusCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "status",
+		Usage: "show pipes, leases, fleet and checkpoint of an instance from the state database",
+		Flags: append(stateDBFlags(),
+			&cli.StringFlag{Name: "instance", EnvVars: []string{"CDCOUT_INSTANCE"}, Value: "default", Usage: "instance whose pipes and leases to show"},
+			&cli.DurationFlag{Name: "stale-after", Value: fleet.DefaultStaleAfter, Usage: "fleet rows older than this are reported stale"},
+			&cli.BoolFlag{Name: "json", Usage: "print one JSON object"},
+		),
+		Action: func(c *cli.Context) error {
+			db, schema, err := deadStateDB(c)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			r := inspect.Reader{DB: db, Schema: schema, Instance: c.String("instance"), StaleAfter: c.Duration("stale-after")}
+			st, err := r.Status(c.Context)
+			if err != nil {
+				return fmt.Errorf("read status: %w", err)
+			}
+			if c.Bool("json") {
+				enc := json.NewEncoder(c.App.Writer)
+				enc.SetIndent("", "  ")
+				return enc.Encode(st)
+			}
+			return writeStatus(c.App.Writer, st)
+		},
+	}
+}
+
+func writeStatus(w io.Writer, st inspect.Status) error {
+	fmt.Fprintf(w, "instance %s\n", st.Instance)
+	if cp := st.Checkpoint; cp != nil {
+		fmt.Fprintf(w, "checkpoint %s  epoch %d  holder %s  updated %s ago\n",
+			compactJSON(cp.Position), cp.Epoch, cp.Holder, ago(cp.AgeSeconds))
+	} else {
+		fmt.Fprintln(w, "checkpoint none yet")
+	}
+
+	fmt.Fprintln(w, "\nPIPES")
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	if len(st.Pipes) == 0 {
+		fmt.Fprintln(tw, "  none")
+	} else {
+		fmt.Fprintln(tw, "  PIPE\tPENDING\tDELIVERING\tDELIVERED\tDEAD\tOLDEST PENDING\tDELIVERY LAG\tDRAIN HOLDER\tLAST ERROR")
+		for _, p := range st.Pipes {
+			lastErr := ""
+			if p.LastError != "" {
+				lastErr = oneLine(p.LastError, 60)
+				if p.LastErrorAt != nil {
+					lastErr += " (" + p.LastErrorAt.UTC().Format(time.RFC3339) + ")"
+				}
+			}
+			fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\n", p.Pipe, p.Pending, p.Delivering, p.Delivered, p.Dead,
+				ago(p.OldestPendingAgeSeconds), ago(p.DeliveryLagSeconds), dash(p.DrainHolder), lastErr)
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+
+	fmt.Fprintln(w, "\nLEASES")
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	if len(st.Leases) == 0 {
+		fmt.Fprintln(tw, "  none")
+	} else {
+		fmt.Fprintln(tw, "  NAME\tHOLDER\tEPOCH\tSTATE")
+		for _, l := range st.Leases {
+			state := "expired"
+			if l.Live {
+				state = "live, expires in " + ago(l.ExpiresInSeconds)
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\n", l.Name, dash(l.Holder), l.Epoch, state)
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+
+	f := st.Fleet
+	fmt.Fprintf(w, "\nFLEET %d/%d responded", f.Responded, f.Expected)
+	if len(f.Missing) > 0 {
+		fmt.Fprintf(w, "; missing: %s", strings.Join(f.Missing, ", "))
+	}
+	if len(f.Stale) > 0 {
+		var parts []string
+		for _, s := range f.Stale {
+			parts = append(parts, s.ReplicaID+" ("+ago(s.AgeSeconds)+" old)")
+		}
+		fmt.Fprintf(w, "; stale: %s", strings.Join(parts, ", "))
+	}
+	if f.Versions != nil {
+		var parts []string
+		for v, n := range f.Versions {
+			parts = append(parts, v+"×"+strconv.Itoa(n))
+		}
+		sort.Strings(parts)
+		fmt.Fprintf(w, "; mixed versions: %s", strings.Join(parts, ", "))
+	}
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	if len(f.Replicas) > 0 {
+		fmt.Fprintln(tw, "  REPLICA\tVERSION\tROLE\tWRITTEN\tREACHABLE AT")
+		for _, r := range f.Replicas {
+			written := ago(r.AgeSeconds) + " ago"
+			if r.Stale {
+				written += " (stale)"
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", r.ReplicaID, dash(r.Version), dash(r.Payload.Role), written, dash(r.ReachableAt))
+		}
+	}
+	return tw.Flush()
+}
+
+// ago renders seconds compactly: "850ms", "12.3s", "4m05s", "2h10m".
+func ago(sec float64) string {
+	if sec <= 0 {
+		return "0s"
+	}
+	d := time.Duration(sec * float64(time.Second))
+	switch {
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	case d < time.Minute:
+		return d.Round(100 * time.Millisecond).String()
+	case d < time.Hour:
+		return fmt.Sprintf("%dm%02ds", int(d.Minutes()), int(d.Seconds())%60)
+	default:
+		return fmt.Sprintf("%dh%02dm", int(d.Hours()), int(d.Minutes())%60)
+	}
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func compactJSON(b []byte) string {
+	return strings.Join(strings.Fields(string(b)), "")
+}
