@@ -1,0 +1,99 @@
+package metrics
+
+import (
+	"context"
+	"errors"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/cdcout/cdcout/outbox"
+)
+
+func TestNilMetricsIsANoop(t *testing.T) {
+	var m *Metrics
+	m.ObserveChange("a", "b", "c")
+	m.ObserveEnqueue(outbox.EnqueueResult{Inserted: 1})
+	m.ObserveDelivery("p", "delivered", time.Second)
+	m.SetLeaseHeld("x", true)
+	m.SetSourceLag(time.Second)
+	m.SetSourceConnected(true)
+	m.AddHandoffDroppedPending(1)
+	m.WatchOutbox(nil, 0)
+	dm := m.DrainMetrics()
+	if dm.Delivered != nil {
+		t.Fatal("nil Metrics gave drain hooks")
+	}
+}
+
+func TestEnqueueAndDrainHooks(t *testing.T) {
+	m := New()
+	m.ObserveEnqueue(outbox.EnqueueResult{Inserted: 3, AlreadyOurs: 1, OthersClaims: 2, DigestMismatches: 1})
+	m.ObserveEnqueue(outbox.EnqueueResult{Inserted: 2})
+	if got, want := value(t, m.claims.WithLabelValues("inserted")), 5.0; got != want {
+		t.Errorf("claims inserted = %v, want %v", got, want)
+	}
+	if got, want := value(t, m.digestMismatch), 1.0; got != want {
+		t.Errorf("digest mismatches = %v, want %v", got, want)
+	}
+	dm := m.DrainMetrics()
+	dm.Retried("p", 4)
+	dm.Error("p", "claim", errors.New("x"))
+	m.ObserveDelivery("p", "retried", 0)
+	if got, want := value(t, m.deliveries.WithLabelValues("p", "retried")), 5.0; got != want {
+		t.Errorf("retried = %v, want %v", got, want)
+	}
+	if got, want := value(t, m.drainErrors.WithLabelValues("p", "claim")), 1.0; got != want {
+		t.Errorf("drain errors = %v, want %v", got, want)
+	}
+}
+
+func TestWatchOutboxCachesAndKeepsLastGood(t *testing.T) {
+	m := New()
+	calls := 0
+	fail := false
+	m.WatchOutbox(func(context.Context) ([]OutboxStat, error) {
+		calls++
+		if fail {
+			return nil, errors.New("state db down")
+		}
+		return []OutboxStat{{Pipe: "i:d.t:s", Status: "pending", Rows: 7, OldestPendingAge: 3 * time.Second}}, nil
+	}, time.Hour)
+	scrape := func() string {
+		rec := httptest.NewRecorder()
+		m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+		return rec.Body.String()
+	}
+	for range 3 {
+		if body := scrape(); !strings.Contains(body, `cdcout_outbox_rows{pipe="i:d.t:s",status="pending"} 7`) ||
+			!strings.Contains(body, `cdcout_outbox_oldest_pending_age_seconds{pipe="i:d.t:s"} 3`) {
+			t.Fatalf("scrape lacks outbox gauges:\n%s", body)
+		}
+	}
+	if calls != 1 {
+		t.Fatalf("reader called %d times in the cache window, want 1", calls)
+	}
+	// Expire the cache with a failing reader: the last values stay.
+	fail = true
+	m.WatchOutbox(m.outbox.read, time.Nanosecond)
+	if body := scrape(); !strings.Contains(body, `cdcout_outbox_rows{pipe="i:d.t:s",status="pending"} 7`) ||
+		!strings.Contains(body, `cdcout_drain_errors_total{op="outbox_stats",pipe=""} 1`) {
+		t.Fatalf("after a failed read:\n%s", body)
+	}
+}
+
+func value(t *testing.T, c prometheus.Metric) float64 {
+	t.Helper()
+	var d dto.Metric
+	if err := c.Write(&d); err != nil {
+		t.Fatal(err)
+	}
+	if d.Counter != nil {
+		return d.Counter.GetValue()
+	}
+	return d.Gauge.GetValue()
+}
