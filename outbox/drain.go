@@ -333,6 +333,9 @@ func (p *pipeDrainer) run(ctx context.Context) {
 			}
 			continue
 		}
+		if err == nil {
+			failing = false
+		}
 		if err != nil && !errors.Is(err, errNoLease) && ctx.Err() == nil {
 			if !failing {
 				p.log.Warn("claim rows", zap.Error(err))
@@ -700,15 +703,26 @@ func (j job) size() int {
 	return n
 }
 
+// leaseHeld reports whether this pipe's drain lease (if leases are used) is
+// still held and locally valid.
+func (p *pipeDrainer) leaseHeld() bool {
+	if p.d.cfg.Leases == nil {
+		return true
+	}
+	l, ok := p.d.cfg.Leases(p.name)
+	return ok && l.Valid(time.Now())
+}
+
 // runJob delivers a job's lanes in order. A key whose row failed (retry or
 // dead) has its later rows released. Lanes stop, and the rest is released,
-// once stop ends (shutdown) or half the claim lease has passed, so a slow
-// sink cannot hold claims until they expire under us.
+// once stop ends (shutdown), the drain lease is lost (the next holder should
+// not wait for our run) or half the claim lease has passed (a slow sink must
+// not hold claims until they expire under us).
 func (p *pipeDrainer) runJob(ctx, stop context.Context, j job) error {
 	failed := map[string]bool{}
 	var errs []error
 	for li, lane := range j.lanes {
-		if li > 0 && (stop.Err() != nil || time.Since(j.claimedAt) > p.d.cfg.ClaimLease/2) {
+		if li > 0 && (stop.Err() != nil || time.Since(j.claimedAt) > p.d.cfg.ClaimLease/2 || !p.leaseHeld()) {
 			var rest []Record
 			for _, l := range j.lanes[li:] {
 				rest = append(rest, l...)
