@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/cdcout/cdcout/config"
 )
 
 // TestDockerCompose validates docker-compose.yml with the real docker-compose
@@ -88,6 +90,19 @@ func TestDockerCompose(t *testing.T) {
 			t.Errorf("Dockerfile lacks %q (multi-stage, static, non-root)", want)
 		}
 	}
+	// The replicas' config file must pass the same validation `cdcout run` does.
+	cfg2 := config.Default()
+	if err := config.LoadFile(cfg2, "deploy/cdcout.yaml"); err != nil {
+		t.Fatalf("deploy/cdcout.yaml: %v", err)
+	}
+	cfg2.FillSinkDefaults()
+	if err := cfg2.Validate(); err != nil {
+		t.Fatalf("deploy/cdcout.yaml does not validate: %v", err)
+	}
+	if len(cfg2.Sinks) != 1 || cfg2.Sinks[0].Secret.Value() == "" {
+		t.Errorf("deploy/cdcout.yaml should define the signed webhook sink, got %+v", cfg2.Sinks)
+	}
+
 	initSQL, err := os.ReadFile("deploy/mysql-init/01-cdcout.sql")
 	if err != nil {
 		t.Fatal(err)
