@@ -654,6 +654,11 @@ type Stats struct {
 	Batches     int64
 	// EnqueueTime is the time spent in outbox enqueue transactions.
 	EnqueueTime time.Duration
+	// Buffered is the rows read but not yet written; Unwritten reports a
+	// commit whose checkpoint is not written yet. MaxBuffered is the peak
+	// of Buffered (bounded by enqueue_max_buffer plus one change's fan-out).
+	Buffered, MaxBuffered int
+	Unwritten             bool
 }
 
 // Stats returns the current enqueue counters.
@@ -666,5 +671,8 @@ func (e *Engine) Stats() Stats {
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return Stats{RowsWritten: q.rowsWritten, Batches: q.flushes, EnqueueTime: q.flushTime}
+	return Stats{
+		RowsWritten: q.rowsWritten, Batches: q.flushes, EnqueueTime: q.flushTime,
+		Buffered: len(q.ready) + len(q.open), MaxBuffered: q.maxBuffered, Unwritten: q.cp != nil,
+	}
 }

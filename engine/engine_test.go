@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -94,6 +95,12 @@ func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
 // and checks that Run returned nil.
 func runEngine(t *testing.T, cfg *config.Config, logger *zap.Logger) func() {
 	t.Helper()
+	_, stop := runEngineE(t, cfg, logger)
+	return stop
+}
+
+func runEngineE(t *testing.T, cfg *config.Config, logger *zap.Logger) (*Engine, func()) {
+	t.Helper()
 	e, err := New(cfg, logger)
 	if err != nil {
 		t.Fatal(err)
@@ -118,7 +125,7 @@ func runEngine(t *testing.T, cfg *config.Config, logger *zap.Logger) func() {
 		}
 	}
 	t.Cleanup(stop)
-	return stop
+	return e, stop
 }
 
 // TestEndToEnd writes inserts, updates and deletes in multi-row
@@ -224,7 +231,7 @@ func testEndToEnd(t *testing.T, mode string) {
 		}
 	}
 
-	stop := runEngine(t, cfg, logger)
+	e1, stop := runEngineE(t, cfg, logger)
 	exec(workload[:3])
 	waitFor(t, "first deliveries", 60*time.Second, func() bool { return rcv.count() > 0 })
 	// Restart mid-stream: writes go on while the engine is stopped and
@@ -235,6 +242,11 @@ func testEndToEnd(t *testing.T, mode string) {
 		exec(workload[3:8])
 	}()
 	stop()
+	// Memory is bounded by the buffer ceiling (plus one change's fan-out
+	// to the sinks), even for the 150-row transactions.
+	if got, limit := e1.Stats().MaxBuffered, cfg.EnqueueMaxBuffer+len(cfg.Sinks); got > limit || got == 0 {
+		t.Errorf("peak buffered rows = %d, want 1..%d", got, limit)
+	}
 	stop = runEngine(t, cfg, logger)
 	<-writerDone
 	exec(workload[8:])
@@ -451,4 +463,83 @@ func TestInspectAddressInUse(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "listen on "+cfg.HTTPAddr) {
 		t.Fatalf("Run = %v, want a listen error", err)
 	}
+}
+
+// TestGracefulStopWritesLastTransaction: with a flush interval that never
+// fires, the rows of a committed transaction are only buffered; a stop must
+// write them with their checkpoint before Run returns nil.
+func TestGracefulStopWritesLastTransaction(t *testing.T) {
+	srv := mysqltest.Shared(t)
+	src := srv.CreateDB(t, "stop_src")
+	stateDB := srv.CreateDB(t, "stop_state")
+	srv.Exec(t, "CREATE TABLE `"+src+"`.t (id INT PRIMARY KEY)")
+	cfg := config.Default()
+	cfg.DSN = config.DSN(srv.DSN)
+	cfg.StateDB = stateDB
+	cfg.Instance = "stop"
+	cfg.HTTPAddr = "off"
+	cfg.EnqueueFlushInterval = time.Hour
+	cfg.EnqueueBatchSize = 1_000_000
+	cfg.EnqueueMaxBuffer = 1_000_000
+	cfg.Sinks = []config.Sink{{URL: "file://" + filepath.Join(t.TempDir(), "o.jsonl"), Tables: config.TableFilter{Include: []string{src + ".*"}}}}
+	if _, err := reresolve(cfg); err != nil {
+		t.Fatal(err)
+	}
+	e, stop := runEngineE(t, cfg, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	waitFor(t, "engine streaming", 30*time.Second, func() bool { return e.sourceStatus().Connected })
+
+	conn, err := srv.Open(t).Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(context.Background(), "INSERT INTO `"+src+"`.t VALUES (1),(2),(3),(4),(5)"); err != nil {
+		t.Fatal(err)
+	}
+	var gtid string
+	if err := conn.QueryRowContext(context.Background(), "SELECT @@last_gtid").Scan(&gtid); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "rows buffered", 30*time.Second, func() bool { st := e.Stats(); return st.Buffered == 5 && st.Unwritten })
+	stop()
+
+	db := srv.Open(t)
+	var rows int
+	if err := db.QueryRow("SELECT COUNT(*) FROM `" + stateDB + "`.outbox").Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 5 {
+		t.Errorf("outbox rows after stop = %d, want 5", rows)
+	}
+	var pos string
+	if err := db.QueryRow("SELECT position FROM `" + stateDB + "`.checkpoints WHERE source = 'enqueue/stop'").Scan(&pos); err != nil {
+		t.Fatalf("no checkpoint after stop: %v", err)
+	}
+	var p struct {
+		GTIDSet string `json:"gtid_set"`
+	}
+	if err := json.Unmarshal([]byte(pos), &p); err != nil {
+		t.Fatal(err)
+	}
+	if !gtidCovers(p.GTIDSet, gtid) {
+		t.Errorf("checkpoint %s does not cover the last transaction %s", p.GTIDSet, gtid)
+	}
+}
+
+// gtidCovers reports whether a MariaDB GTID position includes gtid
+// (same domain, sequence at or past it).
+func gtidCovers(set, gtid string) bool {
+	parts := strings.Split(gtid, "-")
+	if len(parts) != 3 {
+		return false
+	}
+	want, _ := strconv.ParseUint(parts[2], 10, 64)
+	for _, g := range strings.Split(set, ",") {
+		p := strings.Split(strings.TrimSpace(g), "-")
+		if len(p) == 3 && p[0] == parts[0] {
+			got, _ := strconv.ParseUint(p[2], 10, 64)
+			return got >= want
+		}
+	}
+	return false
 }

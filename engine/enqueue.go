@@ -78,6 +78,7 @@ type enqueuer struct {
 	// Counters for logs and tests.
 	rowsWritten, flushes int64
 	flushTime            time.Duration
+	maxBuffered          int
 }
 
 // handle is the stream handler.
@@ -117,6 +118,7 @@ func (q *enqueuer) handleChange(ctx context.Context, ch *canonical.Change) error
 			ch:   r.mask(ch),
 		})
 	}
+	q.maxBuffered = max(q.maxBuffered, len(q.ready)+len(q.open))
 	if len(q.ready)+len(q.open) >= q.maxBuffer {
 		// A huge transaction: write what we have without moving the
 		// checkpoint past it. A crash replays the transaction and its
