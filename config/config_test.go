@@ -346,3 +346,28 @@ func TestTableFilter(t *testing.T) {
 		t.Error("empty filter must match everything")
 	}
 }
+
+func TestExampleFile(t *testing.T) {
+	cfg, err := Resolve(Sources{Flags: []Setting{{"config", "testdata/cdcout.example.yaml"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.ReplicaID == "" {
+		t.Error("empty replica_id did not fall back to the hostname")
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := len(cfg.Sinks), 5; got != want {
+		t.Fatalf("sinks = %d, want %d", got, want)
+	}
+	if got, want := cfg.Sinks[0].Headers["Authorization"].Value(), "Bearer abc"; got != want {
+		t.Errorf("header = %q, want %q", got, want)
+	}
+	if got, want := cfg.Sinks[3].Kafka.SASL.Password.Value(), "kafka-secret"; got != want {
+		t.Errorf("sasl password = %q", got)
+	}
+	if s := fmt.Sprintf("%v %+v", cfg, cfg.Sinks); strings.Contains(s, "kafka-secret") || strings.Contains(s, "Bearer abc") || strings.Contains(s, "cdc:secret@") {
+		t.Errorf("config prints a secret: %s", s)
+	}
+}

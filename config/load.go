@@ -229,6 +229,10 @@ func Resolve(src Sources) (*Config, error) {
 		}
 		mergeSink(cfg, fromFile, name, url)
 	}
+	if cfg.ReplicaID == "" {
+		// "replica_id: ''" in a shared file means "use the default".
+		cfg.ReplicaID = Default().ReplicaID
+	}
 	cfg.FillSinkDefaults()
 	return cfg, errs.err()
 }
