@@ -144,7 +144,16 @@ type Server struct {
 
 	mu   sync.Mutex
 	addr net.Addr
+
+	// pipes caches the /v1/sinks read for pipesCacheFor: counting an
+	// outbox of a million delivered rows takes a fraction of a second, and
+	// every open dashboard asks every two seconds.
+	pipesMu    sync.Mutex
+	pipesAt    time.Time
+	pipesCache []PipeStatus
 }
+
+const pipesCacheFor = time.Second
 
 // New builds a Server; nothing listens until Run.
 func New(cfg Config, deps Deps) *Server {
@@ -355,12 +364,26 @@ func (s *Server) sinks(w http.ResponseWriter, r *http.Request) {
 	if s.deps.Pipes != nil {
 		extra = s.deps.Pipes()
 	}
-	pipes, err := s.reader.Pipes(r.Context(), extra...)
+	pipes, err := s.cachedPipes(r.Context(), extra)
 	v := sinksView{Instance: s.deps.Instance, Pipes: pipes}
 	if s.deps.DroppedPending != nil {
 		v.DroppedPending = s.deps.DroppedPending()
 	}
 	s.reply(w, v, err)
+}
+
+func (s *Server) cachedPipes(ctx context.Context, extra []string) ([]PipeStatus, error) {
+	s.pipesMu.Lock()
+	defer s.pipesMu.Unlock()
+	if s.pipesCache != nil && time.Since(s.pipesAt) < pipesCacheFor {
+		return s.pipesCache, nil
+	}
+	pipes, err := s.reader.Pipes(ctx, extra...)
+	if err != nil {
+		return nil, err
+	}
+	s.pipesCache, s.pipesAt = pipes, time.Now()
+	return pipes, nil
 }
 
 func (s *Server) reply(w http.ResponseWriter, v any, err error) {

@@ -1,0 +1,43 @@
+package inspect
+
+import (
+	"context"
+	"os"
+	"strconv"
+	"testing"
+
+	"github.com/cdcout/cdcout/internal/mysqltest"
+	"github.com/cdcout/cdcout/state"
+)
+
+// BenchmarkPipesRead measures one /v1/sinks read (Reader.Pipes) over an
+// outbox of CDCOUT_BENCH_ROWS delivered rows (default 200,000) in 4 pipes
+// plus 1% undelivered — the dashboard does this every two seconds.
+func BenchmarkPipesRead(b *testing.B) {
+	n := 200_000
+	if v, err := strconv.Atoi(os.Getenv("CDCOUT_BENCH_ROWS")); err == nil && v > 0 {
+		n = v
+	}
+	srv := mysqltest.Shared(b)
+	schema := srv.CreateDB(b, "inspectbench")
+	db := srv.Open(b)
+	ctx := context.Background()
+	if err := state.Migrate(ctx, db, schema); err != nil {
+		b.Fatal(err)
+	}
+	srv.Exec(b, "INSERT INTO `"+schema+"`.outbox (id, pipe, sink, change_key, db, tbl, op, row_key, key_hash, status, attempts, last_error, last_error_at, commit_ts, created_at, delivered_at, payload) "+
+		"SELECT LPAD(seq, 36, '0'), CONCAT('b:d.t', seq % 4, ':s'), 's', CONCAT('g:', seq), 'd', CONCAT('t', seq % 4), 'c', seq, SHA2(seq, 256), "+
+		"IF(seq % 100 = 0, 'pending', 'delivered'), 1, IF(seq % 100 = 0, 'timeout', NULL), IF(seq % 100 = 0, NOW(6), NULL), "+
+		"NOW(6) - INTERVAL seq SECOND, NOW(6) - INTERVAL seq SECOND, IF(seq % 100 = 0, NULL, NOW(6)), '{}' FROM `"+schema+"`.seq_1_to_"+strconv.Itoa(n))
+	r := Reader{DB: db, Schema: schema, Instance: "b"}
+	b.ResetTimer()
+	for range b.N {
+		pipes, err := r.Pipes(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(pipes) != 4 {
+			b.Fatalf("pipes = %d", len(pipes))
+		}
+	}
+}
