@@ -3,9 +3,17 @@ package command
 import (
 	"context"
 	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/cdcout/cdcout/fleet"
 	"github.com/cdcout/cdcout/inspect"
@@ -157,6 +165,156 @@ func TestPasswordNeverPrinted(t *testing.T) {
 		}
 		if errOut == "" {
 			t.Errorf("%v: no error printed", args)
+		}
+	}
+}
+
+// TestInspectAgainstRunningReplica runs `cdcout run` in-process against a
+// real server with a password-protected user, writes rows, and checks that
+// the inspect endpoints and `cdcout status` show them — and that neither
+// any endpoint nor the replica's logs contain the password.
+func TestInspectAgainstRunningReplica(t *testing.T) {
+	const pw = "SuperSecretPw"
+	srv := mysqltest.Shared(t)
+	stateDB := srv.CreateDB(t, "insrun")
+	src := srv.CreateDB(t, "insrunsrc")
+	user := "u_" + stateDB
+	srv.Exec(t,
+		"CREATE USER IF NOT EXISTS '"+user+"'@'%' IDENTIFIED BY '"+pw+"'",
+		"GRANT ALL ON *.* TO '"+user+"'@'%'",
+		"CREATE TABLE `"+src+"`.t (id INT PRIMARY KEY, v VARCHAR(20))")
+	t.Cleanup(func() { srv.Exec(t, "DROP USER IF EXISTS '"+user+"'@'%'") })
+	mc, err := mysql.ParseDSN(srv.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mc.User, mc.Passwd = user, pw
+	dsn := mc.FormatDSN()
+
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	out := filepath.Join(t.TempDir(), "out.jsonl")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	var (
+		code           int
+		stdout, stderr string
+	)
+	go func() {
+		defer close(done)
+		code, stdout, stderr = runArgs(t, ctx, "run", "--dsn", dsn, "--state-db", stateDB, "--instance", stateDB,
+			"--tables", src+".*", "--sink", "f=file://"+out, "--http-addr", addr,
+			"--log-format", "json", "--log-level", "debug")
+	}()
+	stopped := false
+	stop := func() {
+		if !stopped {
+			stopped = true
+			cancel()
+			<-done
+		}
+	}
+	defer stop()
+
+	base := "http://" + addr
+	waitFor := func(what string, ok func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for !ok() {
+			select {
+			case <-done:
+				t.Fatalf("replica exited (%d) while waiting for %s:\n%s", code, what, stderr)
+			default:
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	httpGet := func(path string) (int, string) {
+		resp, err := http.Get(base + path)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	waitFor("the binlog connection", func() bool {
+		c, body := httpGet("/v1/source")
+		return c == 200 && strings.Contains(body, `"connected":true`)
+	})
+	srv.Exec(t, "INSERT INTO `"+src+"`.t VALUES (1, 'a'), (2, 'b')", "UPDATE `"+src+"`.t SET v = 'c' WHERE id = 2")
+	pipe := stateDB + ":" + src + ".t:f"
+	var sinks struct {
+		Pipes []inspect.PipeStatus `json:"pipes"`
+	}
+	waitFor("3 delivered rows in /v1/sinks", func() bool {
+		c, body := httpGet("/v1/sinks")
+		if c != 200 || json.Unmarshal([]byte(body), &sinks) != nil {
+			return false
+		}
+		return len(sinks.Pipes) == 1 && sinks.Pipes[0].Delivered == 3
+	})
+	if got := sinks.Pipes[0].Pipe; got != pipe {
+		t.Errorf("pipe = %q, want %q", got, pipe)
+	}
+
+	c, body := httpGet("/metrics")
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(strings.NewReader(body))
+	if c != 200 || err != nil {
+		t.Fatalf("/metrics = %d, parse: %v", c, err)
+	}
+	found := false
+	for _, m := range fams["cdcout_outbox_rows"].GetMetric() {
+		labels := map[string]string{}
+		for _, lp := range m.GetLabel() {
+			labels[lp.GetName()] = lp.GetValue()
+		}
+		if labels["pipe"] == pipe && labels["status"] == "delivered" {
+			found = true
+			// The collector caches for 5s; rows may be counted before all
+			// three were delivered.
+			if v := m.GetGauge().GetValue(); v < 1 || v > 3 {
+				t.Errorf("cdcout_outbox_rows delivered = %v", v)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("no cdcout_outbox_rows{pipe=%q,status=delivered} in:\n%s", pipe, body)
+	}
+	if c, body := httpGet("/readyz"); c != 200 {
+		t.Errorf("readyz = %d %s", c, body)
+	}
+
+	code2, statusOut, statusErr := runArgs(t, context.Background(), "status", "--dsn", dsn, "--state-db", stateDB, "--instance", stateDB)
+	if code2 != ExitOK || !strings.Contains(statusOut, pipe) || !strings.Contains(statusOut, "enqueue/"+stateDB) {
+		t.Errorf("status: exit %d\n%s%s", code2, statusOut, statusErr)
+	}
+
+	bodies := map[string]string{"status stdout": statusOut, "status stderr": statusErr}
+	for _, p := range []string{"/", "/healthz", "/readyz", "/metrics", "/v1/source", "/v1/sinks", "/v1/fleet", "/v1/leases", "/v1/dead"} {
+		_, b := httpGet(p)
+		bodies["GET "+p] = b
+	}
+	stop()
+	if code != ExitOK {
+		t.Errorf("replica exit %d:\n%s", code, stderr)
+	}
+	bodies["replica stdout"], bodies["replica stderr"] = stdout, stderr
+	if !strings.Contains(stderr, user) {
+		t.Errorf("replica logs never name the user; is the log captured?\n%s", stderr)
+	}
+	for name, b := range bodies {
+		if strings.Contains(b, pw) {
+			t.Errorf("%s contains the password:\n%s", name, b)
 		}
 	}
 }
