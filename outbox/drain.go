@@ -120,7 +120,8 @@ type pipeDrainer struct {
 	d    *Drainer
 	name string
 	cfg  PipeConfig
-	wake chan struct{}
+	// wake has one channel per claimer; a poke wakes them all.
+	wake []chan struct{}
 	log  *zap.Logger
 
 	mu       sync.Mutex
@@ -190,7 +191,7 @@ func NewDrainer(cfg DrainerConfig) (*Drainer, error) {
 		}
 		d.pipes = append(d.pipes, &pipeDrainer{
 			d: d, name: name, cfg: pc,
-			wake:     make(chan struct{}, 1),
+			wake:     []chan struct{}{make(chan struct{}, 1), make(chan struct{}, 1)},
 			log:      d.logger.With(zap.String("pipe", name)),
 			inflight: map[string]bool{},
 		})
@@ -207,9 +208,11 @@ func (d *Drainer) Wake() {
 }
 
 func (p *pipeDrainer) poke() {
-	select {
-	case p.wake <- struct{}{}:
-	default:
+	for _, w := range p.wake {
+		select {
+		case w <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -246,7 +249,7 @@ func (d *Drainer) DrainOnce(ctx context.Context) (int, error) {
 		)
 		for rows < p.cfg.Concurrency*p.cfg.BatchSize {
 			var js []job
-			js, err = p.claim(ctx, p.cfg.Concurrency*p.cfg.BatchSize-rows, true)
+			js, err = p.claim(ctx, p.cfg.Concurrency*p.cfg.BatchSize-rows, true, keyRange{})
 			if err != nil || len(js) == 0 {
 				break
 			}
@@ -276,10 +279,9 @@ func (d *Drainer) DrainOnce(ctx context.Context) (int, error) {
 	return total, errors.Join(errs...)
 }
 
-// run is one pipe's service loop. A single claimer keeps up to
-// 2 × Concurrency batches claimed ahead (claiming is serial per pipe, so
-// it claims several batches per statement), and Concurrency workers deliver
-// them.
+// run is one pipe's service loop: claimers keep up to 2 × Concurrency
+// batches claimed ahead (several batches per statement), and Concurrency
+// workers deliver them.
 func (p *pipeDrainer) run(ctx context.Context) {
 	work := make(chan job, p.cfg.Concurrency)
 	var wg sync.WaitGroup
@@ -305,7 +307,29 @@ func (p *pipeDrainer) run(ctx context.Context) {
 		wg.Wait()
 	}()
 
+	// Claiming is the serial part of draining, so two claimers share it,
+	// each owning half of the key space (by key_hash): keys never cross
+	// claimers, so per-key order is each claimer's own affair.
+	var cw sync.WaitGroup
+	for i, part := range claimParts {
+		cw.Add(1)
+		go func() {
+			defer cw.Done()
+			p.claimLoop(ctx, i, part, work)
+		}()
+	}
+	cw.Wait()
+}
+
+// claimParts split the key space (hex key_hash) between the claimers.
+var claimParts = []keyRange{{"", "8"}, {"8", ""}}
+
+// keyRange is a half-open key_hash range; "" is unbounded.
+type keyRange struct{ lo, hi string }
+
+func (p *pipeDrainer) claimLoop(ctx context.Context, i int, part keyRange, work chan<- job) {
 	maxOutstanding := 2 * p.cfg.Concurrency * p.cfg.BatchSize
+	perClaim := max(p.cfg.BatchSize, p.cfg.Concurrency*p.cfg.BatchSize/len(claimParts))
 	idle := idleMin
 	timer := time.NewTimer(idle)
 	defer timer.Stop()
@@ -313,14 +337,14 @@ func (p *pipeDrainer) run(ctx context.Context) {
 	for ctx.Err() == nil {
 		p.mu.Lock()
 		room := maxOutstanding - len(p.inflight)
-		checkExpired := time.Since(p.lastExp) >= expiredEvery
+		checkExpired := i == 0 && time.Since(p.lastExp) >= expiredEvery
 		p.mu.Unlock()
 		var (
 			jobs []job
 			err  error
 		)
 		if room >= p.cfg.BatchSize {
-			jobs, err = p.claim(ctx, min(room, p.cfg.Concurrency*p.cfg.BatchSize), checkExpired)
+			jobs, err = p.claim(ctx, min(room, perClaim), checkExpired, part)
 		}
 		if len(jobs) > 0 {
 			idle, failing = idleMin, false
@@ -346,19 +370,15 @@ func (p *pipeDrainer) run(ctx context.Context) {
 		}
 		wait := idle
 		p.mu.Lock()
-		if !p.nextDue.IsZero() {
-			// A due time already passed was served by the claim above.
-			if until := time.Until(p.nextDue); until <= 0 {
-				p.nextDue = time.Time{}
-			} else if until < wait {
-				wait = until
-			}
+		// A due time already passed was served by a claim since.
+		if until := time.Until(p.nextDue); until > 0 && until < wait {
+			wait = until
 		}
 		p.mu.Unlock()
 		timer.Reset(wait)
 		select {
 		case <-ctx.Done():
-		case <-p.wake:
+		case <-p.wake[i]:
 			idle = idleMin
 		case <-timer.C:
 			if room >= p.cfg.BatchSize {
@@ -395,7 +415,7 @@ type candidate struct{ id, keyHash string }
 // one job: lane i+1 holds the next row of every key whose row in lane i was
 // delivered. A hot key then moves one row per Deliver call instead of one
 // row per claim round trip, still strictly in order.
-func (p *pipeDrainer) claim(ctx context.Context, limit int, withExpired bool) ([]job, error) {
+func (p *pipeDrainer) claim(ctx context.Context, limit int, withExpired bool, part keyRange) ([]job, error) {
 	d := p.d
 	var (
 		l      lease.Lease
@@ -443,9 +463,22 @@ ORDER BY o.id LIMIT ?`, p.name, limit); err != nil {
 		}
 	}
 	if len(cands) < limit {
+		var (
+			rng  string
+			args = []any{p.name}
+		)
+		if part.lo != "" {
+			rng += ` AND o.key_hash >= ?`
+			args = append(args, part.lo)
+		}
+		if part.hi != "" {
+			rng += ` AND o.key_hash < ?`
+			args = append(args, part.hi)
+		}
+		args = append(args, limit-len(cands))
 		if err := add(`SELECT o.id, o.key_hash FROM `+d.outbox+` o
-WHERE o.pipe = ? AND o.status = 'pending' AND o.next_attempt_at <= NOW(6) AND `+nb+`
-ORDER BY o.next_attempt_at, o.id LIMIT ?`, p.name, limit-len(cands)); err != nil {
+WHERE o.pipe = ? AND o.status = 'pending' AND o.next_attempt_at <= NOW(6)`+rng+` AND `+nb+`
+ORDER BY o.next_attempt_at, o.id LIMIT ?`, args...); err != nil {
 			return nil, fmt.Errorf("claim %s: find due rows: %w", p.name, err)
 		}
 	}
@@ -945,7 +978,7 @@ WHERE id = ? AND status = 'delivering' AND claimed_by = ?`, o.delay.Microseconds
 		// our clock read.
 		due := time.Now().Add(minDelay + 5*time.Millisecond)
 		p.mu.Lock()
-		if p.nextDue.IsZero() || due.Before(p.nextDue) {
+		if due.Before(p.nextDue) || !p.nextDue.After(time.Now()) {
 			p.nextDue = due
 		}
 		p.mu.Unlock()
