@@ -123,11 +123,23 @@ func (q *enqueuer) handleChange(ctx context.Context, ch *canonical.Change) error
 		// A huge transaction: write what we have without moving the
 		// checkpoint past it. A crash replays the transaction and its
 		// written rows collapse onto their claims.
+		//
+		// The complete transactions before it go first, with their
+		// checkpoint, in a database transaction of their own: the open
+		// transaction's claims must be newer than the checkpoint, or
+		// digest mode's seeding (loadCheckpointAndClaims: claims created
+		// up to the checkpoint's write) counts them, and their replay gets
+		// new occurrences, i.e. a second outbox row each.
+		if q.cp != nil {
+			if err := q.flush(ctx, q.cp); err != nil {
+				return err
+			}
+		}
 		if err := q.keyOpen(); err != nil {
 			return err
 		}
 		q.midTx = true
-		return q.flush(ctx, q.cp)
+		return q.flush(ctx, nil)
 	}
 	return nil
 }
