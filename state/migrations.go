@@ -41,6 +41,7 @@ var migrations = []migration{
   PRIMARY KEY (id),
   KEY due (pipe, status, next_attempt_at, id),
   KEY by_key (pipe, key_hash, id),
+  KEY key_open (pipe, key_hash, status, id),
   KEY retention (status, created_at)
 )` + tableOptions,
 			`CREATE TABLE IF NOT EXISTS ` + Table(s, "claims") + ` (
