@@ -1,0 +1,419 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// proc is one running cdcout child process.
+type proc struct {
+	cmd     *exec.Cmd
+	started time.Time
+	done    chan struct{}
+	err     error // cmd.Wait's result, set before done closes
+}
+
+// logFile collects the output of every process a test starts, so a failure
+// can show the children's last lines.
+type logFile struct {
+	path string
+	mu   sync.Mutex
+	f    *os.File
+}
+
+func newLogFile(t *testing.T, name string) *logFile {
+	t.Helper()
+	path := t.TempDir() + "/" + name + ".log"
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &logFile{path: path, f: f}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("last lines of the cdcout logs (%s):\n%s", path, l.tail(80))
+		}
+		f.Close()
+	})
+	return l
+}
+
+func (l *logFile) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.f.Write(p)
+}
+
+func (l *logFile) tail(n int) string {
+	b, err := os.ReadFile(l.path)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// count returns how many log lines contain s.
+func (l *logFile) count(s string) int {
+	b, err := os.ReadFile(l.path)
+	if err != nil {
+		return 0
+	}
+	return bytes.Count(b, []byte(s))
+}
+
+// startCdcout starts the binary with args; its output goes to log. The
+// process is SIGKILLed at the end of the test if still running.
+func startCdcout(t *testing.T, log *logFile, args ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(binPath, args...)
+	cmd.Stdout, cmd.Stderr = log, log
+	fmt.Fprintf(log, "==== %s cdcout %s\n", time.Now().UTC().Format(time.RFC3339Nano), args[0])
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start cdcout: %v", err)
+	}
+	p := &proc{cmd: cmd, started: time.Now(), done: make(chan struct{})}
+	go func() { p.err = cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() { p.kill() })
+	return p
+}
+
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (p *proc) kill() {
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.done
+}
+
+// stop sends SIGTERM and returns the exit code, or -1 if the process did
+// not exit within grace (it is then killed).
+func (p *proc) stop(grace time.Duration) int {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+		return p.cmd.ProcessState.ExitCode()
+	case <-time.After(grace):
+		p.kill()
+		return -1
+	}
+}
+
+// runCdcout runs a short cdcout command (dead list, tail) to completion and
+// returns its stdout.
+func runCdcout(t *testing.T, timeout time.Duration, args ...string) []byte {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binPath, args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("cdcout %s: %v\n%s", strings.Join(args[:min(2, len(args))], " "), err, stderr.String())
+	}
+	return out
+}
+
+// envelope is the part of a change envelope the tests look at.
+type envelope struct {
+	ID        string          `json:"id"`
+	ChangeKey string          `json:"change_key"`
+	Op        string          `json:"op"`
+	Key       json.RawMessage `json:"key"`
+	Source    struct {
+		DB    string `json:"db"`
+		Table string `json:"table"`
+		GTID  string `json:"gtid"`
+		Row   int    `json:"row"`
+	} `json:"source"`
+}
+
+// change identifies a source change independently of the identity mode:
+// the table, the transaction's GTID and the row image's ordinal in it.
+type change struct {
+	table string
+	gtid  string
+	row   int
+}
+
+func (e *envelope) change() change {
+	return change{table: e.Source.Table, gtid: e.Source.GTID, row: e.Source.Row}
+}
+
+// rowKey is the key per-key order is about: table and canonical key JSON.
+func (e *envelope) rowKey() string { return e.Source.Table + " " + string(e.Key) }
+
+// pos orders changes in commit order: the GTID's sequence number (one
+// source server, one domain) and the row ordinal inside the transaction.
+func (e *envelope) pos() [2]uint64 {
+	i := strings.LastIndexByte(e.Source.GTID, '-')
+	seq, _ := strconv.ParseUint(e.Source.GTID[i+1:], 10, 64)
+	return [2]uint64{seq, uint64(e.Source.Row)}
+}
+
+func parseEnvelope(b []byte) (envelope, error) {
+	var e envelope
+	if err := json.Unmarshal(b, &e); err != nil {
+		return e, err
+	}
+	if e.Source.GTID == "" || e.ID == "" {
+		return e, fmt.Errorf("envelope without gtid or id: %.200s", b)
+	}
+	return e, nil
+}
+
+// delivery is one request the receiver got.
+type delivery struct {
+	webhookID string
+	env       envelope
+	at        time.Time
+	status    int
+}
+
+// receiver is an httptest webhook endpoint recording every request in
+// arrival order. answer decides the status and how long to wait first.
+type receiver struct {
+	srv    *httptest.Server
+	answer func(env *envelope) (status int, delay time.Duration)
+
+	mu         sync.Mutex
+	deliveries []delivery
+	bad        []string
+}
+
+func newReceiver(t *testing.T, answer func(env *envelope) (int, time.Duration)) *receiver {
+	r := &receiver{answer: answer}
+	r.srv = httptest.NewServer(http.HandlerFunc(r.serve))
+	t.Cleanup(r.srv.Close)
+	return r
+}
+
+func (r *receiver) serve(w http.ResponseWriter, req *http.Request) {
+	body, err := io.ReadAll(req.Body)
+	at := time.Now()
+	env, perr := parseEnvelope(body)
+	if err != nil || perr != nil {
+		r.mu.Lock()
+		r.bad = append(r.bad, fmt.Sprintf("read %v parse %v: %.200s", err, perr, body))
+		r.mu.Unlock()
+		w.WriteHeader(http.StatusBadRequest)
+		return
+	}
+	// Recorded on arrival, so the slice is in arrival order even when
+	// answers are slow.
+	r.mu.Lock()
+	i := len(r.deliveries)
+	r.deliveries = append(r.deliveries, delivery{webhookID: req.Header.Get("webhook-id"), env: env, at: at})
+	r.mu.Unlock()
+	status, delay := r.answer(&env)
+	if delay > 0 {
+		select {
+		case <-time.After(delay):
+		case <-req.Context().Done():
+		}
+	}
+	r.mu.Lock()
+	r.deliveries[i].status = status
+	r.mu.Unlock()
+	w.WriteHeader(status)
+}
+
+func (r *receiver) snapshot() []delivery {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]delivery(nil), r.deliveries...)
+}
+
+// firstAfter returns the arrival time of the first request that arrived
+// after t, if any.
+func (r *receiver) firstAfter(t time.Time) (time.Time, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i := len(r.deliveries) - 1; i >= 0; i-- {
+		if !r.deliveries[i].at.After(t) {
+			if i+1 < len(r.deliveries) {
+				return r.deliveries[i+1].at, true
+			}
+			return time.Time{}, false
+		}
+	}
+	if len(r.deliveries) > 0 {
+		return r.deliveries[0].at, true
+	}
+	return time.Time{}, false
+}
+
+// orderViolations checks per-key order over envelopes in arrival order:
+// after dropping redeliveries (an id seen before), each key's positions
+// must strictly increase. It returns descriptions of the first violations.
+func orderViolations(envs []envelope) []string {
+	seen := map[string]bool{}
+	last := map[string][2]uint64{}
+	var out []string
+	for _, e := range envs {
+		if seen[e.ID] {
+			continue
+		}
+		seen[e.ID] = true
+		k := e.rowKey()
+		p := e.pos()
+		if l, ok := last[k]; ok && !(p[0] > l[0] || p[0] == l[0] && p[1] > l[1]) {
+			if len(out) < 5 {
+				out = append(out, fmt.Sprintf("key %s: %s row %d (id %s) after position %v", k, e.Source.GTID, e.Source.Row, e.ID, l))
+			}
+			continue
+		}
+		last[k] = p
+	}
+	return out
+}
+
+// outboxRow is one row of the state database's outbox.
+type outboxRow struct {
+	id, pipe, changeKey, status string
+	env                         envelope
+}
+
+func readOutbox(t *testing.T, db *sql.DB, stateDB string) []outboxRow {
+	t.Helper()
+	rows, err := db.Query("SELECT id, pipe, change_key, status, payload FROM `" + stateDB + "`.outbox ORDER BY id")
+	if err != nil {
+		t.Fatalf("read outbox: %v", err)
+	}
+	defer rows.Close()
+	var out []outboxRow
+	for rows.Next() {
+		var r outboxRow
+		var payload []byte
+		if err := rows.Scan(&r.id, &r.pipe, &r.changeKey, &r.status, &payload); err != nil {
+			t.Fatal(err)
+		}
+		if r.env, err = parseEnvelope(payload); err != nil {
+			t.Fatalf("outbox row %s: %v", r.id, err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// readJSONL parses a file sink's output. Lines that do not parse are
+// returned separately (a torn last line after a crash is allowed by the
+// file sink's contract, and is redelivered).
+func readJSONL(t *testing.T, path string) (envs []envelope, bad []string) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatalf("read file sink: %v", err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	for sc.Scan() {
+		e, err := parseEnvelope(sc.Bytes())
+		if err != nil {
+			bad = append(bad, sc.Text())
+			continue
+		}
+		envs = append(envs, e)
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return envs, bad
+}
+
+// tailChanges reads the source's binlog with a separate, plain `cdcout
+// tail` from the given GTID position until it has n changes, and returns
+// them. It is the independent account of what was committed.
+func tailChanges(t *testing.T, dsn, tables, from string, n int) []envelope {
+	t.Helper()
+	out := runCdcout(t, 90*time.Second, "tail", "--dsn", dsn, "--tables", tables, "--from", from,
+		"--limit", strconv.Itoa(n), "--log-format", "json", "--log-level", "warn")
+	var envs []envelope
+	for _, line := range bytes.Split(bytes.TrimSpace(out), []byte("\n")) {
+		if len(line) == 0 {
+			continue
+		}
+		var e envelope
+		if err := json.Unmarshal(line, &e); err != nil {
+			t.Fatalf("tail printed a line that is not an envelope: %.200s", line)
+		}
+		envs = append(envs, e)
+	}
+	return envs
+}
+
+// waitFor polls cond until it reports done or timeout passes; what is
+// cond's description of the state, shown on timeout.
+func waitFor(t *testing.T, timeout time.Duration, cond func() (done bool, what string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		done, what := cond()
+		if done {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s: %s", timeout, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func gtidPos(t *testing.T, db *sql.DB) string {
+	t.Helper()
+	var pos string
+	if err := db.QueryRow("SELECT @@gtid_binlog_pos").Scan(&pos); err != nil {
+		t.Fatal(err)
+	}
+	return pos
+}
+
+// outboxSummary describes the outbox's undelivered rows per pipe and
+// status, for timeout messages.
+func outboxSummary(db *sql.DB, stateDB string) string {
+	rows, err := db.Query("SELECT pipe, status, COUNT(*), MAX(attempts), COALESCE(MIN(next_attempt_at), ''), COALESCE(MAX(claimed_by), '') FROM `" + stateDB + "`.outbox" +
+		" WHERE status IN ('pending','delivering','dead') GROUP BY pipe, status")
+	if err != nil {
+		return err.Error()
+	}
+	defer rows.Close()
+	var parts []string
+	for rows.Next() {
+		var pipe, status, next, by string
+		var n, att int
+		if err := rows.Scan(&pipe, &status, &n, &att, &next, &by); err != nil {
+			return err.Error()
+		}
+		parts = append(parts, fmt.Sprintf("%s %s=%d (max attempts %d, next %s, by %s)", pipe, status, n, att, next, by))
+	}
+	return strings.Join(parts, "; ")
+}
