@@ -516,7 +516,7 @@ func (e *Engine) tenure(ctx context.Context, db *sql.DB, l lease.Lease, leases *
 	} else {
 		e.log.Info("no checkpoint; starting", zap.String("from", cfg.From))
 	}
-	stream, err := binlog.Open(tctx, bcfg)
+	stream, err := e.openStream(tctx, bcfg)
 	if err != nil {
 		return err
 	}
@@ -608,6 +608,38 @@ func (e *Engine) tenure(ctx context.Context, db *sql.DB, l lease.Lease, leases *
 		return errLeaseLost
 	}
 	return err
+}
+
+// serverIDBusyFor bounds how long a start waits for a replication
+// connection with our server id to go away.
+const serverIDBusyFor = 2 * binlog.DefaultReadTimeout
+
+// openStream opens the binlog stream. A server id still registered by a
+// connected replica is, for a derived id, almost always this replica's own
+// previous process (killed, its dump thread not yet reaped: the server
+// notices only when its next heartbeat write fails), so the open is retried
+// for a while instead of failing the restart.
+func (e *Engine) openStream(ctx context.Context, bcfg binlog.Config) (*binlog.Stream, error) {
+	deadline := time.Now().Add(serverIDBusyFor)
+	wait := time.Second
+	for {
+		s, err := binlog.Open(ctx, bcfg)
+		// binlog has no sentinel for this check yet; its message is the
+		// only signal.
+		busy := err != nil && errors.Is(err, binlog.ErrServerNotReady) && strings.Contains(err.Error(), "already used by a connected replica")
+		if !busy || time.Now().After(deadline) || ctx.Err() != nil {
+			return s, err
+		}
+		e.log.Warn("server id still in use (a previous process of this replica?); retrying", zap.Uint32("server_id", bcfg.ServerID), zap.Duration("retry_in", wait))
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+		wait = min(wait*2, 5*time.Second)
+	}
 }
 
 // captureTables is what the binlog reader decodes: --tables, or when that
