@@ -36,7 +36,7 @@ type logFile struct {
 	f    *os.File
 }
 
-func newLogFile(t *testing.T, name string) *logFile {
+func newLogFile(t testing.TB, name string) *logFile {
 	t.Helper()
 	path := t.TempDir() + "/" + name + ".log"
 	f, err := os.Create(path)
@@ -82,7 +82,7 @@ func (l *logFile) count(s string) int {
 
 // startCdcout starts the binary with args; its output goes to log. The
 // process is SIGKILLed at the end of the test if still running.
-func startCdcout(t *testing.T, log *logFile, args ...string) *proc {
+func startCdcout(t testing.TB, log *logFile, args ...string) *proc {
 	t.Helper()
 	cmd := exec.Command(binPath, args...)
 	cmd.Stdout, cmd.Stderr = log, log
@@ -125,7 +125,7 @@ func (p *proc) stop(grace time.Duration) int {
 
 // runCdcout runs a short cdcout command (dead list, tail) to completion and
 // returns its stdout.
-func runCdcout(t *testing.T, timeout time.Duration, args ...string) []byte {
+func runCdcout(t testing.TB, timeout time.Duration, args ...string) []byte {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -206,7 +206,7 @@ type receiver struct {
 	bad        []string
 }
 
-func newReceiver(t *testing.T, answer func(env *envelope) (int, time.Duration)) *receiver {
+func newReceiver(t testing.TB, answer func(env *envelope) (int, time.Duration)) *receiver {
 	r := &receiver{answer: answer}
 	r.srv = httptest.NewServer(http.HandlerFunc(r.serve))
 	t.Cleanup(r.srv.Close)
@@ -299,7 +299,7 @@ type outboxRow struct {
 	env                         envelope
 }
 
-func readOutbox(t *testing.T, db *sql.DB, stateDB string) []outboxRow {
+func readOutbox(t testing.TB, db *sql.DB, stateDB string) []outboxRow {
 	t.Helper()
 	rows, err := db.Query("SELECT id, pipe, change_key, status, payload FROM `" + stateDB + "`.outbox ORDER BY id")
 	if err != nil {
@@ -327,7 +327,7 @@ func readOutbox(t *testing.T, db *sql.DB, stateDB string) []outboxRow {
 // readJSONL parses a file sink's output. Lines that do not parse are
 // returned separately (a torn last line after a crash is allowed by the
 // file sink's contract, and is redelivered).
-func readJSONL(t *testing.T, path string) (envs []envelope, bad []string) {
+func readJSONL(t testing.TB, path string) (envs []envelope, bad []string) {
 	t.Helper()
 	f, err := os.Open(path)
 	if err != nil {
@@ -353,7 +353,7 @@ func readJSONL(t *testing.T, path string) (envs []envelope, bad []string) {
 // tailChanges reads the source's binlog with a separate, plain `cdcout
 // tail` from the given GTID position until it has n changes, and returns
 // them. It is the independent account of what was committed.
-func tailChanges(t *testing.T, dsn, tables, from string, n int) []envelope {
+func tailChanges(t testing.TB, dsn, tables, from string, n int) []envelope {
 	t.Helper()
 	out := runCdcout(t, 90*time.Second, "tail", "--dsn", dsn, "--tables", tables, "--from", from,
 		"--limit", strconv.Itoa(n), "--log-format", "json", "--log-level", "warn")
@@ -373,7 +373,7 @@ func tailChanges(t *testing.T, dsn, tables, from string, n int) []envelope {
 
 // waitFor polls cond until it reports done or timeout passes; what is
 // cond's description of the state, shown on timeout.
-func waitFor(t *testing.T, timeout time.Duration, cond func() (done bool, what string)) {
+func waitFor(t testing.TB, timeout time.Duration, cond func() (done bool, what string)) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
@@ -388,7 +388,7 @@ func waitFor(t *testing.T, timeout time.Duration, cond func() (done bool, what s
 	}
 }
 
-func gtidPos(t *testing.T, db *sql.DB) string {
+func gtidPos(t testing.TB, db *sql.DB) string {
 	t.Helper()
 	var pos string
 	if err := db.QueryRow("SELECT @@gtid_binlog_pos").Scan(&pos); err != nil {

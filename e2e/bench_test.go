@@ -1,0 +1,399 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	gomysql "github.com/go-mysql-org/go-mysql/mysql"
+	"github.com/go-mysql-org/go-mysql/replication"
+	"go.uber.org/zap"
+
+	"github.com/cdcout/cdcout/internal/logbridge"
+	"github.com/cdcout/cdcout/internal/mysqltest"
+)
+
+// The benchmarks of issue 3, run against the real binary (`make bench`):
+//
+//   - BenchmarkEndToEndBinary: 200k inserts + 50k updates + 50k deletes
+//     through a file sink and an HTTP sink, first commit to last delivery,
+//     beside a bare go-mysql read of the same binlog range. Target ≥ 20,000
+//     changes/s.
+//   - BenchmarkLatency: commit → webhook arrival at a steady 2,000
+//     changes/s. Target p99 ≤ 200 ms.
+//   - BenchmarkHugeTransactionRSS: peak RSS (VmHWM) of cdcout while one
+//     1,000,000-row transaction goes through a file sink. Target ≤ 200 MB.
+//
+// CDCOUT_BENCH_ROWS scales the first (inserts; a quarter as many updates
+// and deletes) and the third (rows of the transaction);
+// CDCOUT_BENCH_SECONDS sets the latency run's length (default 15).
+
+func benchEnv(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+// countingHook is a webhook receiver that counts distinct delivery ids and
+// calls onBody (if set) for each first delivery.
+type countingHook struct {
+	srv    *httptest.Server
+	onBody func(body []byte, at time.Time)
+
+	mu       sync.Mutex
+	ids      map[string]bool
+	requests int
+}
+
+func newCountingHook(b testing.TB, onBody func([]byte, time.Time)) *countingHook {
+	h := &countingHook{ids: map[string]bool{}, onBody: onBody}
+	h.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		at := time.Now()
+		id := r.Header.Get("webhook-id")
+		h.mu.Lock()
+		h.requests++
+		first := !h.ids[id]
+		h.ids[id] = true
+		h.mu.Unlock()
+		if first && h.onBody != nil {
+			h.onBody(body, at)
+		}
+	}))
+	b.Cleanup(h.srv.Close)
+	return h
+}
+
+func (h *countingHook) distinct() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.ids)
+}
+
+// lineCounter counts the lines of a growing file, reading only what was
+// appended since the last call.
+type lineCounter struct {
+	path  string
+	off   int64
+	lines int
+}
+
+func (c *lineCounter) count() int {
+	f, err := os.Open(c.path)
+	if err != nil {
+		return c.lines
+	}
+	defer f.Close()
+	buf := make([]byte, 1<<20)
+	for {
+		n, err := f.ReadAt(buf, c.off)
+		c.lines += bytes.Count(buf[:n], []byte{'\n'})
+		c.off += int64(n)
+		if err != nil || n == 0 {
+			return c.lines
+		}
+	}
+}
+
+// peakRSS returns the process's VmHWM (peak resident set) in bytes.
+func peakRSS(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "VmHWM:") {
+			f := strings.Fields(line)
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+// waitLeader waits until the instance's enqueue lease is held, so that a
+// benchmark's clock starts with cdcout reading, not starting.
+func waitLeader(b testing.TB, p *proc, srv *mysqltest.Server, stateDB, instance string) {
+	db := srv.Open(b)
+	waitFor(b, 60*time.Second, func() (bool, string) {
+		if p.exited() {
+			b.Fatalf("cdcout exited: %v", p.err)
+		}
+		var n int
+		_ = db.QueryRow("SELECT COUNT(*) FROM `"+stateDB+"`.leases WHERE name = ? AND expires_at > NOW(6)", "enqueue/"+instance).Scan(&n)
+		return n > 0, "enqueue lease not acquired"
+	})
+}
+
+// rawReadRate reads the binlog from `from` with a bare go-mysql
+// BinlogSyncer until it has seen want row changes of database dbName, and
+// returns changes/s: the ceiling any binlog reader in Go has here.
+func rawReadRate(b testing.TB, srv *mysqltest.Server, dbName, from string, want int) float64 {
+	gset, err := gomysql.ParseMariadbGTIDSet(from)
+	if err != nil {
+		b.Fatal(err)
+	}
+	syncer := replication.NewBinlogSyncer(replication.BinlogSyncerConfig{
+		ServerID:                uint32(2_000_000_000 + time.Now().UnixNano()%100_000_000),
+		Flavor:                  gomysql.MariaDBFlavor,
+		Host:                    srv.Host,
+		Port:                    uint16(srv.Port),
+		User:                    srv.User,
+		Password:                srv.Password,
+		TimestampStringLocation: time.UTC,
+		Logger:                  logbridge.New(zap.NewNop()),
+	})
+	defer syncer.Close()
+	t0 := time.Now()
+	streamer, err := syncer.StartSyncGTID(gset)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	n := 0
+	for n < want {
+		ev, err := streamer.GetEvent(ctx)
+		if err != nil {
+			b.Fatalf("raw read after %d changes: %v", n, err)
+		}
+		re, ok := ev.Event.(*replication.RowsEvent)
+		if !ok || string(re.Table.Schema) != dbName {
+			continue
+		}
+		switch ev.Header.EventType {
+		case replication.UPDATE_ROWS_EVENTv0, replication.UPDATE_ROWS_EVENTv1, replication.UPDATE_ROWS_EVENTv2:
+			n += len(re.Rows) / 2 // before and after image per change
+		default:
+			n += len(re.Rows)
+		}
+	}
+	return float64(n) / time.Since(t0).Seconds()
+}
+
+func benchRun(b testing.TB, srv *mysqltest.Server, stateDB, instance string, extra ...string) (*proc, *logFile) {
+	log := newLogFile(b, "bench-"+instance)
+	args := append([]string{"run", "--dsn", srv.DSN, "--state-db", stateDB, "--instance", instance,
+		"--replica-id", "bench-" + instance, "--http-addr", "off", "--log-format", "json"}, extra...)
+	p := startCdcout(b, log, args...)
+	waitLeader(b, p, srv, stateDB, instance)
+	return p, log
+}
+
+func BenchmarkEndToEndBinary(b *testing.B) {
+	inserts := benchEnv("CDCOUT_BENCH_ROWS", 200_000)
+	updates, deletes := inserts/4, inserts/4
+	total := inserts + updates + deletes
+	srv := mysqltest.Shared(b)
+	for range b.N {
+		src := srv.CreateDB(b, "bench_e2e")
+		stateDB := srv.CreateDB(b, "bench_e2e_state")
+		srv.Exec(b, "CREATE TABLE `"+src+"`.t (id INT PRIMARY KEY, v INT NOT NULL, pad VARCHAR(64) NOT NULL)")
+		db := srv.Open(b)
+		from := gtidPos(b, db)
+		hook := newCountingHook(b, nil)
+		file := &lineCounter{path: filepath.Join(b.TempDir(), "out.jsonl")}
+		p, _ := benchRun(b, srv, stateDB, "e2e", "--tables", src+".t", "--from", from,
+			"--sink", "hook="+hook.srv.URL, "--sink", "file=file://"+file.path)
+
+		start := time.Now()
+		const chunk = 1000
+		for lo := 0; lo < inserts; lo += chunk {
+			var q strings.Builder
+			q.WriteString("INSERT INTO `" + src + "`.t VALUES ")
+			for id := lo; id < min(lo+chunk, inserts); id++ {
+				if id > lo {
+					q.WriteByte(',')
+				}
+				fmt.Fprintf(&q, "(%d,0,'padpadpadpadpadpadpadpadpadpad')", id)
+			}
+			if _, err := db.Exec(q.String()); err != nil {
+				b.Fatal(err)
+			}
+		}
+		for lo := 0; lo < updates; lo += chunk {
+			if _, err := db.Exec(fmt.Sprintf("UPDATE `%s`.t SET v = 1 WHERE id >= %d AND id < %d", src, lo, min(lo+chunk, updates))); err != nil {
+				b.Fatal(err)
+			}
+		}
+		for lo := updates; lo < updates+deletes; lo += chunk {
+			if _, err := db.Exec(fmt.Sprintf("DELETE FROM `%s`.t WHERE id >= %d AND id < %d", src, lo, min(lo+chunk, updates+deletes))); err != nil {
+				b.Fatal(err)
+			}
+		}
+		writeDone := time.Since(start)
+		var hookDone, fileDone time.Duration
+		var hwm int64
+		waitFor(b, 30*time.Minute, func() (bool, string) {
+			if p.exited() {
+				b.Fatalf("cdcout exited: %v", p.err)
+			}
+			hwm = max(hwm, peakRSS(p.cmd.Process.Pid))
+			h, f := hook.distinct(), file.count()
+			if hookDone == 0 && h >= total {
+				hookDone = time.Since(start)
+			}
+			if fileDone == 0 && f >= total {
+				fileDone = time.Since(start)
+			}
+			return h >= total && f >= total, fmt.Sprintf("hook %d, file %d of %d", h, f, total)
+		})
+		elapsed := time.Since(start)
+		if code := p.stop(30 * time.Second); code != 0 {
+			b.Fatalf("cdcout exit code %d after SIGTERM", code)
+		}
+		raw := rawReadRate(b, srv, src, from, total)
+		b.ReportMetric(float64(total)/elapsed.Seconds(), "changes/s")
+		b.ReportMetric(raw, "raw_read_changes/s")
+		b.ReportMetric(writeDone.Seconds(), "write_s")
+		b.ReportMetric(hookDone.Seconds(), "http_done_s")
+		b.ReportMetric(fileDone.Seconds(), "file_done_s")
+		b.ReportMetric(float64(hwm)/(1<<20), "peak_rss_MB")
+		b.Logf("%d changes (%d inserts, %d updates, %d deletes): committed in %s, all delivered to file %s and http %s after the first commit (%.0f changes/s); raw go-mysql read %.0f changes/s; %d http requests; peak RSS %.0f MB",
+			total, inserts, updates, deletes, writeDone.Round(time.Millisecond), fileDone.Round(time.Millisecond), hookDone.Round(time.Millisecond),
+			float64(total)/elapsed.Seconds(), raw, hook.requests, float64(hwm)/(1<<20))
+	}
+}
+
+func BenchmarkLatency(b *testing.B) {
+	seconds := benchEnv("CDCOUT_BENCH_SECONDS", 15)
+	const (
+		rate  = 2000
+		perTx = 10
+		every = perTx * time.Second / rate // one 10-row transaction per 5ms
+	)
+	srv := mysqltest.Shared(b)
+	for range b.N {
+		src := srv.CreateDB(b, "bench_lat")
+		stateDB := srv.CreateDB(b, "bench_lat_state")
+		srv.Exec(b, "CREATE TABLE `"+src+"`.t (id INT PRIMARY KEY, v INT NOT NULL)")
+		db := srv.Open(b)
+		from := gtidPos(b, db)
+		n := rate * seconds
+		committed := make([]atomic.Int64, n) // id → unix ns just before COMMIT was sent
+		var (
+			mu   sync.Mutex
+			lats []time.Duration
+		)
+		hook := newCountingHook(b, func(body []byte, at time.Time) {
+			var env struct {
+				After struct {
+					ID int `json:"id"`
+				} `json:"after"`
+			}
+			if json.Unmarshal(body, &env) != nil || env.After.ID >= n {
+				return
+			}
+			if c := committed[env.After.ID].Load(); c > 0 {
+				mu.Lock()
+				lats = append(lats, at.Sub(time.Unix(0, c)))
+				mu.Unlock()
+			}
+		})
+		file := filepath.Join(b.TempDir(), "out.jsonl")
+		p, _ := benchRun(b, srv, stateDB, "lat", "--tables", src+".t", "--from", from,
+			"--sink", "hook="+hook.srv.URL, "--sink", "file=file://"+file)
+
+		start := time.Now()
+		tick := time.NewTicker(every)
+		for lo := 0; lo < n; lo += perTx {
+			<-tick.C
+			var q strings.Builder
+			q.WriteString("INSERT INTO `" + src + "`.t VALUES ")
+			for id := lo; id < lo+perTx; id++ {
+				if id > lo {
+					q.WriteByte(',')
+				}
+				fmt.Fprintf(&q, "(%d,0)", id)
+			}
+			// Autocommit: the statement is the transaction; its send time
+			// stands for the commit (conservative by the round trip).
+			now := time.Now().UnixNano()
+			for id := lo; id < lo+perTx; id++ {
+				committed[id].Store(now)
+			}
+			if _, err := db.Exec(q.String()); err != nil {
+				b.Fatal(err)
+			}
+		}
+		tick.Stop()
+		achieved := float64(n) / time.Since(start).Seconds()
+		waitFor(b, 5*time.Minute, func() (bool, string) {
+			return hook.distinct() >= n, fmt.Sprintf("hook %d of %d", hook.distinct(), n)
+		})
+		hwm := peakRSS(p.cmd.Process.Pid)
+		if code := p.stop(30 * time.Second); code != 0 {
+			b.Fatalf("cdcout exit code %d after SIGTERM", code)
+		}
+		mu.Lock()
+		sort.Slice(lats, func(i, j int) bool { return lats[i] < lats[j] })
+		q := func(f float64) time.Duration { return lats[min(len(lats)-1, int(f*float64(len(lats))))] }
+		p50, p99, pmax := q(0.50), q(0.99), lats[len(lats)-1]
+		mu.Unlock()
+		b.ReportMetric(float64(p50.Microseconds())/1000, "p50_ms")
+		b.ReportMetric(float64(p99.Microseconds())/1000, "p99_ms")
+		b.ReportMetric(float64(pmax.Microseconds())/1000, "max_ms")
+		b.ReportMetric(achieved, "offered_changes/s")
+		b.Logf("%d changes at %.0f changes/s offered (%d-row transactions): commit→webhook p50 %s p99 %s max %s; peak RSS %.0f MB",
+			n, achieved, perTx, p50.Round(100*time.Microsecond), p99.Round(100*time.Microsecond), pmax.Round(time.Millisecond), float64(hwm)/(1<<20))
+	}
+}
+
+func BenchmarkHugeTransactionRSS(b *testing.B) {
+	rows := benchEnv("CDCOUT_BENCH_ROWS", 1_000_000)
+	if os.Getenv("CDCOUT_BENCH_ROWS") != "" {
+		rows = max(rows*5, 1000) // 200k → 1M: same knob as the others
+	}
+	if v := benchEnv("CDCOUT_BENCH_TX_ROWS", 0); v > 0 {
+		rows = v
+	}
+	srv := mysqltest.Shared(b)
+	for range b.N {
+		src := srv.CreateDB(b, "bench_rss")
+		stateDB := srv.CreateDB(b, "bench_rss_state")
+		srv.Exec(b, "CREATE TABLE `"+src+"`.t (id INT PRIMARY KEY, v INT NOT NULL, pad VARCHAR(64) NOT NULL)")
+		db := srv.Open(b)
+		from := gtidPos(b, db)
+		file := &lineCounter{path: filepath.Join(b.TempDir(), "out.jsonl")}
+		p, _ := benchRun(b, srv, stateDB, "rss", "--tables", src+".t", "--from", from, "--sink", "file=file://"+file.path)
+		base := peakRSS(p.cmd.Process.Pid)
+
+		start := time.Now()
+		// One statement, one transaction of `rows` row images.
+		if _, err := db.Exec(fmt.Sprintf("INSERT INTO `%s`.t SELECT seq, seq, 'padpadpadpadpadpadpadpadpadpad' FROM `%s`.seq_1_to_%d", src, src, rows)); err != nil {
+			b.Fatal(err)
+		}
+		committed := time.Since(start)
+		var hwm int64
+		waitFor(b, 60*time.Minute, func() (bool, string) {
+			if p.exited() {
+				b.Fatalf("cdcout exited: %v", p.err)
+			}
+			hwm = max(hwm, peakRSS(p.cmd.Process.Pid))
+			f := file.count()
+			return f >= rows, fmt.Sprintf("file %d of %d", f, rows)
+		})
+		elapsed := time.Since(start)
+		if code := p.stop(30 * time.Second); code != 0 {
+			b.Fatalf("cdcout exit code %d after SIGTERM", code)
+		}
+		b.ReportMetric(float64(hwm)/(1<<20), "peak_rss_MB")
+		b.ReportMetric(float64(rows)/elapsed.Seconds(), "changes/s")
+		b.Logf("one %d-row transaction: committed in %s, in the file after %s (%.0f changes/s); cdcout peak RSS %.0f MB (%.0f MB before the transaction)",
+			rows, committed.Round(time.Millisecond), elapsed.Round(time.Millisecond), float64(rows)/elapsed.Seconds(), float64(hwm)/(1<<20), float64(base)/(1<<20))
+	}
+}
