@@ -107,7 +107,10 @@ func testCrash(t *testing.T, bin, mode string, kills int) {
 	logs := t.TempDir()
 	start := func(n int) *exec.Cmd {
 		cmd := exec.Command(bin, args...)
-		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}
+		// A small buffer ceiling: the 150-row transactions below are then
+		// written in parts before their commit, and kills land inside them.
+		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"),
+			"CDCOUT_ENQUEUE_MAX_BUFFER=100", "CDCOUT_ENQUEUE_BATCH_SIZE=50"}
 		f, err := os.Create(filepath.Join(logs, fmt.Sprintf("run%02d.log", n)))
 		if err != nil {
 			t.Fatal(err)
@@ -145,7 +148,7 @@ func testCrash(t *testing.T, bin, mode string, kills int) {
 	go func() {
 		rng := rand.New(rand.NewPCG(1, 2))
 		exists := map[int]bool{}
-		var seq int64
+		var seq, txn int64
 		for {
 			select {
 			case <-stopWriter:
@@ -159,8 +162,16 @@ func testCrash(t *testing.T, bin, mode string, kills int) {
 				return
 			}
 			var batch []change
-			for range 1 + rng.IntN(8) {
+			txn++
+			n := 1 + rng.IntN(8)
+			if txn%40 == 0 {
+				n = 150 // a big transaction: every id once
+			}
+			for i := range n {
 				id := 1 + rng.IntN(150)
+				if n == 150 {
+					id = i + 1
+				}
 				seq++
 				var q string
 				var c change
