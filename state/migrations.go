@@ -105,4 +105,26 @@ var migrations = []migration{
 )` + tableOptions,
 		}
 	}},
+	{version: 2, name: "backfill chunks", stmts: func(s string) []string {
+		// One row per chunk a backfill read between its low and high
+		// watermarks: the rows (canonical JSON, one blob, so a chunk costs
+		// one statement), and its state as the enqueue-lease holder applies
+		// it (written → done, or retry when it saw the high watermark
+		// without the low one).
+		return []string{
+			`CREATE TABLE IF NOT EXISTS ` + Table(s, "backfill_chunks") + ` (
+  backfill_id VARCHAR(64) NOT NULL,
+  chunk BIGINT NOT NULL,
+  start_key MEDIUMTEXT NULL,
+  end_key MEDIUMTEXT NULL,
+  rows_json LONGBLOB NULL,
+  row_count INT NOT NULL DEFAULT 0,
+  emitted INT NOT NULL DEFAULT 0,
+  status VARCHAR(16) NOT NULL DEFAULT 'written',
+  created_at DATETIME(6) NOT NULL DEFAULT NOW(6),
+  updated_at DATETIME(6) NOT NULL DEFAULT NOW(6),
+  PRIMARY KEY (backfill_id, chunk)
+)` + tableOptions,
+		}
+	}},
 }
