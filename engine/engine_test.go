@@ -21,6 +21,7 @@ import (
 
 	"github.com/cdcout/cdcout/config"
 	"github.com/cdcout/cdcout/internal/mysqltest"
+	"github.com/cdcout/cdcout/outbox"
 )
 
 func TestMain(m *testing.M) { mysqltest.RunMain(m) }
@@ -542,4 +543,138 @@ func gtidCovers(set, gtid string) bool {
 		}
 	}
 	return false
+}
+
+// TestSinkFailureAndRecovery: the receiver answers 500s and times out for a
+// while, then recovers; everything arrives in per-key order. A 400 for one
+// change dead-letters that row only (later changes of its key still
+// arrive), and retrying the dead letter delivers it.
+func TestSinkFailureAndRecovery(t *testing.T) {
+	srv := mysqltest.Shared(t)
+	src := srv.CreateDB(t, "fail_src")
+	stateDB := srv.CreateDB(t, "fail_state")
+	srv.Exec(t, "CREATE TABLE `"+src+"`.t (id INT PRIMARY KEY, v INT)")
+	db := srv.Open(t)
+	var from string
+	if err := db.QueryRow("SELECT @@gtid_binlog_pos").Scan(&from); err != nil {
+		t.Fatal(err)
+	}
+
+	var (
+		mu       sync.Mutex
+		requests int
+		poison   = true // reject key 7's first version with a 400
+		got      = map[int][]int{}
+		seen     = map[string]bool{}
+	)
+	const failFirst = 40
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var env struct {
+			Key   struct{ ID int }
+			After *struct{ V int }
+		}
+		b, _ := io.ReadAll(r.Body)
+		_ = json.Unmarshal(b, &env)
+		mu.Lock()
+		requests++
+		n := requests
+		bad := poison && env.Key.ID == 7 && env.After != nil && env.After.V == 0
+		mu.Unlock()
+		switch {
+		case n <= failFirst && n%4 == 0:
+			time.Sleep(700 * time.Millisecond) // past the sink's 300ms timeout
+			return
+		case n <= failFirst:
+			w.WriteHeader(http.StatusInternalServerError)
+			return
+		case bad:
+			w.WriteHeader(http.StatusBadRequest)
+			io.WriteString(w, "v must not be 0")
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if id := r.Header.Get("webhook-id"); !seen[id] {
+			seen[id] = true
+			v := -1
+			if env.After != nil {
+				v = env.After.V
+			}
+			got[env.Key.ID] = append(got[env.Key.ID], v)
+		}
+	}))
+	defer hook.Close()
+
+	cfg := config.Default()
+	cfg.DSN = config.DSN(srv.DSN)
+	cfg.StateDB = stateDB
+	cfg.Instance = "fail"
+	cfg.From = from
+	cfg.HTTPAddr = "off"
+	cfg.Sinks = []config.Sink{{Name: "hook", URL: hook.URL, Timeout: 300 * time.Millisecond, MaxAttempts: 20, Tables: config.TableFilter{Include: []string{src + ".*"}}}}
+	if _, err := reresolve(cfg); err != nil {
+		t.Fatal(err)
+	}
+	runEngine(t, cfg, zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)))
+
+	// Per key: insert v=0, update v=1, update v=2, delete (-1).
+	want := map[int][]int{}
+	for round, stmt := range []string{"INSERT INTO `%s`.t VALUES (%d, 0)", "UPDATE `%s`.t SET v = 1 WHERE id = %d", "UPDATE `%s`.t SET v = 2 WHERE id = %d", "DELETE FROM `%s`.t WHERE id = %d"} {
+		tx, err := db.Begin()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for id := 1; id <= 10; id++ {
+			if _, err := tx.Exec(fmt.Sprintf(stmt, src, id)); err != nil {
+				t.Fatal(err)
+			}
+			v := []int{0, 1, 2, -1}[round]
+			if id == 7 && round == 0 {
+				continue // dead-lettered until retried
+			}
+			want[id] = append(want[id], v)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deliveredAll := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for id, w := range want {
+			if len(got[id]) < len(w) {
+				return false
+			}
+		}
+		return true
+	}
+	waitFor(t, "every change but the poisoned one", 60*time.Second, deliveredAll)
+	mu.Lock()
+	for id, w := range want {
+		if g := fmt.Sprint(got[id]); g != fmt.Sprint(w) {
+			t.Errorf("key %d: received %s, want %s", id, g, fmt.Sprint(w))
+		}
+	}
+	mu.Unlock()
+
+	var dead int
+	var lastErr string
+	if err := db.QueryRow("SELECT COUNT(*), IFNULL(MAX(last_error), '') FROM `"+stateDB+"`.outbox WHERE status = 'dead'").Scan(&dead, &lastErr); err != nil {
+		t.Fatal(err)
+	}
+	if dead != 1 || !strings.Contains(lastErr, "400") || !strings.Contains(lastErr, "v must not be 0") {
+		t.Fatalf("dead rows = %d (last error %q), want the one 400", dead, lastErr)
+	}
+
+	mu.Lock()
+	poison = false
+	mu.Unlock()
+	if n, err := outbox.RetryDead(context.Background(), db, stateDB, "", ""); err != nil || n != 1 {
+		t.Fatalf("RetryDead = %d, %v; want 1", n, err)
+	}
+	waitFor(t, "the retried dead letter", 30*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(got[7]) == 4
+	})
 }
