@@ -27,6 +27,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"go.uber.org/zap"
 
+	"github.com/cdcout/cdcout/backfill"
 	"github.com/cdcout/cdcout/binlog"
 	"github.com/cdcout/cdcout/config"
 	"github.com/cdcout/cdcout/dedup"
@@ -505,7 +506,7 @@ func (e *Engine) tenure(ctx context.Context, db *sql.DB, l lease.Lease, leases *
 		ServerID:   e.serverID(),
 		From:       cfg.From,
 		Resume:     pos,
-		Include:    e.captureTables(),
+		Include:    withWatermarkTable(e.captureTables(), backfill.WatermarkDB(cfg.StateDB)+"."+backfill.WatermarkTable),
 		ExcludeDBs: []string{cfg.StateDB},
 		Instance:   cfg.Instance,
 		Version:    buildinfo.Version(),
@@ -548,6 +549,7 @@ func (e *Engine) tenure(ctx context.Context, db *sql.DB, l lease.Lease, leases *
 		written:    drains.written,
 		observe:    e.metrics.ObserveEnqueue,
 		lastRow:    -1,
+		hook:       e.newWatermarkHook(db),
 	}
 	if digestMode {
 		// The counter must remember longer than claims live (see

@@ -61,6 +61,9 @@ type enqueuer struct {
 	written func(pipes []string)
 	// observe, when set, is told every enqueue's result (metrics).
 	observe func(outbox.EnqueueResult)
+	// hook, when set, sees changes before routing (backfill watermarks;
+	// see backfill_hook.go).
+	hook WatermarkHook
 
 	mu    sync.Mutex
 	ready []outbox.Pending   // keyed rows, all before cp unless mid-flushed
@@ -108,6 +111,11 @@ func (q *enqueuer) handleChange(ctx context.Context, ch *canonical.Change) error
 		q.open = q.open[:0]
 	}
 	q.lastRow = ch.Source.Row
+	if q.hook != nil {
+		if skip, err := q.hookChange(ctx, ch); skip || err != nil {
+			return err
+		}
+	}
 	for _, r := range q.routes {
 		if !r.matches(ch) {
 			continue
@@ -225,6 +233,9 @@ func (q *enqueuer) flush(ctx context.Context, cp *outbox.Checkpoint) error {
 			}
 			if q.observe != nil {
 				q.observe(res)
+			}
+			if q.hook != nil {
+				q.hook.Written(ctx)
 			}
 			if len(res.Pipes) > 0 && q.written != nil {
 				q.written(res.Pipes)

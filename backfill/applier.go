@@ -1,0 +1,236 @@
+package backfill
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/cdcout/cdcout/canonical"
+	"github.com/cdcout/cdcout/dedup"
+	"github.com/cdcout/cdcout/state"
+)
+
+// Row is one backfilled row to enqueue at the stream position where the
+// Applier returned it.
+type Row struct {
+	// Change is an op "r" change (Before nil).
+	Change *canonical.Change
+	// ChangeKey is dedup.BackfillKey(backfill id, key digest).
+	ChangeKey string
+	// Sinks are the sinks the backfill selected; nil means every sink
+	// whose subscription matches the table.
+	Sinks []string
+}
+
+// chunkDoc is a chunk as stored in backfill_chunks.rows_json.
+type chunkDoc struct {
+	DB    string            `json:"db"`
+	Table string            `json:"table"`
+	Key   []string          `json:"key"`
+	Sinks []string          `json:"sinks"`
+	TsMs  int64             `json:"ts_ms"`
+	Rows  []json.RawMessage `json:"rows"`
+}
+
+// window is an open LOW..HIGH bracket of one backfill.
+type window struct {
+	chunk     int64
+	db, table string
+	changed   map[string]struct{} // canonical key JSON
+}
+
+type chunkRef struct {
+	id      string
+	chunk   int64
+	emitted int
+}
+
+// Applier is the stream side of backfills: the enqueuer of the process
+// holding the enqueue lease shows it every change in stream order
+// (Change) and tells it when an enqueue transaction committed (Written).
+// One Applier serves one stream (one lease tenure); it is not safe for
+// concurrent use, the enqueuer serialises its calls.
+type Applier struct {
+	db         *sql.DB // state database
+	chunks     string  // qualified backfill_chunks
+	wmDB       string
+	instance   string
+	version    string
+	log        *zap.Logger
+	windows    map[string]*window // by backfill id
+	emitted    []chunkRef         // handed out, not yet known durable
+	maxChanged int
+}
+
+// NewApplier returns the Applier of a stream of instance whose state
+// database is stateSchema on db.
+func NewApplier(db *sql.DB, stateSchema, instance, version string, logger *zap.Logger) *Applier {
+	if logger == nil {
+		logger = zap.NewNop()
+	}
+	return &Applier{
+		db:         db,
+		chunks:     state.Table(stateSchema, "backfill_chunks"),
+		wmDB:       WatermarkDB(stateSchema),
+		instance:   instance,
+		version:    version,
+		log:        logger.Named("backfill"),
+		windows:    map[string]*window{},
+		maxChanged: 1_000_000,
+	}
+}
+
+// WatermarkTable is the "db.table" the stream must decode for this
+// Applier to see watermarks.
+func (a *Applier) WatermarkTable() string { return a.wmDB + "." + WatermarkTable }
+
+// Change looks at one decoded change. consumed reports a watermark row,
+// which must never be routed to a sink. rows are backfilled rows to enqueue
+// now, before any later change of the stream.
+func (a *Applier) Change(ctx context.Context, ch *canonical.Change) (consumed bool, rows []Row, err error) {
+	if ch.Source.DB == a.wmDB && ch.Source.Table == WatermarkTable {
+		rows, err := a.watermark(ctx, ch)
+		return true, rows, err
+	}
+	for id, w := range a.windows {
+		if w.db != ch.Source.DB || w.table != ch.Source.Table {
+			continue
+		}
+		if len(w.changed) >= a.maxChanged {
+			// A write storm inside one window: give the chunk up rather
+			// than grow without bound; the runner reads it again.
+			a.log.Warn("too many changes inside a backfill window; chunk will be read again",
+				zap.String("backfill", id), zap.Int64("chunk", w.chunk))
+			delete(a.windows, id)
+			if err := a.markRetry(ctx, id, w.chunk); err != nil {
+				return false, nil, err
+			}
+			continue
+		}
+		w.changed[canonical.KeyJSON(ch.Key)] = struct{}{}
+	}
+	return false, nil, nil
+}
+
+func (a *Applier) watermark(ctx context.Context, ch *canonical.Change) ([]Row, error) {
+	if ch.After == nil {
+		return nil, nil // cleanup of the watermark row
+	}
+	id, _ := ch.After["id"].(string)
+	inst, _ := ch.After["instance"].(string)
+	mark, _ := ch.After["mark"].(string)
+	tbl, _ := ch.After["tbl"].(string)
+	chunk, ok := asInt(ch.After["chunk"])
+	if id == "" || !ok || inst != a.instance {
+		return nil, nil // another instance's backfill
+	}
+	switch mark {
+	case markLow:
+		db, name, _ := strings.Cut(tbl, ".")
+		a.windows[id] = &window{chunk: chunk, db: db, table: name, changed: map[string]struct{}{}}
+		return nil, nil
+	case markHigh:
+		w := a.windows[id]
+		delete(a.windows, id)
+		if w == nil || w.chunk != chunk {
+			// This stream started between the chunk's LOW and HIGH: the
+			// window is unknown, so no row of it can be trusted.
+			a.log.Info("high watermark without its low one; chunk will be read again",
+				zap.String("backfill", id), zap.Int64("chunk", chunk))
+			return nil, a.markRetry(ctx, id, chunk)
+		}
+		return a.emit(ctx, id, w)
+	}
+	return nil, nil
+}
+
+func (a *Applier) emit(ctx context.Context, id string, w *window) ([]Row, error) {
+	var raw []byte
+	err := a.db.QueryRowContext(ctx, "SELECT rows_json FROM "+a.chunks+" WHERE backfill_id = ? AND chunk = ? AND status = ?",
+		id, w.chunk, chunkWritten).Scan(&raw)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil // done already (a replay), retried or cancelled
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load backfill %s chunk %d: %w", id, w.chunk, err)
+	}
+	var doc chunkDoc
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		return nil, fmt.Errorf("decode backfill %s chunk %d: %w", id, w.chunk, err)
+	}
+	out := make([]Row, 0, len(doc.Rows))
+	for i, r := range doc.Rows {
+		v, err := canonical.ParseJSON(r)
+		if err != nil {
+			return nil, fmt.Errorf("decode backfill %s chunk %d row %d: %w", id, w.chunk, i, err)
+		}
+		m, _ := v.(map[string]any)
+		after := canonical.Row(m)
+		key := make(canonical.Row, len(doc.Key))
+		for _, k := range doc.Key {
+			key[k] = after[k]
+		}
+		kj := canonical.KeyJSON(key)
+		if _, changed := w.changed[kj]; changed {
+			continue // the stream already carries a newer state of this key
+		}
+		sum := sha256.Sum256([]byte(kj))
+		out = append(out, Row{
+			Change: &canonical.Change{
+				Op: canonical.OpRead, After: after, Key: key,
+				Source: canonical.Source{Connector: "cdcout", Version: a.version, Instance: a.instance,
+					DB: doc.DB, Table: doc.Table, Row: i, TsMs: doc.TsMs},
+				TsMs: time.Now().UnixMilli(),
+			},
+			ChangeKey: dedup.BackfillKey(id, hex.EncodeToString(sum[:])),
+			Sinks:     doc.Sinks,
+		})
+	}
+	a.emitted = append(a.emitted, chunkRef{id: id, chunk: w.chunk, emitted: len(out)})
+	return out, nil
+}
+
+// Written is told that an enqueue transaction committed: every row handed
+// out before it is in the outbox, so those chunks are done. A crash before
+// this marks nothing; the runner then reads the chunk again and its rows
+// collapse on their claims.
+func (a *Applier) Written(ctx context.Context) {
+	for len(a.emitted) > 0 {
+		c := a.emitted[0]
+		if _, err := a.db.ExecContext(ctx, "UPDATE "+a.chunks+" SET status = ?, emitted = ?, rows_json = NULL, updated_at = NOW(6) WHERE backfill_id = ? AND chunk = ? AND status = ?",
+			chunkDone, c.emitted, c.id, c.chunk, chunkWritten); err != nil {
+			a.log.Warn("mark backfill chunk done; the runner will read it again", zap.String("backfill", c.id), zap.Int64("chunk", c.chunk), zap.Error(err))
+			return
+		}
+		a.emitted = a.emitted[1:]
+	}
+}
+
+func (a *Applier) markRetry(ctx context.Context, id string, chunk int64) error {
+	if _, err := a.db.ExecContext(ctx, "UPDATE "+a.chunks+" SET status = ?, rows_json = NULL, updated_at = NOW(6) WHERE backfill_id = ? AND chunk = ? AND status = ?",
+		chunkRetry, id, chunk, chunkWritten); err != nil {
+		return fmt.Errorf("mark backfill %s chunk %d for retry: %w", id, chunk, err)
+	}
+	return nil
+}
+
+func asInt(v any) (int64, bool) {
+	switch x := v.(type) {
+	case int64:
+		return x, true
+	case uint64:
+		return int64(x), true
+	case json.Number:
+		n, err := x.Int64()
+		return n, err == nil
+	}
+	return 0, false
+}

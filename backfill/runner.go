@@ -1,0 +1,537 @@
+package backfill
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"go.uber.org/zap"
+
+	"github.com/cdcout/cdcout/canonical"
+	"github.com/cdcout/cdcout/state"
+)
+
+// Defaults of a Spec.
+const (
+	DefaultChunkSize = 1000
+	MaxChunkSize     = 100_000
+	// DefaultInFlight chunks may wait for the stream at once: the runner
+	// reads ahead while the enqueuer catches up, and memory (and the
+	// chunk blobs in the state table) stays bounded.
+	DefaultInFlight = 8
+	// DefaultStall: a chunk not applied this long after its high
+	// watermark is read again (the applier crashed between enqueueing
+	// it and marking it done, or nothing streams).
+	DefaultStall = 2 * time.Minute
+)
+
+// Spec is what to backfill.
+type Spec struct {
+	// Table is "db.tbl".
+	Table string
+	// Sinks are the sink names to feed; the caller resolves the default
+	// (every sink subscribed to the table).
+	Sinks []string
+	// Where, when set, limits the rows (an SQL condition).
+	Where     string
+	ChunkSize int
+	Instance  string
+	// ResumeID continues that backfill; "" continues an unfinished
+	// backfill with the same table, sinks, where and instance, or starts a
+	// new one.
+	ResumeID string
+}
+
+// Progress is reported after every completed chunk.
+type Progress struct {
+	ID       string
+	Rows     int64 // rows read in completed chunks
+	Enqueued int64 // rows enqueued (rows changed inside a window are left to the stream)
+	Estimate int64 // information_schema's row estimate
+	Elapsed  time.Duration
+}
+
+// Runner reads one backfill's chunks between watermarks.
+type Runner struct {
+	Source      *sql.DB // the source server
+	State       *sql.DB // the state database's server
+	StateSchema string
+	Logger      *zap.Logger
+	// OnProgress, when set, is called after each completed chunk.
+	OnProgress func(Progress)
+	InFlight   int
+	Stall      time.Duration
+	// PollInterval between looks at the chunks' states (default 5ms).
+	PollInterval time.Duration
+
+	spec    Spec
+	table   *tableInfo
+	conn    *sql.Conn
+	id      string
+	wm      string
+	chunks  string
+	fills   string
+	started time.Time
+	prog    Progress
+}
+
+// Prepare checks the spec against the source (table, key, --where) and
+// creates or finds the backfill row. Errors wrapping ErrBadInput are the
+// operator's to fix; nothing has been enqueued then.
+func (r *Runner) Prepare(ctx context.Context, spec Spec) (Info, error) {
+	if r.Logger == nil {
+		r.Logger = zap.NewNop()
+	}
+	if spec.ChunkSize <= 0 {
+		spec.ChunkSize = DefaultChunkSize
+	}
+	if spec.ChunkSize > MaxChunkSize {
+		return Info{}, badInput("--chunk-size %d: at most %d", spec.ChunkSize, MaxChunkSize)
+	}
+	r.wm = quoteIdent(WatermarkDB(r.StateSchema)) + "." + quoteIdent(WatermarkTable)
+	r.chunks = state.Table(r.StateSchema, "backfill_chunks")
+	r.fills = state.Table(r.StateSchema, "backfills")
+	var m meta
+	if spec.ResumeID != "" {
+		info, mm, err := get(ctx, r.State, r.StateSchema, spec.ResumeID)
+		if errors.Is(err, ErrNotFound) {
+			return Info{}, badInput("--resume %s: no such backfill (see cdcout backfill status)", spec.ResumeID)
+		}
+		if err != nil {
+			return Info{}, err
+		}
+		if info.Status == StatusDone || info.Status == StatusCancelled {
+			return Info{}, badInput("--resume %s: the backfill is %s", spec.ResumeID, info.Status)
+		}
+		spec = Spec{Table: info.Table, Sinks: info.Sinks, Where: info.Where, ChunkSize: max(mm.ChunkSize, 1), Instance: mm.Instance, ResumeID: info.ID}
+		m = mm
+		r.id = info.ID
+	}
+	db, name, ok := strings.Cut(spec.Table, ".")
+	if !ok || db == "" || name == "" {
+		return Info{}, badInput("--table %q: want db.table", spec.Table)
+	}
+	t, err := loadTable(ctx, r.Source, db, name)
+	if err != nil {
+		return Info{}, err
+	}
+	r.table = t
+	if spec.Where != "" {
+		// LIMIT 0 resolves every name and type without reading a row.
+		if _, err := r.Source.ExecContext(ctx, "SELECT 1 FROM "+t.qualified()+" WHERE ("+spec.Where+") LIMIT 0"); err != nil {
+			var me *mysql.MySQLError
+			if errors.As(err, &me) {
+				return Info{}, badInput("--where %q: %s", spec.Where, me.Message)
+			}
+			return Info{}, fmt.Errorf("check --where: %w", err)
+		}
+	}
+	r.spec = spec
+	if err := r.ensureWatermarkTable(ctx); err != nil {
+		return Info{}, err
+	}
+	if r.id == "" {
+		info, mm, found, err := findResumable(ctx, r.State, r.StateSchema, spec)
+		if err != nil {
+			return Info{}, err
+		}
+		if found {
+			r.id, m = info.ID, mm
+			r.Logger.Info("continuing the unfinished backfill with the same arguments", zap.String("backfill", r.id), zap.Int64("rows_done", info.RowsDone))
+		}
+	}
+	if r.id == "" {
+		r.id = newID()
+		m = meta{Instance: spec.Instance, Sinks: spec.Sinks, ChunkSize: spec.ChunkSize}
+		raw, _ := json.Marshal(m)
+		if _, err := r.State.ExecContext(ctx, "INSERT INTO "+r.fills+" (id, tbl, sinks, where_sql, rows_estimate, status) VALUES (?, ?, ?, ?, ?, ?)",
+			r.id, spec.Table, string(raw), nullable(spec.Where), t.estimate, StatusRunning); err != nil {
+			return Info{}, fmt.Errorf("record backfill: %w", err)
+		}
+	} else if _, err := r.State.ExecContext(ctx, "UPDATE "+r.fills+" SET status = ?, error = NULL, rows_estimate = ?, updated_at = NOW(6) WHERE id = ?",
+		StatusRunning, t.estimate, r.id); err != nil {
+		return Info{}, fmt.Errorf("record backfill: %w", err)
+	}
+	return Get(ctx, r.State, r.StateSchema, r.id)
+}
+
+func nullable(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+func (r *Runner) ensureWatermarkTable(ctx context.Context) error {
+	if _, err := r.Source.ExecContext(ctx, "CREATE DATABASE IF NOT EXISTS "+quoteIdent(WatermarkDB(r.StateSchema))); err != nil {
+		return fmt.Errorf("create watermark database %s on the source (grant CREATE on it, or create it): %w", WatermarkDB(r.StateSchema), err)
+	}
+	if _, err := r.Source.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS "+r.wm+` (
+  id VARCHAR(64) NOT NULL,
+  instance VARCHAR(255) NOT NULL,
+  tbl VARCHAR(130) NOT NULL,
+  chunk BIGINT NOT NULL,
+  mark CHAR(1) NOT NULL,
+  n BIGINT NOT NULL DEFAULT 0,
+  updated_at DATETIME(6) NOT NULL,
+  PRIMARY KEY (id)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin`); err != nil {
+		return fmt.Errorf("create watermark table %s.%s on the source: %w", WatermarkDB(r.StateSchema), WatermarkTable, err)
+	}
+	return nil
+}
+
+// ID is the backfill's id (after Prepare).
+func (r *Runner) ID() string { return r.id }
+
+// flight is a chunk between its high watermark and done.
+type flight struct {
+	no         int64
+	start, end keyArgs // start exclusive (nil: from the first row), end inclusive
+	endJSON    string
+	rows       int
+	at         time.Time
+}
+
+// Run reads every chunk and waits until each is applied by the stream.
+// It returns ErrCancelled when the backfill is cancelled meanwhile; any
+// other error leaves it resumable (status failed).
+func (r *Runner) Run(ctx context.Context) (err error) {
+	if r.table == nil {
+		return errors.New("backfill: Run before Prepare")
+	}
+	inFlight := r.InFlight
+	if inFlight <= 0 {
+		inFlight = DefaultInFlight
+	}
+	stall := r.Stall
+	if stall <= 0 {
+		stall = DefaultStall
+	}
+	poll := r.PollInterval
+	if poll <= 0 {
+		poll = 5 * time.Millisecond
+	}
+	defer func() {
+		if err == nil || errors.Is(err, ErrCancelled) {
+			return
+		}
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_, _ = r.State.ExecContext(fctx, "UPDATE "+r.fills+" SET status = ?, error = ?, updated_at = NOW(6) WHERE id = ? AND status = ?",
+			StatusFailed, err.Error(), r.id, StatusRunning)
+	}()
+	conn, err := r.Source.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("connect to the source: %w", err)
+	}
+	defer conn.Close()
+	// TIMESTAMP values as UTC text, the binlog decoder's form.
+	if _, err := conn.ExecContext(ctx, "SET time_zone = '+00:00'"); err != nil {
+		return fmt.Errorf("set session time zone: %w", err)
+	}
+	r.conn = conn
+
+	_, m, err := get(ctx, r.State, r.StateSchema, r.id)
+	if err != nil {
+		return err
+	}
+	pos, err := decodeKeyArgs(m.Resume)
+	if err != nil {
+		return err
+	}
+	// Chunks of an earlier run beyond the completed prefix are read again
+	// under fresh numbers, so a late high watermark of theirs matches
+	// nothing.
+	var next int64
+	if err := r.State.QueryRowContext(ctx, "SELECT COALESCE(MAX(chunk) + 1, 0) FROM "+r.chunks+" WHERE backfill_id = ?", r.id).Scan(&next); err != nil {
+		return fmt.Errorf("read backfill chunks: %w", err)
+	}
+	if _, err := r.State.ExecContext(ctx, "DELETE FROM "+r.chunks+" WHERE backfill_id = ?", r.id); err != nil {
+		return fmt.Errorf("clear backfill chunks: %w", err)
+	}
+	info, err := Get(ctx, r.State, r.StateSchema, r.id)
+	if err != nil {
+		return err
+	}
+	r.started = time.Now()
+	r.prog = Progress{ID: r.id, Rows: info.RowsDone, Enqueued: info.RowsDone, Estimate: r.table.estimate}
+	if r.OnProgress != nil {
+		r.OnProgress(r.prog)
+	}
+
+	var queue []*flight
+	eof := false
+	for !eof || len(queue) > 0 {
+		if !eof && len(queue) < inFlight {
+			f := &flight{no: next, start: pos}
+			next++
+			n, err := r.chunk(ctx, f, false)
+			if err != nil {
+				return err
+			}
+			if n == 0 {
+				eof = true
+				continue
+			}
+			pos = f.end
+			queue = append(queue, f)
+			if len(queue) < inFlight {
+				continue // read ahead while the stream catches up
+			}
+		}
+		if len(queue) == 0 {
+			continue
+		}
+		advanced, err := r.settle(ctx, &queue, &next, stall)
+		if err != nil {
+			return err
+		}
+		if !advanced {
+			t := time.NewTimer(poll)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return ctx.Err()
+			case <-t.C:
+			}
+		}
+	}
+	if _, err := r.State.ExecContext(ctx, "UPDATE "+r.fills+" SET status = ?, updated_at = NOW(6) WHERE id = ? AND status = ?",
+		StatusDone, r.id, StatusRunning); err != nil {
+		return fmt.Errorf("record backfill done: %w", err)
+	}
+	if _, err := conn.ExecContext(ctx, "DELETE FROM "+r.wm+" WHERE id = ?", r.id); err != nil {
+		r.Logger.Warn("remove watermark row", zap.Error(err))
+	}
+	if _, err := r.State.ExecContext(ctx, "DELETE FROM "+r.chunks+" WHERE backfill_id = ?", r.id); err != nil {
+		r.Logger.Warn("remove backfill chunks", zap.Error(err))
+	}
+	return nil
+}
+
+// settle looks at the in-flight chunks: completed ones at the head advance
+// the recorded progress; retried and stalled ones are read again.
+func (r *Runner) settle(ctx context.Context, queue *[]*flight, next *int64, stall time.Duration) (bool, error) {
+	q := *queue
+	args := make([]any, 0, len(q)+1)
+	args = append(args, r.id)
+	marks := make([]string, len(q))
+	for i, f := range q {
+		args = append(args, f.no)
+		marks[i] = "?"
+	}
+	rows, err := r.State.QueryContext(ctx, "SELECT chunk, status, emitted FROM "+r.chunks+" WHERE backfill_id = ? AND chunk IN ("+strings.Join(marks, ",")+")", args...)
+	if err != nil {
+		return false, fmt.Errorf("read backfill chunks: %w", err)
+	}
+	type st struct {
+		status  string
+		emitted int
+	}
+	states := map[int64]st{}
+	for rows.Next() {
+		var no int64
+		var s st
+		if err := rows.Scan(&no, &s.status, &s.emitted); err != nil {
+			rows.Close()
+			return false, fmt.Errorf("read backfill chunks: %w", err)
+		}
+		states[no] = s
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return false, fmt.Errorf("read backfill chunks: %w", err)
+	}
+	advanced := false
+	for _, f := range q {
+		s, ok := states[f.no]
+		stalled := ok && s.status == chunkWritten && time.Since(f.at) > stall
+		if ok && s.status != chunkRetry && !stalled {
+			continue
+		}
+		if stalled {
+			r.Logger.Warn("backfill chunk not applied in time (is the enqueue lease holder streaming?); reading it again",
+				zap.String("backfill", r.id), zap.Int64("chunk", f.no), zap.Duration("waited", time.Since(f.at)))
+		}
+		// Cancelled (chunk rows deleted), retried or stalled: read the
+		// same key range again under new watermarks.
+		if !ok {
+			if err := r.checkCancelled(ctx); err != nil {
+				return false, err
+			}
+		}
+		old := f.no
+		f.no = *next
+		*next++
+		if _, err := r.State.ExecContext(ctx, "DELETE FROM "+r.chunks+" WHERE backfill_id = ? AND chunk = ?", r.id, old); err != nil {
+			return false, fmt.Errorf("drop retried chunk: %w", err)
+		}
+		if _, err := r.chunk(ctx, f, true); err != nil {
+			return false, err
+		}
+		advanced = true
+	}
+	for len(q) > 0 {
+		s, ok := states[q[0].no]
+		if !ok || s.status != chunkDone {
+			break
+		}
+		f := q[0]
+		q = q[1:]
+		r.prog.Rows += int64(f.rows)
+		r.prog.Enqueued += int64(s.emitted)
+		r.prog.Elapsed = time.Since(r.started)
+		m := meta{Instance: r.spec.Instance, Sinks: r.spec.Sinks, ChunkSize: r.spec.ChunkSize, Resume: f.end.encode()}
+		raw, _ := json.Marshal(m)
+		res, err := r.State.ExecContext(ctx, "UPDATE "+r.fills+" SET last_key = ?, sinks = ?, rows_done = ?, updated_at = NOW(6) WHERE id = ? AND status = ?",
+			f.endJSON, string(raw), r.prog.Rows, r.id, StatusRunning)
+		if err != nil {
+			return false, fmt.Errorf("record backfill progress: %w", err)
+		}
+		if n, _ := res.RowsAffected(); n == 0 {
+			if err := r.checkCancelled(ctx); err != nil {
+				return false, err
+			}
+		}
+		if _, err := r.State.ExecContext(ctx, "DELETE FROM "+r.chunks+" WHERE backfill_id = ? AND chunk = ?", r.id, f.no); err != nil {
+			return false, fmt.Errorf("drop done chunk: %w", err)
+		}
+		advanced = true
+		if r.OnProgress != nil {
+			r.OnProgress(r.prog)
+		}
+	}
+	*queue = q
+	return advanced, nil
+}
+
+func (r *Runner) checkCancelled(ctx context.Context) error {
+	var status string
+	if err := r.State.QueryRowContext(ctx, "SELECT status FROM "+r.fills+" WHERE id = ?", r.id).Scan(&status); err != nil {
+		return fmt.Errorf("read backfill status: %w", err)
+	}
+	if status == StatusCancelled {
+		return ErrCancelled
+	}
+	return nil
+}
+
+// chunk writes LOW, reads the chunk, stores it, writes HIGH. again re-reads
+// f's recorded range (start, end]; otherwise it reads up to ChunkSize rows
+// after f.start and sets f.end. It returns the rows read.
+func (r *Runner) chunk(ctx context.Context, f *flight, again bool) (int, error) {
+	if err := r.mark(ctx, f.no, markLow); err != nil {
+		return 0, err
+	}
+	t := r.table
+	var conds []string
+	var args []any
+	if f.start != nil {
+		c, a := t.afterKey(f.start)
+		conds, args = append(conds, c), append(args, a...)
+	}
+	if again {
+		c, a := t.atMostKey(f.end)
+		conds, args = append(conds, c), append(args, a...)
+	}
+	if r.spec.Where != "" {
+		conds = append(conds, "("+r.spec.Where+")")
+	}
+	q := "SELECT " + t.selectList() + " FROM " + t.qualified()
+	if len(conds) > 0 {
+		q += " WHERE " + strings.Join(conds, " AND ")
+	}
+	q += " ORDER BY " + t.orderBy()
+	if !again {
+		q += fmt.Sprintf(" LIMIT %d", r.spec.ChunkSize)
+	}
+	rows, err := r.conn.QueryContext(ctx, q, args...)
+	if err != nil {
+		return 0, fmt.Errorf("read chunk of %s: %w", r.spec.Table, err)
+	}
+	defer rows.Close()
+	keyNames := make([]string, len(t.key))
+	for i, k := range t.key {
+		keyNames[i] = t.cols[k].name
+	}
+	sinks, _ := json.Marshal(r.spec.Sinks)
+	keyJSON, _ := json.Marshal(keyNames)
+	buf := make([]byte, 0, 256*r.spec.ChunkSize)
+	buf = fmt.Appendf(buf, `{"db":%q,"table":%q,"key":%s,"sinks":%s,"ts_ms":%d,"rows":[`,
+		t.db, t.name, keyJSON, sinks, time.Now().UnixMilli())
+	raw := make([]sql.RawBytes, len(t.cols))
+	dest := make([]any, len(t.cols))
+	for i := range raw {
+		dest[i] = &raw[i]
+	}
+	row := make(canonical.Row, len(t.cols))
+	n := 0
+	var last keyArgs
+	for rows.Next() {
+		if err := rows.Scan(dest...); err != nil {
+			return 0, fmt.Errorf("read chunk of %s: %w", r.spec.Table, err)
+		}
+		for i := range t.cols {
+			v, err := t.cols[i].convert(raw[i])
+			if err != nil {
+				return 0, fmt.Errorf("read chunk of %s: %w", r.spec.Table, err)
+			}
+			row[t.cols[i].name] = v
+		}
+		if n > 0 {
+			buf = append(buf, ',')
+		}
+		if buf, err = canonical.AppendJSON(buf, map[string]any(row)); err != nil {
+			return 0, fmt.Errorf("encode row of %s: %w", r.spec.Table, err)
+		}
+		n++
+		last = last[:0]
+		for _, k := range t.key {
+			last = append(last, append([]byte(nil), raw[k]...))
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return 0, fmt.Errorf("read chunk of %s: %w", r.spec.Table, err)
+	}
+	if n == 0 && !again {
+		return 0, nil
+	}
+	buf = append(buf, "]}"...)
+	if !again {
+		f.end = last
+		key := canonical.Row{}
+		for i, k := range t.key {
+			v, _ := t.cols[k].convert(last[i])
+			key[t.cols[k].name] = v
+		}
+		f.endJSON = canonical.KeyJSON(key)
+	}
+	f.rows = n
+	if _, err := r.State.ExecContext(ctx, "INSERT INTO "+r.chunks+" (backfill_id, chunk, start_key, end_key, rows_json, row_count, status) VALUES (?, ?, ?, ?, ?, ?, ?)",
+		r.id, f.no, nullable(f.start.encode()), f.end.encode(), buf, n, chunkWritten); err != nil {
+		return 0, fmt.Errorf("store backfill chunk: %w", err)
+	}
+	if err := r.mark(ctx, f.no, markHigh); err != nil {
+		return 0, err
+	}
+	f.at = time.Now()
+	return n, nil
+}
+
+// mark writes a watermark row on the source, in its own transaction (the
+// applier relies on a watermark being alone in its transaction). n changes
+// on every write so the server always logs a row event.
+func (r *Runner) mark(ctx context.Context, chunk int64, mark string) error {
+	if _, err := r.conn.ExecContext(ctx, "INSERT INTO "+r.wm+" (id, instance, tbl, chunk, mark, n, updated_at) VALUES (?, ?, ?, ?, ?, 1, NOW(6))"+
+		" ON DUPLICATE KEY UPDATE instance = VALUES(instance), tbl = VALUES(tbl), chunk = VALUES(chunk), mark = VALUES(mark), n = n + 1, updated_at = NOW(6)",
+		r.id, r.spec.Instance, r.spec.Table, chunk, mark); err != nil {
+		return fmt.Errorf("write watermark: %w", err)
+	}
+	return nil
+}

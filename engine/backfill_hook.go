@@ -1,0 +1,67 @@
+package engine
+
+import (
+	"context"
+	"database/sql"
+	"slices"
+
+	"github.com/cdcout/cdcout/backfill"
+	"github.com/cdcout/cdcout/canonical"
+	"github.com/cdcout/cdcout/internal/buildinfo"
+	"github.com/cdcout/cdcout/outbox"
+)
+
+// WatermarkHook is the stream side of backfills (backfill.Applier): the
+// enqueuer shows it every decoded change before routing, and tells it
+// after each enqueue transaction commits.
+type WatermarkHook interface {
+	// Change returns consumed for the hook's own bookkeeping rows (never
+	// routed) and backfilled rows to enqueue at this point of the stream,
+	// ahead of every later change.
+	Change(ctx context.Context, ch *canonical.Change) (consumed bool, rows []backfill.Row, err error)
+	// Written: every row handed out by Change before it is in the outbox.
+	Written(ctx context.Context)
+}
+
+// newWatermarkHook is the hook of one tenure's stream.
+func (e *Engine) newWatermarkHook(db *sql.DB) *backfill.Applier {
+	return backfill.NewApplier(db, e.cfg.StateDB, e.cfg.Instance, buildinfo.Version(), e.log)
+}
+
+// withWatermarkTable adds the watermark table to an explicit capture list
+// (nil already means every table).
+func withWatermarkTable(include []string, wm string) []string {
+	if len(include) == 0 || slices.Contains(include, wm) {
+		return include
+	}
+	return append(slices.Clone(include), wm)
+}
+
+// hookChange runs the watermark hook on ch. It returns true when ch must
+// not be routed. Backfilled rows go straight to ready: a watermark is
+// alone in its transaction, so every earlier transaction is keyed and in
+// ready already, and ready's order is the outbox id order.
+func (q *enqueuer) hookChange(ctx context.Context, ch *canonical.Change) (bool, error) {
+	consumed, rows, err := q.hook.Change(ctx, ch)
+	if err != nil {
+		return true, err
+	}
+	for _, br := range rows {
+		for _, r := range q.routes {
+			if br.Sinks != nil && !slices.Contains(br.Sinks, r.sink) {
+				continue
+			}
+			if !r.matches(br.Change) {
+				continue
+			}
+			pipe := pipeName(q.instance, br.Change.Source.DB, br.Change.Source.Table, r.sink)
+			c := r.mask(br.Change)
+			q.ready = append(q.ready, outbox.Pending{
+				Pipe: pipe, Sink: r.sink, Change: c, ChangeKey: br.ChangeKey,
+				Digest: canonical.Digest(pipe, c.Op, c.Key, c.After, nil),
+			})
+		}
+	}
+	q.maxBuffered = max(q.maxBuffered, len(q.ready)+len(q.open))
+	return consumed, nil
+}
