@@ -2,13 +2,16 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -122,4 +125,184 @@ func BenchmarkEndToEnd(b *testing.B) {
 		b.ReportMetric(st.EnqueueTime.Seconds(), "in_enqueue_tx_s")
 		b.ReportMetric(float64(st.Batches), "batches")
 	}
+}
+
+// BenchmarkLatency measures commit → webhook delivery latency at a steady
+// write rate (CDCOUT_BENCH_RATE changes/s, default 2000) for
+// CDCOUT_BENCH_SECONDS (default 20), and reports p50/p99.
+func BenchmarkLatency(b *testing.B) {
+	rate, secs := 2000, 20
+	if v, err := strconv.Atoi(os.Getenv("CDCOUT_BENCH_RATE")); err == nil && v > 0 {
+		rate = v
+	}
+	if v, err := strconv.Atoi(os.Getenv("CDCOUT_BENCH_SECONDS")); err == nil && v > 0 {
+		secs = v
+	}
+	srv := mysqltest.Shared(b)
+	for i := 0; i < b.N; i++ {
+		src := srv.CreateDB(b, "lat_src")
+		stateDB := srv.CreateDB(b, "lat_state")
+		srv.Exec(b, "CREATE TABLE `"+src+"`.t (id BIGINT PRIMARY KEY)")
+		db := srv.Open(b)
+		var from string
+		if err := db.QueryRow("SELECT @@gtid_binlog_pos").Scan(&from); err != nil {
+			b.Fatal(err)
+		}
+		total := rate * secs
+		committed := make([]atomic.Int64, total) // unix ns of each id's commit
+		lat := make(chan time.Duration, total)
+		hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			now := time.Now().UnixNano()
+			body, _ := io.ReadAll(r.Body)
+			var env struct{ After struct{ ID int } }
+			if json.Unmarshal(body, &env) == nil && env.After.ID < total {
+				if c := committed[env.After.ID].Load(); c > 0 {
+					lat <- time.Duration(now - c)
+				}
+			}
+		}))
+		cfg := config.Default()
+		cfg.DSN = config.DSN(srv.DSN)
+		cfg.StateDB = stateDB
+		cfg.Instance = "lat"
+		cfg.From = from
+		cfg.HTTPAddr = "off"
+		cfg.Sinks = []config.Sink{{Name: "hook", URL: hook.URL}}
+		if _, err := reresolve(cfg); err != nil {
+			b.Fatal(err)
+		}
+		e, err := New(cfg, zap.NewNop())
+		if err != nil {
+			b.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- e.Run(ctx) }()
+
+		// 100 transactions a second, rate/100 rows each.
+		per := max(rate/100, 1)
+		tick := time.NewTicker(10 * time.Millisecond)
+		id := 0
+		for id < total {
+			<-tick.C
+			q := "INSERT INTO `" + src + "`.t VALUES "
+			lo := id
+			for ; id < min(lo+per, total); id++ {
+				if id > lo {
+					q += ","
+				}
+				q += "(" + strconv.Itoa(id) + ")"
+			}
+			if _, err := db.Exec(q); err != nil {
+				b.Fatal(err)
+			}
+			now := time.Now().UnixNano()
+			for j := lo; j < id; j++ {
+				committed[j].Store(now)
+			}
+		}
+		tick.Stop()
+		var ds []time.Duration
+		deadline := time.After(2 * time.Minute)
+	collect:
+		for len(ds) < total {
+			select {
+			case d := <-lat:
+				ds = append(ds, d)
+			case <-deadline:
+				break collect
+			}
+		}
+		cancel()
+		if err := <-done; err != nil {
+			b.Fatal(err)
+		}
+		hook.Close()
+		sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+		if len(ds) == 0 {
+			b.Fatal("no deliveries")
+		}
+		b.ReportMetric(float64(ds[len(ds)/2].Milliseconds()), "p50_ms")
+		b.ReportMetric(float64(ds[len(ds)*99/100].Milliseconds()), "p99_ms")
+		b.ReportMetric(float64(len(ds)), "delivered")
+	}
+}
+
+// BenchmarkHugeTransaction enqueues one transaction of CDCOUT_BENCH_ROWS
+// rows (default 1,000,000) and reports the process's peak RSS: the
+// enqueuer writes it in parts of enqueue_max_buffer rows, so memory must
+// not grow with the transaction.
+func BenchmarkHugeTransaction(b *testing.B) {
+	n := 1_000_000
+	if v, err := strconv.Atoi(os.Getenv("CDCOUT_BENCH_ROWS")); err == nil && v > 0 {
+		n = v
+	}
+	srv := mysqltest.Shared(b)
+	for i := 0; i < b.N; i++ {
+		src := srv.CreateDB(b, "huge_src")
+		stateDB := srv.CreateDB(b, "huge_state")
+		srv.Exec(b, "CREATE TABLE `"+src+"`.t (id BIGINT PRIMARY KEY, pad VARCHAR(100))")
+		db := srv.Open(b)
+		var from string
+		if err := db.QueryRow("SELECT @@gtid_binlog_pos").Scan(&from); err != nil {
+			b.Fatal(err)
+		}
+		cfg := config.Default()
+		cfg.DSN = config.DSN(srv.DSN)
+		cfg.StateDB = stateDB
+		cfg.Instance = "huge"
+		cfg.From = from
+		cfg.HTTPAddr = "off"
+		cfg.Sinks = []config.Sink{{Name: "out", URL: "file://" + filepath.Join(b.TempDir(), "o.jsonl")}}
+		if _, err := reresolve(cfg); err != nil {
+			b.Fatal(err)
+		}
+		e, err := New(cfg, zap.NewNop())
+		if err != nil {
+			b.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- e.Run(ctx) }()
+		start := time.Now()
+		if _, err := db.Exec(fmt.Sprintf("INSERT INTO `%s`.t SELECT seq, REPEAT('x', 100) FROM `%s`.seq_1_to_%d", src, src, n)); err != nil {
+			b.Fatal(err)
+		}
+		deadline := time.Now().Add(30 * time.Minute)
+		for {
+			var rows int
+			_ = db.QueryRow("SELECT COUNT(*) FROM `" + stateDB + "`.outbox").Scan(&rows)
+			if rows >= n {
+				break
+			}
+			if time.Now().After(deadline) {
+				b.Fatalf("enqueued %d of %d", rows, n)
+			}
+			time.Sleep(time.Second)
+		}
+		elapsed := time.Since(start)
+		st := e.Stats()
+		cancel()
+		if err := <-done; err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(peakRSSMB(), "peak_rss_MB")
+		b.ReportMetric(float64(st.MaxBuffered), "max_buffered_rows")
+		b.ReportMetric(float64(n)/elapsed.Seconds(), "rows/s")
+	}
+}
+
+// peakRSSMB is the process's VmHWM in MB (0 where /proc is missing).
+func peakRSSMB() float64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, _ := strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")))
+			return float64(kb) / 1024
+		}
+	}
+	return 0
 }
