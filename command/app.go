@@ -56,6 +56,7 @@ func NewApp(stdin io.Reader, stdout, stderr io.Writer) *cli.App {
 			deadCommand(),
 			statusCommand(),
 			fleetCommand(),
+			backfillCommand(),
 			versionCommand(),
 		},
 		// Errors are printed once, by Main, as one line.
