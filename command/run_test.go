@@ -175,15 +175,26 @@ func TestRunStopsGracefully(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	resp, err := http.Get("http://" + addr + "/v1/source")
-	if err != nil {
-		t.Errorf("inspect endpoint: %v", err)
-	} else {
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 200 || !strings.Contains(string(body), `"connected":true`) {
-			t.Errorf("GET /v1/source = %d %s", resp.StatusCode, body)
+	// The lease comes before the binlog connection: poll the inspect
+	// endpoint until it reports the source connected.
+	var body string
+	for {
+		resp, err := http.Get("http://" + addr + "/v1/source")
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			body = fmt.Sprintf("%d %s", resp.StatusCode, b)
+			if resp.StatusCode == 200 && strings.Contains(string(b), `"connected":true`) {
+				break
+			}
+		} else {
+			body = err.Error()
 		}
+		if time.Now().After(deadline) {
+			t.Errorf("GET /v1/source never reported connected: %s", body)
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	cancel()
 	select {
