@@ -1,0 +1,349 @@
+package backfill_test
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/cdcout/cdcout/backfill"
+	"github.com/cdcout/cdcout/config"
+	"github.com/cdcout/cdcout/engine"
+	"github.com/cdcout/cdcout/internal/mysqltest"
+	"github.com/cdcout/cdcout/state"
+)
+
+func TestMain(m *testing.M) { mysqltest.RunMain(m) }
+
+// rowState is a row as the receiver and the table see it.
+type rowState struct {
+	V int64
+	S string
+}
+
+// receiver applies webhook deliveries in arrival order, per key.
+type receiver struct {
+	srv *httptest.Server
+	mu  sync.Mutex
+	got map[int64]rowState
+	ops map[string]int
+	// reads counts op "r" deliveries per key.
+	reads map[int64]int
+	seen  map[string]bool
+	dups  int
+}
+
+func newReceiver(t *testing.T) *receiver {
+	r := &receiver{got: map[int64]rowState{}, ops: map[string]int{}, reads: map[int64]int{}, seen: map[string]bool{}}
+	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		b, _ := io.ReadAll(req.Body)
+		var env struct {
+			ID    string `json:"id"`
+			Op    string `json:"op"`
+			Key   struct{ ID int64 }
+			After *struct {
+				ID int64
+				V  int64
+				S  string
+			}
+			Source struct{ DB, Table string }
+		}
+		if err := json.Unmarshal(b, &env); err != nil {
+			t.Errorf("bad delivery %s: %v", b, err)
+			w.WriteHeader(400)
+			return
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.seen[env.ID] {
+			r.dups++
+			return
+		}
+		r.seen[env.ID] = true
+		if env.Source.Table != "t" {
+			t.Errorf("delivery of table %s.%s: %s", env.Source.DB, env.Source.Table, b)
+		}
+		r.ops[env.Op]++
+		switch env.Op {
+		case "d":
+			delete(r.got, env.Key.ID)
+		case "c", "u", "r":
+			r.got[env.Key.ID] = rowState{V: env.After.V, S: env.After.S}
+			if env.Op == "r" {
+				r.reads[env.Key.ID]++
+			}
+		}
+	}))
+	t.Cleanup(r.srv.Close)
+	return r
+}
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+func tableState(t testing.TB, db *sql.DB, table string) map[int64]rowState {
+	t.Helper()
+	rows, err := db.Query("SELECT id, v, s FROM " + table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[int64]rowState{}
+	for rows.Next() {
+		var id int64
+		var s rowState
+		if err := rows.Scan(&id, &s.V, &s.S); err != nil {
+			t.Fatal(err)
+		}
+		out[id] = s
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func gtidPos(t testing.TB, db *sql.DB) string {
+	t.Helper()
+	var pos string
+	if err := db.QueryRow("SELECT @@gtid_binlog_pos").Scan(&pos); err != nil {
+		t.Fatal(err)
+	}
+	return pos
+}
+
+// gtidSeq is the sequence number of a single-domain MariaDB GTID position.
+func gtidSeq(pos string) int64 {
+	i := strings.LastIndexByte(pos, '-')
+	n, _ := strconv.ParseInt(pos[i+1:], 10, 64)
+	return n
+}
+
+func waitFor(t testing.TB, what string, d time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func engineConfig(t testing.TB, srv *mysqltest.Server, stateDB, from, instance string, sinks []config.Sink) *config.Config {
+	t.Helper()
+	cfg := config.Default()
+	cfg.DSN = config.DSN(srv.DSN)
+	cfg.StateDB = stateDB
+	cfg.Instance = instance
+	cfg.From = from
+	cfg.HTTPAddr = "off"
+	cfg.Sinks = sinks
+	cfg.FillSinkDefaults()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+func startEngine(t testing.TB, cfg *config.Config, logger *zap.Logger) func() {
+	e, err := engine.New(cfg, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("engine Run = %v", err)
+				}
+			case <-time.After(60 * time.Second):
+				t.Errorf("engine did not stop")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+func dropWatermarkDB(t testing.TB, srv *mysqltest.Server, stateDB string) {
+	t.Cleanup(func() {
+		db := srv.Open(t)
+		_, _ = db.Exec("DROP DATABASE IF EXISTS `" + backfill.WatermarkDB(stateDB) + "`")
+	})
+}
+
+// TestConsistencyUnderWrites backfills a table while a writer updates,
+// deletes and inserts random keys, with an engine (the "cdcout run")
+// holding the enqueue lease and delivering to a webhook. Applying the
+// deliveries in arrival order per key must give exactly the table's final
+// state. CDCOUT_BACKFILL_ROWS sizes the table (default 20,000; the issue's
+// figure is 200,000).
+func TestConsistencyUnderWrites(t *testing.T) {
+	n := envInt("CDCOUT_BACKFILL_ROWS", 20_000)
+	srv := mysqltest.Shared(t)
+	src := srv.CreateDB(t, "bf_src")
+	stateDB := srv.CreateDB(t, "bf_state")
+	dropWatermarkDB(t, srv, stateDB)
+	table := "`" + src + "`.t"
+	srv.Exec(t, "CREATE TABLE "+table+" (id INT PRIMARY KEY, v BIGINT NOT NULL, s VARCHAR(40) NOT NULL)",
+		fmt.Sprintf("INSERT INTO %s SELECT seq, seq, CONCAT('row', seq) FROM `%s`.seq_1_to_%d", table, src, n))
+	db := srv.Open(t)
+	from := gtidPos(t, db)
+
+	recv := newReceiver(t)
+	logger := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
+	cfg := engineConfig(t, srv, stateDB, from, "cons", []config.Sink{{Name: "hook", URL: recv.srv.URL, BatchSize: 200, Concurrency: 8}})
+	stopEngine := startEngine(t, cfg, logger)
+
+	// The writer runs until the backfill is done.
+	ctx, stopWriter := context.WithCancel(context.Background())
+	var writes int
+	writerDone := make(chan error, 1)
+	wdb := srv.Open(t)
+	go func() {
+		rng := rand.New(rand.NewPCG(1, 2))
+		var err error
+		for ctx.Err() == nil && err == nil {
+			id := rng.IntN(n+n/5) + 1
+			switch p := rng.IntN(10); {
+			case p < 5:
+				_, err = wdb.Exec("UPDATE "+table+" SET v = v + 1000000, s = ? WHERE id = ?", fmt.Sprintf("upd%d", writes), id)
+			case p < 7:
+				_, err = wdb.Exec("DELETE FROM "+table+" WHERE id = ?", id)
+			default:
+				_, err = wdb.Exec("INSERT INTO "+table+" (id, v, s) VALUES (?, ?, ?) ON DUPLICATE KEY UPDATE v = VALUES(v), s = VALUES(s)",
+					id, -int64(writes), fmt.Sprintf("ins%d", writes))
+			}
+			writes++
+		}
+		writerDone <- err
+	}()
+
+	if err := state.Migrate(context.Background(), db, stateDB); err != nil {
+		t.Fatal(err)
+	}
+	r := &backfill.Runner{Source: db, State: db, StateSchema: stateDB, Logger: logger}
+	info, err := r.Prepare(context.Background(), backfill.Spec{Table: src + ".t", Sinks: []string{"hook"}, ChunkSize: 500, Instance: "cons"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	if err := r.Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(t0)
+	stopWriter()
+	if err := <-writerDone; err != nil {
+		t.Fatalf("writer: %v", err)
+	}
+	t.Logf("backfill %s of %d rows took %s (%.0f rows/s) beside %d concurrent writes", info.ID, n, took, float64(n)/took.Seconds(), writes)
+
+	// Everything up to the writer's last commit enqueued and delivered.
+	end := gtidSeq(gtidPos(t, db))
+	waitFor(t, "checkpoint past the last write", 60*time.Second, func() bool {
+		var raw string
+		if err := db.QueryRow("SELECT position FROM `"+stateDB+"`.checkpoints WHERE source = 'enqueue/cons'").Scan(&raw); err != nil {
+			return false
+		}
+		var p struct {
+			GTIDSet string `json:"gtid_set"`
+		}
+		_ = json.Unmarshal([]byte(raw), &p)
+		return p.GTIDSet != "" && gtidSeq(p.GTIDSet) >= end
+	})
+	waitFor(t, "every outbox row delivered", 60*time.Second, func() bool {
+		var open int
+		_ = db.QueryRow("SELECT COUNT(*) FROM `" + stateDB + "`.outbox WHERE status <> 'delivered'").Scan(&open)
+		return open == 0
+	})
+	stopEngine()
+
+	want := tableState(t, db, table)
+	recv.mu.Lock()
+	defer recv.mu.Unlock()
+	if recv.dups != 0 {
+		t.Errorf("%d redeliveries", recv.dups)
+	}
+	if recv.ops["r"] == 0 {
+		t.Fatalf("no backfilled row delivered (ops %v)", recv.ops)
+	}
+	for id, w := range want {
+		g, ok := recv.got[id]
+		if !ok {
+			t.Errorf("key %d: in the table %+v, never delivered", id, w)
+			continue
+		}
+		if g != w {
+			t.Errorf("key %d: receiver has %+v, table has %+v", id, g, w)
+		}
+	}
+	for id, g := range recv.got {
+		if _, ok := want[id]; !ok {
+			t.Errorf("key %d: receiver has %+v, deleted from the table", id, g)
+		}
+	}
+	for id, c := range recv.reads {
+		if c > 1 {
+			t.Errorf("key %d: %d backfilled rows, want at most 1", id, c)
+		}
+	}
+	var st string
+	if err := db.QueryRow("SELECT status FROM `"+stateDB+"`.backfills WHERE id = ?", info.ID).Scan(&st); err != nil || st != backfill.StatusDone {
+		t.Errorf("backfill status %q (%v), want done", st, err)
+	}
+	t.Logf("deliveries by op: %v; %d keys in the final table", recv.ops, len(want))
+}
+
+// TestBadInput: unknown table, keyless table and a failing --where are
+// reported as ErrBadInput before anything is written.
+func TestBadInput(t *testing.T) {
+	srv := mysqltest.Shared(t)
+	src := srv.CreateDB(t, "bf_bad")
+	stateDB := srv.CreateDB(t, "bf_badstate")
+	dropWatermarkDB(t, srv, stateDB)
+	srv.Exec(t, "CREATE TABLE `"+src+"`.nokey (a INT, b INT, UNIQUE KEY (a))", "CREATE TABLE `"+src+"`.ok (id INT PRIMARY KEY)")
+	db := srv.Open(t)
+	if _, err := db.Exec("CREATE DATABASE IF NOT EXISTS `" + stateDB + "`"); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		spec backfill.Spec
+		want string
+	}{
+		{backfill.Spec{Table: src + ".missing"}, "does not exist"},
+		{backfill.Spec{Table: src + ".nokey"}, "ADD PRIMARY KEY"},
+		{backfill.Spec{Table: src + ".ok", Where: "nosuchcolumn > 1"}, "Unknown column 'nosuchcolumn'"},
+		{backfill.Spec{Table: "nodot"}, "want db.table"},
+	} {
+		r := &backfill.Runner{Source: db, State: db, StateSchema: stateDB}
+		_, err := r.Prepare(context.Background(), tc.spec)
+		if !errors.Is(err, backfill.ErrBadInput) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Prepare(%+v) = %v, want ErrBadInput containing %q", tc.spec, err, tc.want)
+		}
+	}
+}

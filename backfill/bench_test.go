@@ -1,0 +1,95 @@
+package backfill_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"io"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/cdcout/cdcout/backfill"
+	"github.com/cdcout/cdcout/config"
+	"github.com/cdcout/cdcout/engine"
+	"github.com/cdcout/cdcout/internal/mysqltest"
+	"github.com/cdcout/cdcout/state"
+)
+
+// BenchmarkBackfill measures the backfill's enqueue rate (rows read,
+// bracketed by watermarks, applied by the engine and committed to the
+// outbox) on a table of CDCOUT_BENCH_ROWS rows (default 1,000,000), beside
+// the database's own rate for a plain full SELECT of the same table.
+// CDCOUT_BENCH_CHUNK sets the chunk size (default 1000).
+func BenchmarkBackfill(b *testing.B) {
+	n := envInt("CDCOUT_BENCH_ROWS", 1_000_000)
+	chunk := envInt("CDCOUT_BENCH_CHUNK", backfill.DefaultChunkSize)
+	srv := mysqltest.Shared(b)
+	src := srv.CreateDB(b, "bfb_src")
+	table := "`" + src + "`.t"
+	srv.Exec(b, "CREATE TABLE "+table+" (id INT PRIMARY KEY, v BIGINT NOT NULL, s VARCHAR(40) NOT NULL, ts DATETIME(3) NOT NULL)",
+		fmt.Sprintf("INSERT INTO %s SELECT seq, seq * 7, CONCAT('row-', seq), '2026-01-02 03:04:05.678' FROM `%s`.seq_1_to_%d", table, src, n),
+		"ANALYZE TABLE "+table)
+	db := srv.Open(b)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		// The database's own rate: every row of a plain SELECT, scanned.
+		t0 := time.Now()
+		rows, err := db.Query("SELECT id, v, s, ts FROM " + table)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var id, v int64
+		var s, ts sql.RawBytes
+		got := 0
+		for rows.Next() {
+			if err := rows.Scan(&id, &v, &s, &ts); err != nil {
+				b.Fatal(err)
+			}
+			got++
+		}
+		rows.Close()
+		selectRate := float64(got) / time.Since(t0).Seconds()
+
+		stateDB := srv.CreateDB(b, "bfb_state")
+		dropWatermarkDB(b, srv, stateDB)
+		if err := state.Migrate(context.Background(), db, stateDB); err != nil {
+			b.Fatal(err)
+		}
+		cfg := engineConfig(b, srv, stateDB, gtidPos(b, db), "bench", []config.Sink{{Name: "out", URL: "stdout:"}})
+		e, err := engine.New(cfg, zap.NewNop(), engine.WithStdout(io.Discard))
+		if err != nil {
+			b.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- e.Run(ctx) }()
+		r := &backfill.Runner{Source: db, State: db, StateSchema: stateDB, Stall: time.Minute}
+		if _, err := r.Prepare(context.Background(), backfill.Spec{Table: src + ".t", Sinks: []string{"out"}, ChunkSize: chunk, Instance: "bench"}); err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		if err := r.Run(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		took := time.Since(t1)
+		st := e.Stats()
+		b.Logf("engine: %d rows in %d batches, %s in enqueue transactions", st.RowsWritten, st.Batches, st.EnqueueTime.Round(time.Millisecond))
+		cancel()
+		if err := <-done; err != nil {
+			b.Fatal(err)
+		}
+		var enq int
+		if err := db.QueryRow("SELECT COUNT(*) FROM `" + stateDB + "`.outbox WHERE op = 'r'").Scan(&enq); err != nil {
+			b.Fatal(err)
+		}
+		if enq != n {
+			b.Fatalf("%d rows enqueued, want %d", enq, n)
+		}
+		rate := float64(n) / took.Seconds()
+		b.ReportMetric(rate, "rows/s")
+		b.ReportMetric(selectRate, "select-rows/s")
+		b.Logf("%d rows, chunk %d: backfill enqueued %.0f rows/s (%s); plain SELECT %.0f rows/s", n, chunk, rate, took.Round(time.Millisecond), selectRate)
+	}
+}
