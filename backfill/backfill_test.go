@@ -267,7 +267,7 @@ func TestConsistencyUnderWrites(t *testing.T) {
 	end := gtidSeq(gtidPos(t, db))
 	waitFor(t, "checkpoint past the last write", 60*time.Second, func() bool {
 		var raw string
-		if err := db.QueryRow("SELECT position FROM `"+stateDB+"`.checkpoints WHERE source = 'enqueue/cons'").Scan(&raw); err != nil {
+		if err := db.QueryRow("SELECT position FROM `" + stateDB + "`.checkpoints WHERE source = 'enqueue/cons'").Scan(&raw); err != nil {
 			return false
 		}
 		var p struct {
