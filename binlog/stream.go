@@ -187,6 +187,12 @@ func (s *Stream) syncerConfig() (replication.BinlogSyncerConfig, error) {
 		// transaction, ours is always the last commit.
 		DisableRetrySync: true,
 		DiscardGTIDSet:   true,
+		// go-mysql buffers this many decoded events ahead of the reader;
+		// its default (10,240) costs ~160 MB inside a huge transaction's
+		// large row events. A small queue keeps memory bounded (DESIGN.md
+		// invariant 6) and costs no throughput: the reader is the
+		// bottleneck either way.
+		EventCacheCount: 128,
 		Logger:           logbridge.New(s.log.Named("go-mysql")),
 	}, nil
 }
