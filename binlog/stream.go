@@ -193,7 +193,7 @@ func (s *Stream) syncerConfig() (replication.BinlogSyncerConfig, error) {
 		// invariant 6) and costs no throughput: the reader is the
 		// bottleneck either way.
 		EventCacheCount: 128,
-		Logger:           logbridge.New(s.log.Named("go-mysql")),
+		Logger:          logbridge.New(s.log.Named("go-mysql")),
 	}, nil
 }
 
