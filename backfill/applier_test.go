@@ -1,0 +1,95 @@
+package backfill
+
+import (
+	"context"
+	"testing"
+
+	"github.com/cdcout/cdcout/canonical"
+	"github.com/cdcout/cdcout/internal/mysqltest"
+	"github.com/cdcout/cdcout/state"
+)
+
+func wmChange(wmDB, id, instance string, chunk int64, mark string) *canonical.Change {
+	return &canonical.Change{Op: canonical.OpUpdate, Source: canonical.Source{DB: wmDB, Table: WatermarkTable},
+		After: canonical.Row{"id": id, "instance": instance, "tbl": "app.t", "chunk": chunk, "mark": mark}}
+}
+
+func rowChange(id int64) *canonical.Change {
+	return &canonical.Change{Op: canonical.OpUpdate, Source: canonical.Source{DB: "app", Table: "t"},
+		Key: canonical.Row{"id": id}, After: canonical.Row{"id": id, "v": int64(0)}}
+}
+
+// TestApplierWindow: keys changed between LOW and HIGH are dropped from the
+// chunk, the rest come back as "r" rows at HIGH; the chunk is done only
+// after Written; a HIGH without its LOW asks for the chunk again; another
+// instance's watermarks are consumed but ignored.
+func TestApplierWindow(t *testing.T) {
+	srv := mysqltest.Shared(t)
+	schema := srv.CreateDB(t, "bfa_state")
+	db := srv.Open(t)
+	ctx := context.Background()
+	if err := state.Migrate(ctx, db, schema); err != nil {
+		t.Fatal(err)
+	}
+	doc := `{"db":"app","table":"t","key":["id"],"sinks":["hook"],"ts_ms":1,"rows":[{"id":1,"v":10},{"id":2,"v":20},{"id":3,"v":30}]}`
+	for _, chunk := range []int{0, 1} {
+		if _, err := db.Exec("INSERT INTO "+state.Table(schema, "backfill_chunks")+" (backfill_id, chunk, rows_json, row_count) VALUES ('bf1', ?, ?, 3)", chunk, doc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	status := func(chunk int) string {
+		var s string
+		if err := db.QueryRow("SELECT status FROM "+state.Table(schema, "backfill_chunks")+" WHERE backfill_id = 'bf1' AND chunk = ?", chunk).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	a := NewApplier(db, schema, "i1", "test", nil)
+	wm := WatermarkDB(schema)
+	feed := func(ch *canonical.Change) (bool, []Row) {
+		t.Helper()
+		consumed, rows, err := a.Change(ctx, ch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return consumed, rows
+	}
+	if c, rows := feed(wmChange(wm, "bf1", "i1", 0, markLow)); !c || rows != nil {
+		t.Fatalf("LOW: consumed %v rows %v", c, rows)
+	}
+	if c, _ := feed(rowChange(2)); c {
+		t.Fatal("a table change was consumed")
+	}
+	feed(wmChange(wm, "bfother", "i2", 0, markLow)) // another instance
+	c, rows := feed(wmChange(wm, "bf1", "i1", 0, markHigh))
+	if !c || len(rows) != 2 {
+		t.Fatalf("HIGH: consumed %v, %d rows, want 2", c, len(rows))
+	}
+	for i, want := range []int64{1, 3} {
+		r := rows[i]
+		if got := canonical.KeyJSON(r.Change.Key); got != canonical.KeyJSON(canonical.Row{"id": want}) {
+			t.Errorf("row %d key %s, want id %d", i, got, want)
+		}
+		if r.Change.Op != canonical.OpRead || r.Change.Before != nil || r.Sinks[0] != "hook" || r.ChangeKey[:6] != "b:bf1:" {
+			t.Errorf("row %d: %+v", i, r)
+		}
+	}
+	if got := status(0); got != chunkWritten {
+		t.Fatalf("chunk 0 %s before Written, want written", got)
+	}
+	a.Written(ctx)
+	if got := status(0); got != chunkDone {
+		t.Fatalf("chunk 0 %s after Written, want done", got)
+	}
+	// Replay of the same HIGH (a stream read again): nothing twice.
+	if _, rows := feed(wmChange(wm, "bf1", "i1", 0, markHigh)); len(rows) != 0 {
+		t.Fatalf("replayed HIGH gave %d rows", len(rows))
+	}
+	// HIGH of chunk 1 without its LOW: the window is unknown.
+	if _, rows := feed(wmChange(wm, "bf1", "i1", 1, markHigh)); len(rows) != 0 {
+		t.Fatalf("HIGH without LOW gave %d rows", len(rows))
+	}
+	if got := status(1); got != chunkRetry {
+		t.Fatalf("chunk 1 %s, want retry", got)
+	}
+}
