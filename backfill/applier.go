@@ -96,7 +96,12 @@ func (a *Applier) WatermarkTable() string { return a.wmDB + "." + WatermarkTable
 // which must never be routed to a sink. rows are backfilled rows to enqueue
 // now, before any later change of the stream.
 func (a *Applier) Change(ctx context.Context, ch *canonical.Change) (consumed bool, rows []Row, err error) {
-	if ch.Source.DB == a.wmDB && ch.Source.Table == WatermarkTable {
+	if ch.Source.Table == WatermarkTable && strings.HasSuffix(ch.Source.DB, watermarkSuffix) {
+		if ch.Source.DB != a.wmDB {
+			// Another deployment's watermarks (another state database
+			// on the same source): never routed, never applied here.
+			return true, nil, nil
+		}
 		rows, err := a.watermark(ctx, ch)
 		return true, rows, err
 	}

@@ -85,6 +85,10 @@ func TestApplierWindow(t *testing.T) {
 	if _, rows := feed(wmChange(wm, "bf1", "i1", 0, markHigh)); len(rows) != 0 {
 		t.Fatalf("replayed HIGH gave %d rows", len(rows))
 	}
+	// Another state database's watermarks: consumed (never routed), ignored.
+	if c, rows := feed(wmChange("elsewhere_watermark", "bf1", "i1", 1, markLow)); !c || rows != nil {
+		t.Fatalf("foreign watermark: consumed %v rows %v", c, rows)
+	}
 	// HIGH of chunk 1 without its LOW: the window is unknown.
 	if _, rows := feed(wmChange(wm, "bf1", "i1", 1, markHigh)); len(rows) != 0 {
 		t.Fatalf("HIGH without LOW gave %d rows", len(rows))

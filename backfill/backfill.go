@@ -60,7 +60,11 @@ const (
 
 // WatermarkDB is the database on the source holding the watermark table of
 // the state database stateDB.
-func WatermarkDB(stateDB string) string { return stateDB + "_watermark" }
+func WatermarkDB(stateDB string) string { return stateDB + watermarkSuffix }
+
+// watermarkSuffix names watermark databases; a stream never routes a
+// change of <anything>_watermark.watermarks, whoever wrote it.
+const watermarkSuffix = "_watermark"
 
 // newID is a fresh backfill id: sortable by start time, unique.
 func newID() string {
