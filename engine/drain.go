@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/cdcout/cdcout/config"
+	"github.com/cdcout/cdcout/lease"
 	"github.com/cdcout/cdcout/outbox"
 	"github.com/cdcout/cdcout/state"
 )
@@ -28,6 +29,11 @@ type drainers struct {
 	log    *zap.Logger
 	// metrics observe every drainer's deliveries.
 	metrics outbox.DrainMetrics
+	// leases, when set, is the drain lease hook: a drainer claims rows
+	// only while its pipe's lease is held. notify is told every pipe that
+	// got rows (the drain leases learn pipes from it).
+	leases func(pipe string) (lease.Lease, bool)
+	notify func(pipes []string)
 
 	mu      sync.Mutex
 	byPipe  map[string]*outbox.Drainer
@@ -47,25 +53,31 @@ func newDrainers(ctx context.Context, db *sql.DB, cfg *config.Config, holder str
 // discover starts drainers for this instance's pipes that have rows to
 // deliver from before this process started.
 func (d *drainers) discover(ctx context.Context) error {
+	pipes, err := d.pendingPipes(ctx)
+	if err != nil {
+		return err
+	}
+	d.written(pipes)
+	return nil
+}
+
+// pendingPipes lists this instance's pipes with undelivered rows.
+func (d *drainers) pendingPipes(ctx context.Context) ([]string, error) {
 	rows, err := d.db.QueryContext(ctx, "SELECT DISTINCT pipe FROM "+state.Table(d.cfg.StateDB, "outbox")+
 		" WHERE pipe LIKE ? AND status IN ('pending','delivering')", likePrefix(d.cfg.Instance+":"))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer rows.Close()
 	var pipes []string
 	for rows.Next() {
 		var p string
 		if err := rows.Scan(&p); err != nil {
-			return err
+			return nil, err
 		}
 		pipes = append(pipes, p)
 	}
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	d.written(pipes)
-	return nil
+	return pipes, rows.Err()
 }
 
 func likePrefix(p string) string {
@@ -81,6 +93,9 @@ func likePrefix(p string) string {
 
 // written wakes (starting if needed) the drainers of pipes that got rows.
 func (d *drainers) written(pipes []string) {
+	if d.notify != nil {
+		d.notify(pipes)
+	}
 	for _, p := range pipes {
 		if dr := d.ensure(p); dr != nil {
 			dr.Wake()
@@ -123,6 +138,7 @@ func (d *drainers) ensure(pipe string) *outbox.Drainer {
 		}},
 		Logger:  d.log,
 		Metrics: d.metrics,
+		Leases:  d.leases,
 	})
 	if err != nil {
 		d.skipped[pipe] = true

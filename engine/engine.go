@@ -14,14 +14,18 @@ import (
 	"context"
 	"crypto/rand"
 	"database/sql"
+	"database/sql/driver"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/fnv"
 	"io"
+	mrand "math/rand/v2"
+	"net"
 	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -31,6 +35,7 @@ import (
 	"github.com/cdcout/cdcout/binlog"
 	"github.com/cdcout/cdcout/config"
 	"github.com/cdcout/cdcout/dedup"
+	"github.com/cdcout/cdcout/fleet"
 	"github.com/cdcout/cdcout/format"
 	"github.com/cdcout/cdcout/inspect"
 	"github.com/cdcout/cdcout/internal/buildinfo"
@@ -73,6 +78,19 @@ type Engine struct {
 	enq    *enqueuer      // current tenure's, for Stats
 	stream *binlog.Stream // current tenure's, for the inspect endpoints
 	digest bool
+	// role is "leader" while this replica holds the enqueue lease.
+	role string
+	// ho is the current (or last) standby phase's handoff buffer;
+	// droppedBefore sums the earlier phases' DroppedPending, and
+	// droppedReported is what the metric was told.
+	ho              *handoff
+	dl              *drainLeases
+	droppedBefore   int64
+	droppedReported int64
+	started         time.Time
+	// takeovers counts tenures that started from the handoff buffer
+	// (buffered) or by re-reading from the checkpoint (reread).
+	takeoversBuffered, takeoversReread int64
 }
 
 type sinkEntry struct {
@@ -99,6 +117,8 @@ func New(cfg *config.Config, logger *zap.Logger, opts ...Option) (*Engine, error
 		leaseName: "enqueue/" + cfg.Instance,
 		sinks:     map[string]sinkEntry{},
 		metrics:   metrics.New(),
+		role:      "standby",
+		started:   time.Now(),
 	}
 	for _, o := range opts {
 		o(e)
@@ -240,7 +260,8 @@ func (e *Engine) Run(parent context.Context) error {
 	srv := inspect.New(inspect.Config{Addr: cfg.HTTPAddr}, inspect.Deps{
 		DB: db, Schema: cfg.StateDB, Instance: cfg.Instance, ReplicaID: cfg.ReplicaID,
 		Source: e.sourceStatus, Metrics: e.metrics, Pipes: nil,
-		Secrets: e.secrets(), Logger: e.log,
+		DroppedPending: e.droppedPending,
+		Secrets:        e.secrets(), Logger: e.log,
 	})
 	ictx, stopInspect := context.WithCancel(context.WithoutCancel(ctx))
 	inspectDone := make(chan struct{})
@@ -261,9 +282,37 @@ func (e *Engine) Run(parent context.Context) error {
 	defer stopDrain()
 	drains := newDrainers(dctx, db, cfg, e.holder, e.sinks, e.log)
 	drains.metrics = e.metrics.DrainMetrics()
+	// Drain leases spread the pipes over the live replicas; a drainer
+	// claims rows only while its pipe's lease is held. They are renewed
+	// until the drainers have returned, then released.
+	dl := newDrainLeases(leases, db, cfg.StateDB, cfg.Instance, cfg.ReplicaID, e.holder, cfg.LeaseTTL, e.log)
+	dl.acquired = func(p string) { drains.written([]string{p}) }
+	dl.discover = drains.pendingPipes
+	drains.leases = dl.get
+	drains.notify = dl.addPipes
+	e.mu.Lock()
+	e.dl = dl
+	e.mu.Unlock()
+	lctx, stopLeases := context.WithCancel(context.WithoutCancel(ctx))
+	leasesDone := make(chan struct{})
+	go func() { defer close(leasesDone); dl.run(lctx) }()
+	defer func() {
+		stopLeases()
+		<-leasesDone
+		rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
+		dl.releaseAll(rctx)
+		rcancel()
+	}()
 	if err := drains.discover(ctx); err != nil && ctx.Err() == nil {
 		e.log.Warn("look up pipes with pending rows", zap.Error(err))
 	}
+
+	// The fleet observation: who this replica is and what it holds.
+	hctx, stopHeartbeat := context.WithCancel(ctx)
+	heartbeatDone := make(chan struct{})
+	hb := &fleet.Heartbeat{DB: db, Schema: cfg.StateDB, Every: heartbeatEvery(cfg.LeaseTTL), Observe: e.observation, Logger: e.log}
+	go func() { defer close(heartbeatDone); _ = hb.Run(hctx) }()
+	defer func() { stopHeartbeat(); <-heartbeatDone }()
 	// Drainers stop claiming as soon as the stop is asked for.
 	stopWatch := context.AfterFunc(ctx, drains.stopClaiming)
 	defer stopWatch()
@@ -292,20 +341,33 @@ func (e *Engine) Run(parent context.Context) error {
 	resetPending := cfg.ResetPosition
 	var runErr error
 	for ctx.Err() == nil {
-		l, err := e.acquire(ctx, leases)
+		l, ho, err := e.acquire(ctx, leases, store)
 		if err != nil {
 			if ctx.Err() == nil {
 				runErr = err
 			}
 			break
 		}
-		err = e.tenure(ctx, db, l, leases, store, drains, &resetPending)
+		err = e.tenure(ctx, db, l, leases, store, drains, &resetPending, ho)
 		if errors.Is(err, errLeaseLost) {
-			e.log.Warn("enqueue lease lost; stopped enqueueing, re-acquiring", zap.Error(err))
+			e.log.Warn("enqueue lease lost; stopped enqueueing, following as a standby", zap.Error(err))
 			continue
 		}
 		if errors.Is(err, errReread) {
 			e.log.Info("re-reading from the checkpoint", zap.Error(err))
+			continue
+		}
+		if err != nil && ctx.Err() == nil && transient(err) {
+			// The database went away (restart, network): the lease is
+			// released or lapses, and any replica (this one too) resumes
+			// from the checkpoint once it is back.
+			e.log.Warn("enqueue stopped by a database error; retrying", zap.Error(err))
+			t := time.NewTimer(time.Second)
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+			}
+			t.Stop()
 			continue
 		}
 		if err != nil && ctx.Err() == nil {
@@ -375,6 +437,7 @@ func (e *Engine) sourceStatus() inspect.SourceStatus {
 	if st == nil {
 		return inspect.SourceStatus{Following: true, Role: "standby", DSN: e.cfg.DSN.String()}
 	}
+
 	info := st.Info()
 	mode := "gtid"
 	if digest {
@@ -403,38 +466,149 @@ func openDB(dsn string) (*sql.DB, error) {
 	return db, nil
 }
 
-// acquire waits until this replica holds the enqueue lease.
-func (e *Engine) acquire(ctx context.Context, leases *lease.Manager) (lease.Lease, error) {
+// acquire waits until this replica holds the enqueue lease. While it
+// waits it is a standby: it streams too, into a handoff buffer the
+// returned handoff carries to the tenure (nil when it took the lease at
+// the first try). It retries every half second to second (jittered, at
+// most a third of the TTL), so a released lease is taken within about a
+// second and a dead holder's within about a TTL.
+func (e *Engine) acquire(ctx context.Context, leases *lease.Manager, store *outbox.Store) (lease.Lease, *handoff, error) {
 	ttl := e.cfg.LeaseTTL
 	logged := false
+	var (
+		ho         *handoff
+		stopFollow context.CancelFunc
+		followDone chan struct{}
+	)
+	stop := func() {
+		if stopFollow != nil {
+			stopFollow()
+			<-followDone
+			stopFollow = nil
+		}
+	}
+	defer stop()
 	for {
 		l, ok, err := leases.Acquire(ctx, e.leaseName, e.holder, ttl)
 		if err != nil {
 			if ctx.Err() != nil {
-				return lease.Lease{}, ctx.Err()
+				return lease.Lease{}, nil, ctx.Err()
 			}
 			e.log.Warn("acquire enqueue lease", zap.Error(err))
 		} else if ok {
+			stop()
 			e.log.Info("enqueue lease acquired", zap.String("lease", l.Name), zap.Uint64("epoch", l.Epoch), zap.String("holder", l.Holder))
 			e.metrics.SetLeaseHeld(l.Name, true)
-			return l, nil
+			e.reportDropped()
+			return l, ho, nil
 		} else if !logged {
-			e.log.Info("enqueue lease held by another replica; waiting", zap.String("lease", e.leaseName), zap.String("holder", l.Holder))
+			e.log.Info("enqueue lease held by another replica; following as a standby", zap.String("lease", e.leaseName), zap.String("holder", l.Holder))
 			logged = true
 		}
-		t := time.NewTimer(max(ttl/5, 100*time.Millisecond))
+		if ho == nil {
+			ho = newHandoff(e.handoffWindow(), e.cfg.HandoffBufferSize)
+			e.mu.Lock()
+			if e.ho != nil {
+				e.droppedBefore += e.ho.droppedPending()
+			}
+			e.ho = ho
+			e.mu.Unlock()
+			fctx, cancel := context.WithCancel(ctx)
+			stopFollow, followDone = cancel, make(chan struct{})
+			go func() {
+				defer close(followDone)
+				e.follow(fctx, ho, func(c context.Context) (*binlog.Position, error) { return store.LoadCheckpoint(c, e.leaseName) })
+			}()
+		}
+		e.reportDropped()
+		t := time.NewTimer(acquireEvery(ttl))
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return lease.Lease{}, ctx.Err()
+			return lease.Lease{}, nil, ctx.Err()
 		case <-t.C:
 		}
 	}
 }
 
+// acquireEvery is a standby's retry interval: 0.5–1 s, at most a third
+// of the TTL, jittered so standbys do not ask in step.
+func acquireEvery(ttl time.Duration) time.Duration {
+	base := max(min(ttl/3, time.Second), 20*time.Millisecond)
+	return base/2 + mrand.N(base/2+1)
+}
+
+// heartbeatEvery is how often the fleet observation is written: the
+// fleet default, or faster with a short lease TTL.
+func heartbeatEvery(ttl time.Duration) time.Duration {
+	return max(min(fleet.DefaultWriteEvery, 2*ttl), time.Second)
+}
+
+// handoffWindow is the handoff buffer's age bound: the dedup window, so a
+// buffered change is never older than the claims that collapse it.
+func (e *Engine) handoffWindow() time.Duration { return e.cfg.EffectiveDedupWindow() }
+
+// droppedPending is what the handoff buffers could not carry.
+func (e *Engine) droppedPending() int64 {
+	e.mu.Lock()
+	ho, n := e.ho, e.droppedBefore
+	e.mu.Unlock()
+	if ho != nil {
+		n += ho.droppedPending()
+	}
+	return n
+}
+
+func (e *Engine) reportDropped() {
+	n := e.droppedPending()
+	e.mu.Lock()
+	d := n - e.droppedReported
+	e.droppedReported = n
+	e.mu.Unlock()
+	if d > 0 {
+		e.metrics.AddHandoffDroppedPending(d)
+	}
+}
+
+// observation is this replica's fleet row.
+func (e *Engine) observation() fleet.Observation {
+	e.mu.Lock()
+	role, dl := e.role, e.dl
+	e.mu.Unlock()
+	n := 0
+	if dl != nil {
+		n = dl.count()
+	}
+	reach := ""
+	if host, _, ok := strings.Cut(e.cfg.HTTPAddr, ":"); ok && host != "" && host != "0.0.0.0" && host != "[::]" {
+		reach = e.cfg.HTTPAddr
+	}
+	return fleet.Observation{
+		ReplicaID: e.cfg.ReplicaID, Kind: fleet.KindEngine, StartedAt: e.started, Version: buildinfo.Version(),
+		Payload:     inspect.EngineInfo{Instance: e.cfg.Instance, Holder: e.holder, Role: role, DrainLeases: n},
+		ReachableAt: reach,
+	}
+}
+
+// streamConfig is the binlog configuration of this replica's stream.
+func (e *Engine) streamConfig(resume *binlog.Position) binlog.Config {
+	cfg := e.cfg
+	return binlog.Config{
+		DSN:        cfg.DSN.Value(),
+		ServerID:   e.serverID(),
+		From:       cfg.From,
+		Resume:     resume,
+		Include:    withWatermarkTable(e.captureTables(), backfill.WatermarkDB(cfg.StateDB)+"."+backfill.WatermarkTable),
+		ExcludeDBs: []string{cfg.StateDB},
+		Instance:   cfg.Instance,
+		Version:    buildinfo.Version(),
+		Logger:     e.log,
+	}
+}
+
 // tenure is one term as the enqueue lease holder: read from the
 // checkpoint and enqueue until ctx ends or the lease is lost.
-func (e *Engine) tenure(ctx context.Context, db *sql.DB, l lease.Lease, leases *lease.Manager, store *outbox.Store, drains *drainers, resetPending *bool) (err error) {
+func (e *Engine) tenure(ctx context.Context, db *sql.DB, l lease.Lease, leases *lease.Manager, store *outbox.Store, drains *drainers, resetPending *bool, ho *handoff) (err error) {
 	cfg := e.cfg
 	tctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -457,7 +631,7 @@ func (e *Engine) tenure(ctx context.Context, db *sql.DB, l lease.Lease, leases *
 		wg.Wait()
 		e.metrics.SetLeaseHeld(l.Name, false)
 		e.mu.Lock()
-		e.stream = nil
+		e.stream, e.role = nil, "standby"
 		e.mu.Unlock()
 		lostMu.Lock()
 		wasLost := lost
@@ -501,17 +675,30 @@ func (e *Engine) tenure(ctx context.Context, db *sql.DB, l lease.Lease, leases *
 	if err != nil {
 		return err
 	}
-	bcfg := binlog.Config{
-		DSN:        cfg.DSN.Value(),
-		ServerID:   e.serverID(),
-		From:       cfg.From,
-		Resume:     pos,
-		Include:    withWatermarkTable(e.captureTables(), backfill.WatermarkDB(cfg.StateDB)+"."+backfill.WatermarkTable),
-		ExcludeDBs: []string{cfg.StateDB},
-		Instance:   cfg.Instance,
-		Version:    buildinfo.Version(),
-		Logger:     e.log,
+	e.mu.Lock()
+	e.role = "leader"
+	e.mu.Unlock()
+	// A standby's buffer that holds every transaction after the
+	// checkpoint is enqueued at once and the stream continues where the
+	// standby's stopped; otherwise the binlog is read again from the
+	// checkpoint.
+	var buffered []binlog.Event
+	resume := pos
+	if ho != nil && pos != nil {
+		evs, end, n, ok := ho.after(*pos)
+		if ok {
+			buffered, resume = evs, &end
+			e.takeoversBuffered++
+			e.log.Info("taking over from the handoff buffer", zap.String("checkpoint", pos.String()),
+				zap.Int("transactions", n), zap.Int("events", len(evs)), zap.String("continue_at", end.String()))
+		} else {
+			e.takeoversReread++
+			e.log.Info("handoff buffer does not reach back to the checkpoint; re-reading the binlog from it",
+				zap.String("checkpoint", pos.String()), zap.Int64("dropped_pending", ho.droppedPending()))
+		}
+		e.reportDropped()
 	}
+	bcfg := e.streamConfig(resume)
 	if pos != nil {
 		e.log.Info("resuming from checkpoint", zap.Any("position", pos))
 	} else {
@@ -547,6 +734,7 @@ func (e *Engine) tenure(ctx context.Context, db *sql.DB, l lease.Lease, leases *
 		maxBuffer:  cfg.EnqueueMaxBuffer,
 		interval:   cfg.EnqueueFlushInterval,
 		written:    drains.written,
+		valid:      func() bool { return keeper.Lease().Valid(time.Now()) },
 		observe:    e.metrics.ObserveEnqueue,
 		lastRow:    -1,
 		hook:       e.newWatermarkHook(db),
@@ -585,7 +773,15 @@ func (e *Engine) tenure(ctx context.Context, db *sql.DB, l lease.Lease, leases *
 		}
 	}()
 
-	err = stream.Run(tctx, q.handle)
+	for _, ev := range buffered {
+		if err = q.handle(tctx, ev); err != nil {
+			break
+		}
+	}
+	buffered = nil
+	if err == nil {
+		err = stream.Run(tctx, q.handle)
+	}
 	select {
 	case terr := <-tickErr:
 		err = terr
@@ -709,4 +905,31 @@ func (e *Engine) Stats() Stats {
 		RowsWritten: q.rowsWritten, Batches: q.flushes, EnqueueTime: q.flushTime,
 		Buffered: len(q.ready) + len(q.open), MaxBuffered: q.maxBuffered, Unwritten: q.cp != nil,
 	}
+}
+
+// transient reports whether err is the database going away (restart,
+// network) rather than something a retry cannot fix.
+func transient(err error) bool {
+	if errors.Is(err, binlog.ErrPositionUnavailable) {
+		return false
+	}
+	var ne net.Error
+	if errors.As(err, &ne) || errors.Is(err, driver.ErrBadConn) || errors.Is(err, mysql.ErrInvalidConn) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) {
+		return true
+	}
+	var me *mysql.MySQLError
+	if errors.As(err, &me) {
+		switch me.Number {
+		case 1053, 1077, 1927, 2002, 2003, 2006, 2013: // shutdown in progress, normal shutdown, connection killed, connection lost
+			return true
+		}
+	}
+	msg := err.Error()
+	for _, m := range []string{"connection refused", "invalid connection", "bad connection", "broken pipe", "connection reset", "server shutdown", "EOF"} {
+		if strings.Contains(msg, m) {
+			return true
+		}
+	}
+	return false
 }

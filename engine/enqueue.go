@@ -59,6 +59,10 @@ type enqueuer struct {
 	// written is told which pipes got rows, to wake (or start) their
 	// drainers.
 	written func(pipes []string)
+	// valid, when set, reports whether the enqueue lease may still be
+	// acted on (its local deadline): a leader that could not renew stops
+	// writing before the lease can have expired.
+	valid func() bool
 	// observe, when set, is told every enqueue's result (metrics).
 	observe func(outbox.EnqueueResult)
 	// hook, when set, sees changes before routing (backfill watermarks;
@@ -219,6 +223,9 @@ func (q *enqueuer) final(ctx context.Context) error {
 func (q *enqueuer) flush(ctx context.Context, cp *outbox.Checkpoint) error {
 	backoff := 100 * time.Millisecond
 	for {
+		if q.valid != nil && !q.valid() {
+			return fmt.Errorf("%w: local deadline passed without a renewal", errLeaseLost)
+		}
 		t0 := time.Now()
 		res, err := q.store.Enqueue(ctx, q.claimedBy, q.fence, q.ready, cp)
 		q.flushTime += time.Since(t0)
