@@ -265,7 +265,9 @@ func TestConsistencyUnderWrites(t *testing.T) {
 
 	// Everything up to the writer's last commit enqueued and delivered.
 	end := gtidSeq(gtidPos(t, db))
-	waitFor(t, "checkpoint past the last write", 60*time.Second, func() bool {
+	// Catching up scales with the table (a 200k run delivers ~500k records).
+	catchUp := 60*time.Second + time.Duration(n/500)*time.Second
+	waitFor(t, "checkpoint past the last write", catchUp, func() bool {
 		var raw string
 		if err := db.QueryRow("SELECT position FROM `" + stateDB + "`.checkpoints WHERE source = 'enqueue/cons'").Scan(&raw); err != nil {
 			return false
@@ -276,7 +278,7 @@ func TestConsistencyUnderWrites(t *testing.T) {
 		_ = json.Unmarshal([]byte(raw), &p)
 		return p.GTIDSet != "" && gtidSeq(p.GTIDSet) >= end
 	})
-	waitFor(t, "every outbox row delivered", 60*time.Second, func() bool {
+	waitFor(t, "every outbox row delivered", catchUp, func() bool {
 		var open int
 		_ = db.QueryRow("SELECT COUNT(*) FROM `" + stateDB + "`.outbox WHERE status <> 'delivered'").Scan(&open)
 		return open == 0
