@@ -93,7 +93,7 @@ sinks:
 	write(10)
 	waitFor(t, 30*time.Second, func() (bool, string) {
 		var n, open int
-		_ = db.QueryRow("SELECT COUNT(*), COALESCE(SUM(status <> 'delivered'), 0) FROM `" + stateDB + "`.outbox").Scan(&n, &open)
+		_ = db.QueryRow("SELECT COUNT(*), COALESCE(SUM(status <> 'delivered'), 0) FROM `"+stateDB+"`.outbox").Scan(&n, &open)
 		return n >= changes && open == 0, fmt.Sprintf("outbox has %d rows (%d undelivered), want %d delivered", n, open, changes)
 	})
 	if got := logB.count(wantLog); got != 1 {
