@@ -88,9 +88,6 @@ type Engine struct {
 	droppedBefore   int64
 	droppedReported int64
 	started         time.Time
-	// takeovers counts tenures that started from the handoff buffer
-	// (buffered) or by re-reading from the checkpoint (reread).
-	takeoversBuffered, takeoversReread int64
 }
 
 type sinkEntry struct {
@@ -688,11 +685,9 @@ func (e *Engine) tenure(ctx context.Context, db *sql.DB, l lease.Lease, leases *
 		evs, end, n, ok := ho.after(*pos)
 		if ok {
 			buffered, resume = evs, &end
-			e.takeoversBuffered++
 			e.log.Info("taking over from the handoff buffer", zap.String("checkpoint", pos.String()),
 				zap.Int("transactions", n), zap.Int("events", len(evs)), zap.String("continue_at", end.String()))
 		} else {
-			e.takeoversReread++
 			e.log.Info("handoff buffer does not reach back to the checkpoint; re-reading the binlog from it",
 				zap.String("checkpoint", pos.String()), zap.Int64("dropped_pending", ho.droppedPending()))
 		}
