@@ -297,19 +297,28 @@ sinks:
 		h, _ := enqueueHolder()
 		return h != "" && byID(h) != r, "no other replica took over from the stopped leader"
 	})
-	time.Sleep(chaosTTL / 2) // the new leader writes meanwhile
+	checkpointHolder := func() (string, uint64) {
+		var h string
+		var epoch uint64
+		if err := db.QueryRow("SELECT holder, epoch FROM `"+stateDB+"`.checkpoints WHERE source = 'enqueue/chaos'").Scan(&h, &epoch); err != nil {
+			t.Fatal(err)
+		}
+		return h, epoch
+	}
+	// The new leader writes a checkpoint while the old one is stopped.
+	waitFor(t, 30*time.Second, func() (bool, string) {
+		h, epoch := checkpointHolder()
+		return byID(h) != r && epoch > oldEpoch, fmt.Sprintf("checkpoint still by %s at epoch %d", h, epoch)
+	})
 	if err := r.p.cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 20*time.Second, func() (bool, string) {
 		return log.count(`"enqueue lease lost`) > lostBefore, "the resumed old leader did not notice it lost the lease"
 	})
-	var cpHolder string
-	var cpEpoch uint64
-	if err := db.QueryRow("SELECT holder, epoch FROM `"+stateDB+"`.checkpoints WHERE source = 'enqueue/chaos'").Scan(&cpHolder, &cpEpoch); err != nil {
-		t.Fatal(err)
-	}
-	if byID(cpHolder) == r || cpEpoch <= oldEpoch {
+	// Its enqueue writes matched zero rows: the checkpoint is still the
+	// new leader's.
+	if cpHolder, cpEpoch := checkpointHolder(); byID(cpHolder) == r || cpEpoch <= oldEpoch {
 		t.Errorf("checkpoint written by %s at epoch %d after the stopped leader (epoch %d) resumed", cpHolder, cpEpoch, oldEpoch)
 	}
 
