@@ -39,6 +39,9 @@ type drainLeases struct {
 	// acquired is told each pipe whose lease was just taken (to start or
 	// wake its drainer).
 	acquired func(pipe string)
+	// heldMetric, when set, is told when a drain lease is taken or given
+	// up (cdcout_lease_held).
+	heldMetric func(name string, held bool)
 	// discover lists pipes with undelivered rows (nil: none).
 	discover func(ctx context.Context) ([]string, error)
 
@@ -204,6 +207,7 @@ func (d *drainLeases) tick(ctx context.Context) {
 		d.mu.Lock()
 		d.held[p] = l
 		d.mu.Unlock()
+		d.setMetric(p, true)
 		d.log.Info("drain lease acquired", zap.String("pipe", p), zap.Uint64("epoch", l.Epoch),
 			zap.Int("members", len(members)), zap.Int("pipes", len(pipes)))
 		if d.acquired != nil {
@@ -222,20 +226,26 @@ func (d *drainLeases) renewHeld(ctx context.Context) {
 	d.mu.Unlock()
 	for p, l := range held {
 		next, err := d.m.Renew(ctx, l)
+		lost := false
 		d.mu.Lock()
 		switch {
 		case err == nil:
 			d.held[p] = next
 		case errors.Is(err, lease.ErrNotHeld):
 			delete(d.held, p)
+			lost = true
 			d.log.Warn("drain lease lost", zap.String("pipe", p))
 		default:
 			// Transient: the lease's local deadline decides.
 			if !l.Valid(time.Now()) {
 				delete(d.held, p)
+				lost = true
 			}
 		}
 		d.mu.Unlock()
+		if lost {
+			d.setMetric(p, false)
+		}
 	}
 }
 
@@ -247,6 +257,7 @@ func (d *drainLeases) releaseOne(ctx context.Context, pipe, why string) {
 	if !ok {
 		return
 	}
+	d.setMetric(pipe, false)
 	if err := d.m.Release(ctx, l); err != nil && !errors.Is(err, lease.ErrNotHeld) {
 		d.log.Warn("release drain lease", zap.String("pipe", pipe), zap.Error(err))
 		return
@@ -277,6 +288,12 @@ func (d *drainLeases) releaseAll(ctx context.Context) {
 	if _, err := d.db.ExecContext(ctx, "DELETE FROM "+state.Table(d.schema, "leases")+
 		" WHERE name LIKE 'member/%' AND expires_at < NOW(6) - INTERVAL 1 HOUR"); err != nil {
 		d.log.Debug("delete old member leases", zap.Error(err))
+	}
+}
+
+func (d *drainLeases) setMetric(pipe string, held bool) {
+	if d.heldMetric != nil {
+		d.heldMetric(drainLeaseName(pipe), held)
 	}
 }
 

@@ -285,6 +285,7 @@ func (e *Engine) Run(parent context.Context) error {
 	dl := newDrainLeases(leases, db, cfg.StateDB, cfg.Instance, cfg.ReplicaID, e.holder, cfg.LeaseTTL, e.log)
 	dl.acquired = func(p string) { drains.written([]string{p}) }
 	dl.discover = drains.pendingPipes
+	dl.heldMetric = e.metrics.SetLeaseHeld
 	drains.leases = dl.get
 	drains.notify = dl.addPipes
 	e.mu.Lock()
