@@ -96,11 +96,12 @@ func testChaos(t *testing.T, mode string) {
 	})
 	dir := t.TempDir()
 	cfgPath := filepath.Join(dir, "cdcout.yaml")
-	// Claim lease just above the sink timeout: a SIGKILLed drain holder's
-	// claimed rows wait it out before the pipe's next holder takes them.
+	// A long claim lease: a SIGKILLed drain holder's claimed rows must not
+	// wait it out — the pipe's next holder returns them to pending when it
+	// takes the drain lease (their claimer is no longer a member).
 	cfg := fmt.Sprintf(`instance: chaos
 lease_ttl: %s
-claim_lease: 4s
+claim_lease: 2m
 http_addr: "off"
 enqueue_batch_size: 200
 enqueue_flush_interval: 20ms
@@ -449,11 +450,11 @@ sinks:
 		t.Errorf("receiver per-key order: %s", v)
 	}
 	t.Logf("mode %s: %d changes (%d in two %d-row transactions), %d outbox rows; %d SIGKILLs (%d enqueue leader, %d drain holder), 1 SIGSTOP > TTL, 1 database restart (first row %s after it), 1 SIGTERM; "+
-		"%d enqueue lease takeovers (%d from the handoff buffer, %d re-reading from the checkpoint), %d fenced steps down; duplicates delivered: %d of %d requests; "+
+		"%d enqueue lease takeovers (%d from the handoff buffer, %d re-reading from the checkpoint), %d fenced steps down; %d drain takeovers returned a dead claimer's rows; duplicates delivered: %d of %d requests; "+
 		"takeover after SIGKILL of the leader (kill → first new outbox row, TTL %s): max %s, all %v; drain pipe taken over within %s; graceful handover (SIGTERM → first new outbox row) %s; %s in all",
 		mode, n, bigChanges.Load(), bigRows, len(rows), kills, enqueueKills, drainKills, restartRecovery.Round(time.Millisecond),
 		log.count("enqueue lease acquired"), log.count("taking over from the handoff buffer"), log.count("re-reading the binlog from it"),
-		log.count(`"enqueue lease lost`), len(dels)-len(hookIDs), len(dels),
+		log.count(`"enqueue lease lost`), log.count("released rows claimed by replicas that are gone"), len(dels)-len(hookIDs), len(dels),
 		chaosTTL, maxTakeover.Round(time.Millisecond), roundAll(takeovers), maxDrainTakeover.Round(time.Millisecond), handover.Round(time.Millisecond), elapsed.Round(time.Second))
 	if limit := chaosTTL + 2*time.Second; maxTakeover > limit {
 		t.Logf("NOTE: max takeover %s exceeds the %s target", maxTakeover, limit)

@@ -210,10 +210,37 @@ func (d *drainLeases) tick(ctx context.Context) {
 		d.setMetric(p, true)
 		d.log.Info("drain lease acquired", zap.String("pipe", p), zap.Uint64("epoch", l.Epoch),
 			zap.Int("members", len(members)), zap.Int("pipes", len(pipes)))
+		if n, err := d.releaseDeadClaims(ctx, p, members); err != nil {
+			d.log.Warn("release claims of replicas that are gone", zap.String("pipe", p), zap.Error(err))
+		} else if n > 0 {
+			d.log.Info("released rows claimed by replicas that are gone", zap.String("pipe", p), zap.Int64("rows", n))
+		}
 		if d.acquired != nil {
 			d.acquired(p)
 		}
 	}
+}
+
+// releaseDeadClaims returns to pending the pipe's rows claimed by
+// processes that are no longer members (their member lease expired with
+// their drain lease: killed, or paused past the TTL), so their keys move
+// now instead of after the claim lease (default 5 minutes). A paused
+// process that resumes may still finish a delivery it had started: a
+// repeat under the same delivery key, which at-least-once allows; its
+// outcome write is conditional on its claim and matches nothing.
+func (d *drainLeases) releaseDeadClaims(ctx context.Context, pipe string, members map[string]bool) (int64, error) {
+	q := "UPDATE " + state.Table(d.schema, "outbox") +
+		" SET status = 'pending', claimed_by = NULL, claim_expires_at = NULL" +
+		" WHERE pipe = ? AND status = 'delivering' AND claimed_by NOT IN (?" + strings.Repeat(", ?", len(members)-1) + ")"
+	args := []any{pipe}
+	for m := range members {
+		args = append(args, m)
+	}
+	res, err := d.db.ExecContext(ctx, q, args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
 }
 
 // renewHeld renews every held drain lease; one taken over is dropped.
