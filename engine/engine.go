@@ -448,20 +448,17 @@ func (e *Engine) sourceStatus() inspect.SourceStatus {
 	}
 }
 
+// openDB opens the state database through state.Open (UTC sessions,
+// MINIMAL row images where the user may set them).
 func openDB(dsn string) (*sql.DB, error) {
-	mc, err := mysql.ParseDSN(dsn)
-	if err != nil {
-		return nil, fmt.Errorf("parse DSN: %w", err)
-	}
-	conn, err := mysql.NewConnector(mc)
+	p, err := state.Open(dsn)
 	if err != nil {
 		return nil, err
 	}
-	db := sql.OpenDB(conn)
-	db.SetMaxOpenConns(32)
-	db.SetMaxIdleConns(32)
-	db.SetConnMaxIdleTime(time.Minute)
-	return db, nil
+	p.SetMaxOpenConns(32)
+	p.SetMaxIdleConns(32)
+	p.SetConnMaxIdleTime(time.Minute)
+	return p.DB, nil
 }
 
 // acquire waits until this replica holds the enqueue lease. While it
