@@ -134,7 +134,7 @@ FROM ` + state.Table(schema, "replicas")
 		if err := rows.Scan(&r.ReplicaID, &r.Kind, &started, &r.Version, &payload, &reach, &wrote, &ageUS); err != nil {
 			return nil, fmt.Errorf("read fleet observations: %w", err)
 		}
-		r.StartedAt, r.WrittenAt = started.t, wrote.t
+		r.StartedAt, r.WrittenAt = started.T, wrote.T
 		if payload.Valid {
 			r.Payload = json.RawMessage(payload.String)
 		}
@@ -279,31 +279,5 @@ func truncate(s string, n int) string {
 	return s[:n]
 }
 
-// sqlTime scans a DATETIME whether or not the DSN sets parseTime=true;
-// zone-less values are UTC, the driver's default location.
-type sqlTime struct{ t time.Time }
-
-func (s *sqlTime) Scan(v any) error {
-	switch x := v.(type) {
-	case nil:
-		s.t = time.Time{}
-		return nil
-	case time.Time:
-		s.t = x
-		return nil
-	case []byte:
-		return s.parse(string(x))
-	case string:
-		return s.parse(x)
-	}
-	return fmt.Errorf("cannot scan %T as a time", v)
-}
-
-func (s *sqlTime) parse(v string) error {
-	t, err := time.ParseInLocation("2006-01-02 15:04:05.999999", v, time.UTC)
-	if err != nil {
-		return fmt.Errorf("parse time %q: %w", v, err)
-	}
-	s.t = t
-	return nil
-}
+// sqlTime is state.Time: scans DATETIME columns with or without parseTime.
+type sqlTime = state.Time

@@ -201,7 +201,7 @@ WHERE o.status <> 'delivered'`, r.pipeLike())
 			return nil, fmt.Errorf("read pipe errors: %w", err)
 		}
 		if p := get(pipe); p.LastErrorAt == nil {
-			p.LastError, p.LastErrorAt = msg.String, timePtr(at.t)
+			p.LastError, p.LastErrorAt = msg.String, timePtr(at.T)
 		}
 	}
 	rows.Close()
@@ -312,7 +312,7 @@ FROM `+r.table("leases")+` WHERE name LIKE ? OR name LIKE ? ORDER BY name`, "%/"
 		if err := rows.Scan(&l.Name, &l.Holder, &l.Epoch, &exp, &acq, &ren, &l.Live, &in); err != nil {
 			return nil, fmt.Errorf("read leases: %w", err)
 		}
-		l.ExpiresAt, l.AcquiredAt, l.RenewedAt = exp.t, timePtr(acq.t), timePtr(ren.t)
+		l.ExpiresAt, l.AcquiredAt, l.RenewedAt = exp.T, timePtr(acq.T), timePtr(ren.T)
 		l.ExpiresInSeconds = float64(in) / 1e6
 		out = append(out, l)
 	}
@@ -348,7 +348,7 @@ FROM `+r.table("checkpoints")+` WHERE source = ?`, c.Source).Scan(&pos, &c.Epoch
 	} else {
 		c.Position, _ = json.Marshal(pos)
 	}
-	c.UpdatedAt, c.AgeSeconds = at.t, float64(age)/1e6
+	c.UpdatedAt, c.AgeSeconds = at.T, float64(age)/1e6
 	return &c, nil
 }
 
@@ -404,7 +404,7 @@ ORDER BY created_at DESC, id DESC LIMIT ?`, r.pipeLike(), limit)
 		if err := rows.Scan(&d.ID, &d.Pipe, &db, &tbl, &d.Op, &d.Attempts, &msg, &at); err != nil {
 			return nil, fmt.Errorf("list dead rows: %w", err)
 		}
-		d.Table, d.LastError, d.LastErrorAt = db+"."+tbl, msg.String, timePtr(at.t)
+		d.Table, d.LastError, d.LastErrorAt = db+"."+tbl, msg.String, timePtr(at.T)
 		out = append(out, d)
 	}
 	if err := rows.Err(); err != nil {
@@ -459,31 +459,5 @@ func timePtr(t time.Time) *time.Time {
 	return &t
 }
 
-// sqlTime scans a DATETIME whether or not the DSN sets parseTime=true;
-// zone-less values are UTC, the driver's default location.
-type sqlTime struct{ t time.Time }
-
-func (s *sqlTime) Scan(v any) error {
-	switch x := v.(type) {
-	case nil:
-		s.t = time.Time{}
-		return nil
-	case time.Time:
-		s.t = x
-		return nil
-	case []byte:
-		return s.parse(string(x))
-	case string:
-		return s.parse(x)
-	}
-	return fmt.Errorf("cannot scan %T as a time", v)
-}
-
-func (s *sqlTime) parse(v string) error {
-	t, err := time.ParseInLocation("2006-01-02 15:04:05.999999", v, time.UTC)
-	if err != nil {
-		return fmt.Errorf("parse time %q: %w", v, err)
-	}
-	s.t = t
-	return nil
-}
+// sqlTime is state.Time: scans DATETIME columns with or without parseTime.
+type sqlTime = state.Time

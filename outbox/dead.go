@@ -58,7 +58,7 @@ FROM ` + state.Table(schema, "outbox") + ` WHERE status = 'dead'`
 		if err := rows.Scan(&r.ID, &r.Pipe, &r.Sink, &r.DB, &r.Table, &r.Op, &r.Key, &r.Attempts, &lastErr, &errAt, &c, &m); err != nil {
 			return nil, fmt.Errorf("list dead rows: %w", err)
 		}
-		r.LastError, r.LastErrorAt, r.CommitTime, r.CreatedAt = lastErr.String, errAt.t, c.t, m.t
+		r.LastError, r.LastErrorAt, r.CommitTime, r.CreatedAt = lastErr.String, errAt.T, c.T, m.T
 		out = append(out, r)
 	}
 	if err := rows.Err(); err != nil {

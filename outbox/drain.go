@@ -567,7 +567,7 @@ ORDER BY id`, append(ids, d.cfg.ClaimedBy)...)
 		if p.inflight[r.ID] {
 			continue
 		}
-		r.Pipe, r.Op, r.CommitTime = p.name, canonical.Op(op), ct.t
+		r.Pipe, r.Op, r.CommitTime = p.name, canonical.Op(op), ct.T
 		got[r.ID] = r
 	}
 	if err := rows.Err(); err != nil {
@@ -1063,31 +1063,5 @@ func truncate(s string, n int) string {
 	return strings.ToValidUTF8(s, "\uFFFD")
 }
 
-// sqlTime scans a DATETIME whether or not the DSN sets parseTime=true.
-// Zone-less values are read as UTC, the driver's default location.
-type sqlTime struct{ t time.Time }
-
-func (s *sqlTime) Scan(v any) error {
-	switch x := v.(type) {
-	case nil:
-		s.t = time.Time{}
-		return nil
-	case time.Time:
-		s.t = x
-		return nil
-	case []byte:
-		return s.parse(string(x))
-	case string:
-		return s.parse(x)
-	}
-	return fmt.Errorf("cannot scan %T as a time", v)
-}
-
-func (s *sqlTime) parse(v string) error {
-	t, err := time.ParseInLocation("2006-01-02 15:04:05.999999", v, time.UTC)
-	if err != nil {
-		return fmt.Errorf("parse time %q: %w", v, err)
-	}
-	s.t = t
-	return nil
-}
+// sqlTime is state.Time: scans DATETIME columns with or without parseTime.
+type sqlTime = state.Time
