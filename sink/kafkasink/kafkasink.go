@@ -10,11 +10,8 @@ package kafkasink
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"sync"
 	"time"
@@ -34,14 +31,8 @@ import (
 // Debezium's "<prefix>.<db>.<table>" style.
 const DefaultTopicTemplate = "{instance}.{db}.{table}"
 
-// TLSOptions enables TLS to the brokers. Empty file names mean the system
-// roots and no client certificate.
-type TLSOptions struct {
-	CAFile             string
-	CertFile           string
-	KeyFile            string
-	InsecureSkipVerify bool
-}
+// TLSOptions enables TLS; see sink.TLSOptions.
+type TLSOptions = sink.TLSOptions
 
 // SASLOptions authenticates to the brokers.
 type SASLOptions struct {
@@ -165,7 +156,7 @@ func New(ctx context.Context, o Options) (*Sink, error) {
 		opts = append(opts, kgo.AllowAutoTopicCreation())
 	}
 	if o.TLS != nil {
-		tc, err := tlsConfig(o.TLS)
+		tc, err := o.TLS.Config()
 		if err != nil {
 			return nil, fmt.Errorf("kafka sink: %w", err)
 		}
@@ -315,27 +306,4 @@ func saslMechanism(o *SASLOptions) (kgoSASL, error) {
 	default:
 		return nil, fmt.Errorf("sasl mechanism %q: want PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512", o.Mechanism)
 	}
-}
-
-func tlsConfig(o *TLSOptions) (*tls.Config, error) {
-	tc := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: o.InsecureSkipVerify} //nolint:gosec // operator's explicit choice
-	if o.CAFile != "" {
-		pem, err := os.ReadFile(o.CAFile)
-		if err != nil {
-			return nil, fmt.Errorf("tls ca_file: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("tls ca_file %s: no PEM certificates", o.CAFile)
-		}
-		tc.RootCAs = pool
-	}
-	if o.CertFile != "" || o.KeyFile != "" {
-		cert, err := tls.LoadX509KeyPair(o.CertFile, o.KeyFile)
-		if err != nil {
-			return nil, fmt.Errorf("tls cert_file/key_file: %w", err)
-		}
-		tc.Certificates = []tls.Certificate{cert}
-	}
-	return tc, nil
 }

@@ -11,11 +11,8 @@ package natssink
 import (
 	"cmp"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"time"
 
@@ -31,14 +28,8 @@ import (
 // DefaultSubjectTemplate names the subject when the URL has no path.
 const DefaultSubjectTemplate = "cdcout.{instance}.{db}.{table}"
 
-// TLSOptions enables TLS to the server. Empty file names mean the system
-// roots and no client certificate.
-type TLSOptions struct {
-	CAFile             string
-	CertFile           string
-	KeyFile            string
-	InsecureSkipVerify bool
-}
+// TLSOptions enables TLS; see sink.TLSOptions.
+type TLSOptions = sink.TLSOptions
 
 // Options configure a Sink. URL is required.
 type Options struct {
@@ -142,7 +133,7 @@ func New(ctx context.Context, o Options) (*Sink, error) {
 		opts = append(opts, nats.Token(o.Token))
 	}
 	if o.TLS != nil {
-		tc, err := tlsConfig(o.TLS)
+		tc, err := o.TLS.Config()
 		if err != nil {
 			return nil, fmt.Errorf("nats sink: %w", err)
 		}
@@ -284,27 +275,4 @@ func token(s string) string {
 		}
 		return r
 	}, s)
-}
-
-func tlsConfig(o *TLSOptions) (*tls.Config, error) {
-	tc := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: o.InsecureSkipVerify} //nolint:gosec // operator's explicit choice
-	if o.CAFile != "" {
-		pem, err := os.ReadFile(o.CAFile)
-		if err != nil {
-			return nil, fmt.Errorf("tls ca_file: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("tls ca_file %s: no PEM certificates", o.CAFile)
-		}
-		tc.RootCAs = pool
-	}
-	if o.CertFile != "" || o.KeyFile != "" {
-		cert, err := tls.LoadX509KeyPair(o.CertFile, o.KeyFile)
-		if err != nil {
-			return nil, fmt.Errorf("tls cert_file/key_file: %w", err)
-		}
-		tc.Certificates = []tls.Certificate{cert}
-	}
-	return tc, nil
 }
