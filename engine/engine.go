@@ -665,7 +665,7 @@ func (e *Engine) tenure(ctx context.Context, db *sql.DB, l lease.Lease, leases *
 		// Digest mode may be chosen below (auto without GTIDs): read the
 		// claims in the checkpoint's snapshot now, so the counter can be
 		// seeded consistently.
-		pos, claims, err = loadCheckpointAndClaims(tctx, db, cfg.StateDB, e.leaseName, cfg.EffectiveDedupWindow())
+		pos, claims, err = store.LoadCheckpointAndClaims(tctx, e.leaseName, cfg.EffectiveDedupWindow())
 	}
 	if err != nil {
 		return err

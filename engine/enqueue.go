@@ -139,7 +139,7 @@ func (q *enqueuer) handleChange(ctx context.Context, ch *canonical.Change) error
 		// The complete transactions before it go first, with their
 		// checkpoint, in a database transaction of their own: the open
 		// transaction's claims must be newer than the checkpoint, or
-		// digest mode's seeding (loadCheckpointAndClaims: claims created
+		// digest mode's seeding (outbox.Store.LoadCheckpointAndClaims: claims created
 		// up to the checkpoint's write) counts them, and their replay gets
 		// new occurrences, i.e. a second outbox row each.
 		if q.cp != nil {
