@@ -66,11 +66,13 @@ type Engine struct {
 	log    *zap.Logger
 	stdout io.Writer
 
-	holder    string // "<replica-id>/<boot nonce>"
-	leaseName string // "enqueue/<instance>"
-	routes    []*route
-	sinks     map[string]sinkEntry
-	closers   []io.Closer
+	holder string // "<replica-id>/<boot nonce>"
+	// roleChanged wakes the fleet heartbeat when leader/standby flips.
+	roleChanged chan struct{}
+	leaseName   string // "enqueue/<instance>"
+	routes      []*route
+	sinks       map[string]sinkEntry
+	closers     []io.Closer
 
 	metrics *metrics.Metrics
 
@@ -116,6 +118,8 @@ func New(cfg *config.Config, logger *zap.Logger, opts ...Option) (*Engine, error
 		metrics:   metrics.New(),
 		role:      "standby",
 		started:   time.Now(),
+
+		roleChanged: make(chan struct{}, 1),
 	}
 	for _, o := range opts {
 		o(e)
@@ -308,7 +312,7 @@ func (e *Engine) Run(parent context.Context) error {
 	// The fleet observation: who this replica is and what it holds.
 	hctx, stopHeartbeat := context.WithCancel(ctx)
 	heartbeatDone := make(chan struct{})
-	hb := &fleet.Heartbeat{DB: db, Schema: cfg.StateDB, Every: heartbeatEvery(cfg.LeaseTTL), Observe: e.observation, Logger: e.log}
+	hb := &fleet.Heartbeat{DB: db, Schema: cfg.StateDB, Every: heartbeatEvery(cfg.LeaseTTL), Observe: e.observation, Logger: e.log, Changed: e.roleChanged}
 	go func() { defer close(heartbeatDone); _ = hb.Run(hctx) }()
 	defer func() { stopHeartbeat(); <-heartbeatDone }()
 	// Drainers stop claiming as soon as the stop is asked for.
@@ -533,6 +537,14 @@ func acquireEvery(ttl time.Duration) time.Duration {
 	return base/2 + mrand.N(base/2+1)
 }
 
+// signalRoleChange asks the fleet heartbeat for a prompt write.
+func (e *Engine) signalRoleChange() {
+	select {
+	case e.roleChanged <- struct{}{}:
+	default:
+	}
+}
+
 // heartbeatEvery is how often the fleet observation is written: the
 // fleet default, or faster with a short lease TTL.
 func heartbeatEvery(ttl time.Duration) time.Duration {
@@ -627,6 +639,7 @@ func (e *Engine) tenure(ctx context.Context, db *sql.DB, l lease.Lease, leases *
 		e.metrics.SetLeaseHeld(l.Name, false)
 		e.mu.Lock()
 		e.stream, e.role = nil, "standby"
+		e.signalRoleChange()
 		e.mu.Unlock()
 		lostMu.Lock()
 		wasLost := lost
@@ -672,6 +685,7 @@ func (e *Engine) tenure(ctx context.Context, db *sql.DB, l lease.Lease, leases *
 	}
 	e.mu.Lock()
 	e.role = "leader"
+	e.signalRoleChange()
 	e.mu.Unlock()
 	// A standby's buffer that holds every transaction after the
 	// checkpoint is enqueued at once and the stream continues where the

@@ -237,9 +237,13 @@ type Heartbeat struct {
 	Every   time.Duration // default DefaultWriteEvery
 	Observe func() Observation
 	Logger  *zap.Logger
+	// Changed, when set, asks for a write now (a role change must not wait
+	// a whole period to show in the fleet view).
+	Changed <-chan struct{}
 }
 
-// Run writes at once, then every Every, and returns nil when ctx ends.
+// Run writes at once, then every Every and on every Changed signal, and
+// returns nil when ctx ends.
 func (h *Heartbeat) Run(ctx context.Context) error {
 	every := h.Every
 	if every <= 0 {
@@ -263,6 +267,7 @@ func (h *Heartbeat) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+		case <-h.Changed:
 		}
 	}
 }

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -128,6 +129,55 @@ func TestHeartbeatWrites(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A role change must show in the fleet view at once, not a period later.
+func TestHeartbeatWritesOnChange(t *testing.T) {
+	srv := mysqltest.Shared(t)
+	schema := srv.CreateDB(t, "fleethbc")
+	db := srv.Open(t)
+	if err := state.Migrate(context.Background(), db, schema); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	changed := make(chan struct{}, 1)
+	var mu sync.Mutex
+	role := 1
+	hb := &Heartbeat{DB: db, Schema: schema, Every: time.Hour, Changed: changed, Observe: func() Observation {
+		mu.Lock()
+		defer mu.Unlock()
+		return Observation{ReplicaID: "hbc", Kind: KindEngine, Version: "v", Payload: payload{Pipes: role}}
+	}}
+	done := make(chan error, 1)
+	go func() { done <- hb.Run(ctx) }()
+	waitPayload := func(want string) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			rows, err := Read(context.Background(), db, schema, KindEngine)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(rows) == 1 && string(rows[0].Payload) == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("payload never became %s: %+v", want, rows)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitPayload(`{"pipes":1}`)
+	mu.Lock()
+	role = 2
+	mu.Unlock()
+	changed <- struct{}{}
+	waitPayload(`{"pipes":2}`) // with Every = 1h only the signal can have written it
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
