@@ -190,6 +190,13 @@ func run(ctx context.Context) error {
 		return fmt.Errorf("only %d distinct changes arrived of %d", len(ids), changes)
 	}
 
+	step("cdcout status (read from the state database)")
+	status := exec.CommandContext(ctx, bin, "status", "--dsn", srv.DSN)
+	status.Stdout, status.Stderr = os.Stdout, os.Stderr
+	if err := status.Run(); err != nil {
+		return fmt.Errorf("cdcout status: %w", err)
+	}
+
 	step("stopping the replicas (SIGTERM: finish in-flight work, release leases)")
 	for _, p := range procs[1:] {
 		if err := stopProc(p, 20*time.Second); err != nil {
