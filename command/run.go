@@ -44,6 +44,8 @@ var runFlags = []struct {
 	{name: "lease-ttl", usage: "enqueue lease TTL (default 15s)"},
 	{name: "claim-lease", usage: "delivery claim lease, must exceed every sink timeout (default 5m)"},
 	{name: "http-addr", usage: "health/inspect listen address or off (default 127.0.0.1:8080)"},
+	{name: "http-keep-alive", usage: "inspect server idle keep-alive timeout; keep it above your proxy's idle timeout (default 72s)"},
+	{name: "http-headers-timeout", usage: "inspect server header read deadline, must exceed --http-keep-alive (default keep-alive + 5s)"},
 	{name: "handoff-buffer-size", usage: "changes a standby replica buffers for a takeover (default 10000)"},
 }
 

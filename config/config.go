@@ -63,6 +63,13 @@ type Config struct {
 	ClaimLease time.Duration `yaml:"claim_lease"`
 	// HTTPAddr serves health and inspect endpoints; "off" disables them.
 	HTTPAddr string `yaml:"http_addr"`
+	// HTTPKeepAlive is the inspect server's idle keep-alive timeout: 72s by
+	// default, above the 60s idle timeout of AWS ALB and Envoy and below
+	// nginx's 75s (raise it above your proxy's). HTTPHeadersTimeout bounds
+	// reading a request's headers; it must exceed the keep-alive
+	// (default keep-alive + 5s).
+	HTTPKeepAlive      time.Duration `yaml:"http_keep_alive"`
+	HTTPHeadersTimeout time.Duration `yaml:"http_headers_timeout"`
 	// HandoffBufferSize bounds changes a standby replica keeps in memory.
 	HandoffBufferSize int `yaml:"handoff_buffer_size"`
 
@@ -172,6 +179,7 @@ func Default() *Config {
 		LeaseTTL:             15 * time.Second,
 		ClaimLease:           5 * time.Minute,
 		HTTPAddr:             "127.0.0.1:8080",
+		HTTPKeepAlive:        72 * time.Second,
 		HandoffBufferSize:    10000,
 		EnqueueBatchSize:     1000,
 		EnqueueFlushInterval: 50 * time.Millisecond,

@@ -371,3 +371,35 @@ func TestExampleFile(t *testing.T) {
 		t.Errorf("config prints a secret: %s", s)
 	}
 }
+
+func TestHTTPKeepAliveSettings(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		env     map[string]string
+		wantErr string
+	}{
+		{name: "defaults"},
+		{name: "headers above keep-alive", env: map[string]string{"CDCOUT_HTTP_KEEP_ALIVE": "80s", "CDCOUT_HTTP_HEADERS_TIMEOUT": "85s"}},
+		{name: "headers not above keep-alive", env: map[string]string{"CDCOUT_HTTP_KEEP_ALIVE": "80s", "CDCOUT_HTTP_HEADERS_TIMEOUT": "80s"}, wantErr: "http_headers_timeout: 1m20s must exceed http_keep_alive"},
+		{name: "zero keep-alive", env: map[string]string{"CDCOUT_HTTP_KEEP_ALIVE": "0s"}, wantErr: "http_keep_alive: must be positive"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := map[string]string{"CDCOUT_DSN": "u:p@tcp(h:3306)/", "CDCOUT_SINK": "stdout:"}
+			for k, v := range tc.env {
+				env[k] = v
+			}
+			cfg, err := Resolve(Sources{Env: func(k string) (string, bool) { v, ok := env[k]; return v, ok }})
+			if err == nil {
+				err = cfg.Validate()
+			}
+			switch {
+			case tc.wantErr == "" && err != nil:
+				t.Fatalf("unexpected error: %v", err)
+			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+				t.Fatalf("error = %v, want it to contain %q", err, tc.wantErr)
+			case tc.wantErr == "" && tc.name == "defaults" && cfg.HTTPKeepAlive != 72*time.Second:
+				t.Fatalf("default keep-alive = %s, want 72s", cfg.HTTPKeepAlive)
+			}
+		})
+	}
+}

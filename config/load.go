@@ -90,6 +90,8 @@ var settings = map[string]setter{
 	"dedup-window":           func(c *Config, v string) error { return setDuration(&c.DedupWindow, v) },
 	"claim-lease":            func(c *Config, v string) error { return setDuration(&c.ClaimLease, v) },
 	"http-addr":              func(c *Config, v string) error { c.HTTPAddr = v; return nil },
+	"http-keep-alive":        func(c *Config, v string) error { return setDuration(&c.HTTPKeepAlive, v) },
+	"http-headers-timeout":   func(c *Config, v string) error { return setDuration(&c.HTTPHeadersTimeout, v) },
 	"handoff-buffer-size":    func(c *Config, v string) error { return setInt(&c.HandoffBufferSize, v) },
 	"enqueue-batch-size":     func(c *Config, v string) error { return setInt(&c.EnqueueBatchSize, v) },
 	"enqueue-flush-interval": func(c *Config, v string) error { return setDuration(&c.EnqueueFlushInterval, v) },

@@ -90,6 +90,11 @@ func (c *Config) Validate() error {
 			errs.add("http_addr", "%q: bad port", c.HTTPAddr)
 		}
 	}
+	if c.HTTPKeepAlive <= 0 {
+		errs.add("http_keep_alive", "must be positive, got %s", c.HTTPKeepAlive)
+	} else if c.HTTPHeadersTimeout != 0 && c.HTTPHeadersTimeout <= c.HTTPKeepAlive {
+		errs.add("http_headers_timeout", "%s must exceed http_keep_alive %s: a shorter headers deadline cuts off requests on idle keep-alive connections", c.HTTPHeadersTimeout, c.HTTPKeepAlive)
+	}
 	if c.HandoffBufferSize <= 0 {
 		errs.add("handoff_buffer_size", "must be positive, got %d", c.HandoffBufferSize)
 	}

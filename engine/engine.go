@@ -258,7 +258,7 @@ func (e *Engine) Run(parent context.Context) error {
 	store := outbox.NewStore(db, cfg.StateDB, e.log)
 	leases := lease.NewManager(db, cfg.StateDB)
 
-	srv := inspect.New(inspect.Config{Addr: cfg.HTTPAddr}, inspect.Deps{
+	srv := inspect.New(inspect.Config{Addr: cfg.HTTPAddr, KeepAlive: cfg.HTTPKeepAlive, HeadersTimeout: cfg.HTTPHeadersTimeout}, inspect.Deps{
 		DB: db, Schema: cfg.StateDB, Instance: cfg.Instance, ReplicaID: cfg.ReplicaID,
 		Source: e.sourceStatus, Metrics: e.metrics, Pipes: nil,
 		DroppedPending: e.droppedPending,
