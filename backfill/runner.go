@@ -96,7 +96,6 @@ func (r *Runner) Prepare(ctx context.Context, spec Spec) (Info, error) {
 	r.wm = quoteIdent(WatermarkDB(r.StateSchema)) + "." + quoteIdent(WatermarkTable)
 	r.chunks = state.Table(r.StateSchema, "backfill_chunks")
 	r.fills = state.Table(r.StateSchema, "backfills")
-	var m meta
 	if spec.ResumeID != "" {
 		info, mm, err := get(ctx, r.State, r.StateSchema, spec.ResumeID)
 		if errors.Is(err, ErrNotFound) {
@@ -109,7 +108,6 @@ func (r *Runner) Prepare(ctx context.Context, spec Spec) (Info, error) {
 			return Info{}, badInput("--resume %s: the backfill is %s", spec.ResumeID, info.Status)
 		}
 		spec = Spec{Table: info.Table, Sinks: info.Sinks, Where: info.Where, ChunkSize: max(mm.ChunkSize, 1), Instance: mm.Instance, ResumeID: info.ID}
-		m = mm
 		r.id = info.ID
 	}
 	db, name, ok := strings.Cut(spec.Table, ".")
@@ -136,18 +134,18 @@ func (r *Runner) Prepare(ctx context.Context, spec Spec) (Info, error) {
 		return Info{}, err
 	}
 	if r.id == "" {
-		info, mm, found, err := findResumable(ctx, r.State, r.StateSchema, spec)
+		info, _, found, err := findResumable(ctx, r.State, r.StateSchema, spec)
 		if err != nil {
 			return Info{}, err
 		}
 		if found {
-			r.id, m = info.ID, mm
+			r.id = info.ID
 			r.Logger.Info("continuing the unfinished backfill with the same arguments", zap.String("backfill", r.id), zap.Int64("rows_done", info.RowsDone))
 		}
 	}
 	if r.id == "" {
 		r.id = newID()
-		m = meta{Instance: spec.Instance, Sinks: spec.Sinks, ChunkSize: spec.ChunkSize}
+		m := meta{Instance: spec.Instance, Sinks: spec.Sinks, ChunkSize: spec.ChunkSize}
 		raw, _ := json.Marshal(m)
 		if _, err := r.State.ExecContext(ctx, "INSERT INTO "+r.fills+" (id, tbl, sinks, where_sql, rows_estimate, status) VALUES (?, ?, ?, ?, ?, ?)",
 			r.id, spec.Table, string(raw), nullable(spec.Where), t.estimate, StatusRunning); err != nil {

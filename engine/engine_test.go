@@ -248,7 +248,7 @@ func testEndToEnd(t *testing.T, mode string) {
 	if got, limit := e1.Stats().MaxBuffered, cfg.EnqueueMaxBuffer+len(cfg.Sinks); got > limit || got == 0 {
 		t.Errorf("peak buffered rows = %d, want 1..%d", got, limit)
 	}
-	stop = runEngine(t, cfg, logger)
+	runEngine(t, cfg, logger) // stopped by the test's cleanup
 	<-writerDone
 	exec(workload[8:])
 	waitFor(t, "every change at the receiver", 90*time.Second, func() bool { return rcv.count() >= total })
