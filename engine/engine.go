@@ -238,7 +238,7 @@ func (e *Engine) Run(parent context.Context) error {
 	ctx, stopRun := context.WithCancel(parent)
 	defer stopRun()
 	serveErr := make(chan error, 1)
-	db, err := openDB(cfg.EffectiveStateDSN().Value())
+	db, err := openDB(cfg.EffectiveStateDSN().Value(), cfg.LeaseTTL)
 	if err != nil {
 		return fmt.Errorf("state database %s: %w", config.DSNAddr(cfg.EffectiveStateDSN().Value()), err)
 	}
@@ -452,16 +452,17 @@ func (e *Engine) sourceStatus() inspect.SourceStatus {
 	}
 }
 
-// openDB opens the state database through state.Open (UTC sessions,
-// MINIMAL row images where the user may set them).
-func openDB(dsn string) (*sql.DB, error) {
-	p, err := state.Open(dsn)
+// openDB opens the state database through state.Open: UTC sessions,
+// MINIMAL row images where the user may set them, and a server-side idle
+// limit of one lease TTL, so a replica frozen inside a transaction loses
+// its locks about when it loses its lease instead of blocking the takeover.
+func openDB(dsn string, leaseTTL time.Duration) (*sql.DB, error) {
+	p, err := state.Open(dsn, leaseTTL)
 	if err != nil {
 		return nil, err
 	}
 	p.SetMaxOpenConns(32)
 	p.SetMaxIdleConns(32)
-	p.SetConnMaxIdleTime(time.Minute)
 	return p.DB, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"fmt"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -24,7 +25,17 @@ import (
 // needs SUPER or BINLOG ADMIN; without it the connection keeps the server's
 // image and MinimalRowImage reports false, which costs only binlog volume.
 // Every state table has a primary key, so MINIMAL images replicate safely.
-func Open(dsn string) (*Pool, error) {
+//
+// idleLimit, when positive, becomes the session's wait_timeout (whole
+// seconds, at least 2): the server closes a connection that sends nothing
+// for that long and rolls its transaction back. A replica frozen inside an
+// enqueue transaction (SIGSTOP, a VM pause, a GC stall) otherwise keeps its
+// row locks — on the lease row and on the claims — for as long as its
+// socket stays open, and the takeover that fencing exists for blocks behind
+// them (seen in e2e TestChaos: no takeover within 30 s of a SIGSTOP). A live
+// process never idles mid-transaction for seconds; idle pooled connections
+// are recycled before the server would close them.
+func Open(dsn string, idleLimit time.Duration) (*Pool, error) {
 	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("parse state DSN: %w", err)
@@ -34,6 +45,10 @@ func Open(dsn string) (*Pool, error) {
 	}
 	cfg.Params["time_zone"] = "'+00:00'"
 	cfg.Loc = time.UTC
+	if idleLimit > 0 {
+		secs := max(int(idleLimit/time.Second), 2)
+		cfg.Params["wait_timeout"] = strconv.Itoa(secs)
+	}
 	base, err := mysql.NewConnector(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("state DSN: %w", err)
@@ -41,6 +56,9 @@ func Open(dsn string) (*Pool, error) {
 	p := &Pool{}
 	p.minimal.Store(true)
 	p.DB = sql.OpenDB(&minimalImageConnector{Connector: base, pool: p})
+	if idleLimit > 0 {
+		p.SetConnMaxIdleTime(max(idleLimit/2, time.Second))
+	}
 	return p, nil
 }
 

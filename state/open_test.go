@@ -3,6 +3,7 @@ package state
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/cdcout/cdcout/internal/mysqltest"
 )
@@ -23,7 +24,7 @@ func TestOpenSessionSettings(t *testing.T) {
 		{"unprivileged", fmt.Sprintf("%s:pw@tcp(127.0.0.1:%d)/", user, s.Port), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p, err := Open(tc.dsn)
+			p, err := Open(tc.dsn, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -42,5 +43,42 @@ func TestOpenSessionSettings(t *testing.T) {
 				t.Errorf("session binlog_row_image = %q, want %q", image, want)
 			}
 		})
+	}
+}
+
+// A connection that stops talking mid-transaction (a frozen replica) is
+// closed by the server after the idle limit, and its locks go with it.
+func TestOpenIdleLimitReleasesFrozenTransaction(t *testing.T) {
+	s := mysqltest.Shared(t)
+	schema := s.CreateDB(t, "st_idle")
+	s.Exec(t, "CREATE TABLE `"+schema+"`.l (id INT PRIMARY KEY, v INT)", "INSERT INTO `"+schema+"`.l VALUES (1, 0)")
+	frozen, err := Open(s.DSN, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer frozen.Close()
+	var wt int
+	if err := frozen.QueryRow("SELECT @@session.wait_timeout").Scan(&wt); err != nil || wt != 2 {
+		t.Fatalf("wait_timeout = %d (%v), want 2", wt, err)
+	}
+	tx, err := frozen.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	var v int
+	if err := tx.QueryRow("SELECT v FROM `" + schema + "`.l WHERE id = 1 LOCK IN SHARE MODE").Scan(&v); err != nil {
+		t.Fatal(err)
+	}
+	// The "frozen" transaction now sends nothing; another session's write
+	// must get through once the server drops it, well before
+	// innodb_lock_wait_timeout (50 s).
+	other := s.Open(t)
+	start := time.Now()
+	if _, err := other.Exec("UPDATE `" + schema + "`.l SET v = 1 WHERE id = 1"); err != nil {
+		t.Fatalf("update behind a frozen transaction: %v", err)
+	}
+	if d := time.Since(start); d > 15*time.Second {
+		t.Fatalf("update waited %s behind the frozen transaction", d)
 	}
 }
