@@ -126,8 +126,12 @@ type pipeDrainer struct {
 
 	mu       sync.Mutex
 	inflight map[string]bool // ids of rows in a Deliver call right now
-	nextDue  time.Time       // earliest local time a retried row becomes due
-	lastExp  time.Time       // last look for expired claims
+	// failedBefore marks in-flight rows that carry an earlier error (a
+	// retry, or a dead letter sent back): their attempts are logged even
+	// when this one succeeds, so the log never ends on a stale failure.
+	failedBefore map[string]bool
+	nextDue      time.Time // earliest local time a retried row becomes due
+	lastExp      time.Time // last look for expired claims
 }
 
 // NewDrainer validates cfg, fills defaults and returns a Drainer.
@@ -194,6 +198,8 @@ func NewDrainer(cfg DrainerConfig) (*Drainer, error) {
 			wake:     []chan struct{}{make(chan struct{}, 1), make(chan struct{}, 1)},
 			log:      d.logger.With(zap.String("pipe", name)),
 			inflight: map[string]bool{},
+
+			failedBefore: map[string]bool{},
 		})
 	}
 	return d, nil
@@ -540,7 +546,7 @@ WHERE o.pipe = ? AND o.id IN (` + in + `) AND ` + due
 		// longer current in the database.
 		return nil, nil
 	}
-	rows, err := d.cfg.DB.QueryContext(cctx, `SELECT id, sink, db, tbl, op, row_key, attempts, commit_ts, payload
+	rows, err := d.cfg.DB.QueryContext(cctx, `SELECT id, sink, db, tbl, op, row_key, attempts, commit_ts, payload, last_error IS NOT NULL
 FROM `+d.outbox+` WHERE id IN (`+in+`) AND status = 'delivering' AND claimed_by = ?
 ORDER BY id`, append(ids, d.cfg.ClaimedBy)...)
 	if err != nil {
@@ -555,11 +561,12 @@ ORDER BY id`, append(ids, d.cfg.ClaimedBy)...)
 	p.mu.Lock()
 	for rows.Next() {
 		var (
-			r  Record
-			op string
-			ct sqlTime
+			r      Record
+			op     string
+			ct     sqlTime
+			failed bool
 		)
-		if err := rows.Scan(&r.ID, &r.Sink, &r.DB, &r.Table, &op, &r.Key, &r.Attempt, &ct, &r.Payload); err != nil {
+		if err := rows.Scan(&r.ID, &r.Sink, &r.DB, &r.Table, &op, &r.Key, &r.Attempt, &ct, &r.Payload, &failed); err != nil {
 			p.mu.Unlock()
 			p.releaseIDs(cctx, ids)
 			return nil, fmt.Errorf("claim %s: read claimed rows: %w", p.name, err)
@@ -569,6 +576,9 @@ ORDER BY id`, append(ids, d.cfg.ClaimedBy)...)
 		}
 		r.Pipe, r.Op, r.CommitTime = p.name, canonical.Op(op), ct.T
 		got[r.ID] = r
+		if failed {
+			p.failedBefore[r.ID] = true
+		}
 	}
 	if err := rows.Err(); err != nil {
 		p.mu.Unlock()
@@ -696,6 +706,7 @@ func (p *pipeDrainer) release(ctx context.Context, recs []Record) {
 		p.mu.Lock()
 		for _, r := range recs {
 			delete(p.inflight, r.ID)
+			delete(p.failedBefore, r.ID)
 		}
 		p.mu.Unlock()
 	}()
@@ -807,6 +818,7 @@ func (p *pipeDrainer) deliverAndRecord(ctx context.Context, recs []Record) ([]er
 		p.mu.Lock()
 		for _, r := range recs {
 			delete(p.inflight, r.ID)
+			delete(p.failedBefore, r.ID)
 		}
 		p.mu.Unlock()
 	}()
@@ -935,9 +947,19 @@ WHERE id = ? AND status = 'delivering' AND claimed_by = ?`, o.delay.Microseconds
 				return fmt.Errorf("schedule retry: %w", err)
 			}
 		}
-		// The attempt log: one row per attempt, n = the attempt number. A
+		// The attempt log: one row per attempt, n = the attempt number, for
+		// rows that have failed at least once (this attempt, or an earlier
+		// one: failedBefore). An attempt of a row that never failed is
+		// already told by the outbox row (attempts, delivered_at); logging
+		// it too cost one more row write per delivery on the hot path. A
 		// dead-letter retry restarts n at 1, so existing numbers are
 		// overwritten rather than rejected.
+		p.mu.Lock()
+		logged := make(map[string]bool, len(recs))
+		for _, r := range recs {
+			logged[r.ID] = p.failedBefore[r.ID] || r.Attempt > 1
+		}
+		p.mu.Unlock()
 		vals := make([]string, 0, len(recs))
 		args := make([]any, 0, 4*len(recs))
 		errText := make(map[string]any, len(failed))
@@ -945,12 +967,17 @@ WHERE id = ? AND status = 'delivering' AND claimed_by = ?`, o.delay.Microseconds
 			errText[o.rec.ID] = o.errText
 		}
 		for _, r := range recs {
+			if _, failedNow := errText[r.ID]; !failedNow && !logged[r.ID] {
+				continue
+			}
 			vals = append(vals, "(?, ?, NOW(6), ?, ?)")
 			args = append(args, r.ID, r.Attempt, dur.Microseconds(), errText[r.ID])
 		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO `+d.attempt+` (outbox_id, n, at, duration_us, error) VALUES `+
-			strings.Join(vals, ",")+` ON DUPLICATE KEY UPDATE at = VALUES(at), duration_us = VALUES(duration_us), error = VALUES(error)`, args...); err != nil {
-			return fmt.Errorf("log attempts: %w", err)
+		if len(vals) > 0 {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO `+d.attempt+` (outbox_id, n, at, duration_us, error) VALUES `+
+				strings.Join(vals, ",")+` ON DUPLICATE KEY UPDATE at = VALUES(at), duration_us = VALUES(duration_us), error = VALUES(error)`, args...); err != nil {
+				return fmt.Errorf("log attempts: %w", err)
+			}
 		}
 		for _, r := range recs {
 			if r.Attempt > d.cfg.AttemptLogCap {
