@@ -290,6 +290,29 @@ func TestInspectAgainstRunningReplica(t *testing.T) {
 	if !found {
 		t.Errorf("no cdcout_outbox_rows{pipe=%q,status=delivered} in:\n%s", pipe, body)
 	}
+	// Every change read is counted by table and op, and the source is up.
+	changes := map[string]float64{}
+	for _, m := range fams["cdcout_changes_total"].GetMetric() {
+		labels := map[string]string{}
+		for _, lp := range m.GetLabel() {
+			labels[lp.GetName()] = lp.GetValue()
+		}
+		if labels["table"] == src+".t" {
+			changes[labels["op"]] = m.GetCounter().GetValue()
+		}
+	}
+	if changes["c"] != 2 || changes["u"] != 1 {
+		t.Errorf("cdcout_changes_total for %s.t = %v, want c=2 u=1", src, changes)
+	}
+	if got := fams["cdcout_source_connected"].GetMetric(); len(got) != 1 || got[0].GetGauge().GetValue() != 1 {
+		t.Errorf("cdcout_source_connected = %v, want 1", got)
+	}
+	var source struct {
+		LastEventAt time.Time `json:"lastEventAt"`
+	}
+	if c, body := httpGet("/v1/source"); c != 200 || json.Unmarshal([]byte(body), &source) != nil || source.LastEventAt.IsZero() {
+		t.Errorf("/v1/source has no lastEventAt after changes were read: %d %s", c, body)
+	}
 	if c, body := httpGet("/readyz"); c != 200 {
 		t.Errorf("readyz = %d %s", c, body)
 	}

@@ -90,6 +90,11 @@ type Engine struct {
 	droppedBefore   int64
 	droppedReported int64
 	started         time.Time
+	// lag is commit → read of the last transaction the leader read, at
+	// lastEventAt (Debezium's "behind source"); it feeds /readyz's stall
+	// check, /v1/source and cdcout_source_lag_seconds.
+	lag         time.Duration
+	lastEventAt time.Time
 }
 
 type sinkEntry struct {
@@ -431,10 +436,29 @@ func (e *Engine) secrets() []string {
 	return out
 }
 
+// observeEvent counts a change read by the leader and, at a commit,
+// records how far behind the source it is (commit time → now; the commit
+// time has the binlog header's whole-second resolution).
+func (e *Engine) observeEvent(ev binlog.Event) {
+	if ch := ev.Change; ch != nil {
+		e.metrics.ObserveChange(ch.Source.DB, ch.Source.Table, string(ch.Op))
+		return
+	}
+	if ev.Commit == nil || ev.Commit.Time.IsZero() {
+		return
+	}
+	now := time.Now()
+	lag := max(now.Sub(ev.Commit.Time), 0)
+	e.mu.Lock()
+	e.lag, e.lastEventAt = lag, now
+	e.mu.Unlock()
+	e.metrics.SetSourceLag(lag)
+}
+
 // sourceStatus reports the binlog source to the inspect server.
 func (e *Engine) sourceStatus() inspect.SourceStatus {
 	e.mu.Lock()
-	st, digest := e.stream, e.digest
+	st, digest, lag, lastEventAt := e.stream, e.digest, e.lag, e.lastEventAt
 	e.mu.Unlock()
 	if st == nil {
 		return inspect.SourceStatus{Following: true, Role: "standby", DSN: e.cfg.DSN.String()}
@@ -447,6 +471,7 @@ func (e *Engine) sourceStatus() inspect.SourceStatus {
 	}
 	return inspect.SourceStatus{
 		Connected: true, Role: "leader", Position: st.Position(), IdentityMode: mode,
+		Lag: lag, LastEventAt: lastEventAt,
 		Flavor: info.Flavor, ServerVersion: info.Version, MetadataMode: info.MetadataMode,
 		DSN: e.cfg.DSN.String(),
 	}
@@ -640,6 +665,7 @@ func (e *Engine) tenure(ctx context.Context, db *sql.DB, l lease.Lease, leases *
 		e.metrics.SetLeaseHeld(l.Name, false)
 		e.mu.Lock()
 		e.stream, e.role = nil, "standby"
+		e.metrics.SetSourceConnected(false)
 		e.signalRoleChange()
 		e.mu.Unlock()
 		lostMu.Lock()
@@ -755,6 +781,8 @@ func (e *Engine) tenure(ctx context.Context, db *sql.DB, l lease.Lease, leases *
 	}
 	e.mu.Lock()
 	e.enq, e.stream, e.digest = q, stream, digestMode
+	e.lag, e.lastEventAt = 0, time.Now()
+	e.metrics.SetSourceConnected(true)
 	e.mu.Unlock()
 	e.log.Info("enqueueing", zap.Bool("digest_mode", digestMode), zap.Int("routes", len(e.routes)), zap.Int("seeded_claims", len(claims)))
 
@@ -781,14 +809,18 @@ func (e *Engine) tenure(ctx context.Context, db *sql.DB, l lease.Lease, leases *
 		}
 	}()
 
+	handle := func(ctx context.Context, ev binlog.Event) error {
+		e.observeEvent(ev)
+		return q.handle(ctx, ev)
+	}
 	for _, ev := range buffered {
-		if err = q.handle(tctx, ev); err != nil {
+		if err = handle(tctx, ev); err != nil {
 			break
 		}
 	}
 	buffered = nil
 	if err == nil {
-		err = stream.Run(tctx, q.handle)
+		err = stream.Run(tctx, handle)
 	}
 	select {
 	case terr := <-tickErr:
