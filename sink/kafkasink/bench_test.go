@@ -2,97 +2,50 @@ package kafkasink
 
 import (
 	"context"
-	"fmt"
-	"os"
-	"strconv"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/cdcout/cdcout/canonical"
-	"github.com/cdcout/cdcout/outbox"
+	"github.com/cdcout/cdcout/internal/sinkbench"
 )
-
-// benchRows is the number of records per benchmark run (CDCOUT_BENCH_ROWS).
-func benchRows(b *testing.B) int {
-	if v := os.Getenv("CDCOUT_BENCH_ROWS"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n <= 0 {
-			b.Fatalf("CDCOUT_BENCH_ROWS=%q", v)
-		}
-		return n
-	}
-	return 200_000
-}
-
-// benchRecords builds n records with distinct keys and envelope-sized
-// payloads (~450 bytes).
-func benchRecords(n int) []outbox.Record {
-	recs := make([]outbox.Record, n)
-	for i := range recs {
-		id := fmt.Sprintf("0192f3a0-0000-7000-8000-%012d", i)
-		recs[i] = outbox.Record{
-			ID: id, Pipe: "bench:shop.items:kafka", Sink: "kafka", DB: "shop", Table: "items",
-			Op: canonical.OpUpdate, Key: fmt.Sprintf(`{"id":%d}`, i), Attempt: 1,
-			CommitTime: time.Unix(1764420000, 0),
-			Payload: fmt.Appendf(nil, `{"after":{"id":%d,"name":"item %d","price":"12.50","qty":3},`+
-				`"before":{"id":%d,"name":"item %d","price":"9.90","qty":3},"change_key":"g:0-1-%d:0",`+
-				`"id":%q,"key":{"id":%d},"op":"u","source":{"connector":"cdcout","db":"shop","file":"mysql-bin.000003",`+
-				`"gtid":"0-1-%d","instance":"bench","pos":1234,"row":0,"server_id":1,"table":"items","ts_ms":1764420000000,`+
-				`"version":"dev"},"ts_ms":1764420000123}`, i, i, i, i, i, id, i, i),
-		}
-	}
-	return recs
-}
-
-// deliverAll pushes recs through s in batches from conc goroutines, as the
-// drainer does, and fails on any error.
-func deliverAll(b *testing.B, s outbox.Sink, recs []outbox.Record, batch, conc int) {
-	var wg sync.WaitGroup
-	next := make(chan []outbox.Record)
-	for range conc {
-		wg.Go(func() {
-			for call := range next {
-				for i, err := range s.Deliver(context.Background(), call) {
-					if err != nil {
-						b.Errorf("record %s: %v", call[i].ID, err)
-						return
-					}
-				}
-			}
-		})
-	}
-	for i := 0; i < len(recs); i += batch {
-		next <- recs[i:min(i+batch, len(recs))]
-	}
-	close(next)
-	wg.Wait()
-}
 
 // BenchmarkKafkaSink measures records/s through Deliver into kfake:
 // batches of 250, 8 concurrent calls (the sink defaults' concurrency).
 func BenchmarkKafkaSink(b *testing.B) {
-	rows := benchRows(b)
-	recs := benchRecords(rows)
+	rows := sinkbench.Rows(b)
+	recs := sinkbench.Records(rows, "kafka")
 	c := newCluster(b, kfake.SeedTopics(16, "bench.shop.items"))
 	s := newSink(b, c, Options{})
 	b.ResetTimer()
 	start := time.Now()
 	for b.Loop() {
-		deliverAll(b, s, recs, 250, 8)
+		sinkbench.DeliverAll(b, s, recs, 250, 8)
 	}
 	b.ReportMetric(float64(rows*b.N)/time.Since(start).Seconds(), "records/s")
 	b.StopTimer()
+	checkStored(b, s, rows*b.N)
+}
+
+// BenchmarkKafkaDrain measures the end-to-end drain rate of outbox rows
+// from a real MariaDB through outbox.Drainer and this sink into kfake (see
+// sinkbench.Drain).
+func BenchmarkKafkaDrain(b *testing.B) {
+	c := newCluster(b, kfake.SeedTopics(16, "bench.shop.items"))
+	s := newSink(b, c, Options{})
+	checkStored(b, s, sinkbench.Drain(b, s, "kafka"))
+}
+
+// checkStored fails unless the topic holds want records.
+func checkStored(b *testing.B, s *Sink, want int) {
 	ends, err := kadm.NewClient(s.client).ListEndOffsets(context.Background(), "bench.shop.items")
 	if err != nil {
 		b.Fatal(err)
 	}
 	var stored int64
 	ends.Each(func(o kadm.ListedOffset) { stored += o.Offset })
-	if stored != int64(rows*b.N) {
-		b.Fatalf("topic holds %d records, want %d", stored, rows*b.N)
+	if stored != int64(want) {
+		b.Fatalf("topic holds %d records, want %d", stored, want)
 	}
 }
