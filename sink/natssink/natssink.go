@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -62,6 +63,11 @@ type Sink struct {
 	format  format.Format
 	subject func(outbox.Record) string
 	logger  *zap.Logger
+	// connErr is the last error the connection reported (a failed
+	// reconnect, an authorization violation). nc.LastError is cleared while
+	// a reconnect is under way, and Deliver must still say why it cannot
+	// publish.
+	connErr *atomic.Pointer[error]
 }
 
 var _ outbox.Sink = (*Sink)(nil)
@@ -112,12 +118,21 @@ func New(ctx context.Context, o Options) (*Sink, error) {
 	if o.Name == "" {
 		o.Name = "cdcout"
 	}
+	connErr := &atomic.Pointer[error]{}
+	noteErr := func(err error) {
+		if err != nil {
+			connErr.Store(&err)
+		}
+	}
 	opts := []nats.Option{
 		nats.Name(o.Name),
+		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) { noteErr(err) }),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { noteErr(err) }),
 		nats.RetryOnFailedConnect(true),
 		nats.MaxReconnects(-1),
 		nats.ReconnectBufSize(-1), // a publish while disconnected fails (and retries) instead of piling up
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			noteErr(err)
 			logger.Warn("disconnected from nats", zap.Error(err))
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
@@ -153,7 +168,25 @@ func New(ctx context.Context, o Options) (*Sink, error) {
 		nc.Close()
 		return nil, fmt.Errorf("nats sink: %w", err)
 	}
-	return &Sink{nc: nc, js: js, format: f, subject: subjectFunc(o.SubjectTemplate), logger: logger}, nil
+	return &Sink{nc: nc, js: js, format: f, subject: subjectFunc(o.SubjectTemplate), logger: logger, connErr: connErr}, nil
+}
+
+// awaitConnect gives a connection that is still making its first attempts
+// (New returns at once: RetryOnFailedConnect) up to 2 s, or until ctx ends
+// or an error is known, so the first Deliver reports the server's answer
+// ("authorization violation") instead of a bare "not connected".
+func (s *Sink) awaitConnect(ctx context.Context) nats.Status {
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		st := s.nc.Status()
+		switch {
+		case st == nats.CONNECTED, st == nats.CLOSED,
+			s.nc.LastError() != nil, s.connErr.Load() != nil,
+			ctx.Err() != nil, time.Now().After(deadline):
+			return st
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // Close drops the connection; Deliver has already waited for its acks.
@@ -164,10 +197,14 @@ func (s *Sink) Close() { s.nc.Close() }
 // any of them the stream did store is dropped then as a duplicate.
 func (s *Sink) Deliver(ctx context.Context, recs []outbox.Record) []error {
 	errs := make([]error, len(recs))
-	if st := s.nc.Status(); st != nats.CONNECTED {
+	if st := s.awaitConnect(ctx); st != nats.CONNECTED {
 		// Say why (e.g. "authorization violation") instead of letting each
 		// publish fail with a buffer error.
-		err := fmt.Errorf("nats not connected (%s): %w", st, cmp.Or(s.nc.LastError(), nats.ErrConnectionClosed))
+		why := s.nc.LastError()
+		if p := s.connErr.Load(); why == nil && p != nil {
+			why = *p
+		}
+		err := fmt.Errorf("nats not connected (%s): %w", st, cmp.Or(why, nats.ErrConnectionClosed))
 		for i := range errs {
 			errs[i] = err
 		}

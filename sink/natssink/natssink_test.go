@@ -283,7 +283,7 @@ func TestAuthOptions(t *testing.T) {
 		if err == nil {
 			t.Fatal("wrong password: delivered")
 		}
-		if !strings.Contains(err.Error(), "authorization violation") {
+		if !strings.Contains(strings.ToLower(err.Error()), "authorization violation") {
 			t.Fatalf("wrong password: %v, want it to say why", err)
 		}
 		if strings.Contains(err.Error(), "wrong-pass") {
