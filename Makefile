@@ -14,8 +14,9 @@ build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/cdcout .
 
 # Every test, with the race detector, against throwaway MariaDB servers the
-# tests start themselves (set CDCOUT_TEST_DSN to use your own MySQL).
-test:
+# tests start themselves (set CDCOUT_TEST_DSN to use your own MySQL). setup
+# first installs what is missing (MariaDB, docker-compose, Chromium).
+test: setup
 	$(GO) test -race -count=1 -timeout 25m $(PKGS)
 
 lint:
@@ -33,7 +34,7 @@ bench:
 db:
 	$(GO) run ./internal/mysqltest/testdb
 
-demo:
+demo: setup
 	$(GO) run ./internal/demo
 
 # Installs what the tests need on a fresh Debian machine.
