@@ -376,7 +376,13 @@ func (e *Engine) follow(ctx context.Context, h *handoff, load func(context.Conte
 		// new checkpoint would leave a hole, so the buffer starts over.
 		log.Warn("standby stream stopped; restarting it", zap.Error(err))
 		h.reset()
-		if errors.Is(err, binlog.ErrPositionUnavailable) && !wait(5*time.Second) {
+		// Pause before reopening: a server that keeps refusing (a purged
+		// or unreadable position) must not be asked 40 times a second.
+		pause := time.Second
+		if errors.Is(err, binlog.ErrPositionUnavailable) {
+			pause = 5 * time.Second
+		}
+		if !wait(pause) {
 			return
 		}
 	}

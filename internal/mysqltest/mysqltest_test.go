@@ -30,14 +30,16 @@ func TestSharedServerHasRowBinlog(t *testing.T) {
 func TestRestartKeepsData(t *testing.T) {
 	s := Start(t, Options{ServerID: 7})
 	s.Exec(t, "CREATE DATABASE r", "CREATE TABLE r.t (id INT PRIMARY KEY)", "INSERT INTO r.t VALUES (1),(2)")
-	if err := s.Restart(); err != nil {
-		t.Fatalf("restart: %v", err)
-	}
-	var n int
-	if err := s.Open(t).QueryRow("SELECT COUNT(*) FROM r.t").Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	if n != 2 {
-		t.Fatalf("rows after restart = %d, want 2", n)
+	for name, restart := range map[string]func() error{"crash": s.Restart, "clean": s.RestartClean} {
+		if err := restart(); err != nil {
+			t.Fatalf("%s restart: %v", name, err)
+		}
+		var n int
+		if err := s.Open(t).QueryRow("SELECT COUNT(*) FROM r.t").Scan(&n); err != nil {
+			t.Fatalf("after %s restart: %v", name, err)
+		}
+		if n != 2 {
+			t.Fatalf("rows after %s restart = %d, want 2", name, n)
+		}
 	}
 }
