@@ -539,6 +539,10 @@ WHERE o.pipe = ? AND o.id IN (` + in + `) AND ` + due
 	defer cancel()
 	res, err := d.cfg.DB.ExecContext(cctx, q, args...)
 	if err != nil {
+		// The server may have committed the claim and lost the answer (it
+		// restarted): release whatever of ids is claimed by us, a no-op
+		// when the claim never happened.
+		p.releaseIDs(cctx, ids)
 		return nil, fmt.Errorf("claim %s: %w", p.name, err)
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
@@ -715,11 +719,27 @@ func (p *pipeDrainer) release(ctx context.Context, recs []Record) {
 		ids = append(ids, r.ID)
 	}
 	ids = append(ids, p.d.cfg.ClaimedBy)
-	if _, err := p.d.cfg.DB.ExecContext(context.WithoutCancel(ctx), `UPDATE `+p.d.outbox+`
+	// Retried like an outcome write: the usual cause of a failure here is
+	// the database restarting between a claim and its read-back, and rows
+	// left claimed by a live replica hold their keys until the claim lease
+	// ends (minutes; seen in e2e TestChaos as a 2-minute stall).
+	deadline := time.Now().Add(outcomeRetryFor)
+	pause := 100 * time.Millisecond
+	for {
+		_, err := p.d.cfg.DB.ExecContext(context.WithoutCancel(ctx), `UPDATE `+p.d.outbox+`
 SET status = 'pending', attempts = GREATEST(attempts - 1, 0), claim_expires_at = NULL
-WHERE id IN (`+placeholders(len(recs))+`) AND status = 'delivering' AND claimed_by = ?`, ids...); err != nil {
-		// They are re-claimed when the claim lease ends.
-		p.log.Warn("release claimed rows", zap.Int("rows", len(recs)), zap.Error(err))
+WHERE id IN (`+placeholders(len(recs))+`) AND status = 'delivering' AND claimed_by = ?`, ids...)
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			// They are re-claimed when the claim lease ends.
+			p.log.Warn("release claimed rows", zap.Int("rows", len(recs)), zap.Error(err))
+			return
+		}
+		p.log.Debug("release claimed rows, retrying", zap.Error(err))
+		time.Sleep(pause)
+		pause = min(pause*2, 5*time.Second)
 	}
 }
 
