@@ -11,6 +11,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/cdcout/cdcout/binlog"
 	"github.com/cdcout/cdcout/canonical"
 )
 
@@ -107,48 +108,12 @@ func loadTable(ctx context.Context, db *sql.DB, schema, name string) (*tableInfo
 		crows.Close()
 	}
 
-	krows, err := db.QueryContext(ctx, `SELECT INDEX_NAME, NON_UNIQUE, COLUMN_NAME, NULLABLE
-		FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?
-		ORDER BY INDEX_NAME <> 'PRIMARY', INDEX_NAME, SEQ_IN_INDEX`, schema, name)
+	keyCols, err := binlog.KeyColumnNames(ctx, db, schema, name)
 	if err != nil {
-		return nil, fmt.Errorf("read keys of %s.%s: %w", schema, name, err)
+		return nil, err
 	}
-	type index struct {
-		cols     []string
-		nullable bool
-	}
-	var order []string
-	indexes := map[string]*index{}
-	for krows.Next() {
-		var idx, col, nullable string
-		var nonUnique int
-		if err := krows.Scan(&idx, &nonUnique, &col, &nullable); err != nil {
-			krows.Close()
-			return nil, fmt.Errorf("read keys of %s.%s: %w", schema, name, err)
-		}
-		if nonUnique != 0 {
-			continue
-		}
-		ix, ok := indexes[idx]
-		if !ok {
-			ix = &index{}
-			indexes[idx] = ix
-			order = append(order, idx)
-		}
-		ix.cols = append(ix.cols, col)
-		ix.nullable = ix.nullable || nullable == "YES"
-	}
-	krows.Close()
-	if err := krows.Err(); err != nil {
-		return nil, fmt.Errorf("read keys of %s.%s: %w", schema, name, err)
-	}
-	for _, n := range order {
-		if ix := indexes[n]; !ix.nullable {
-			for _, c := range ix.cols {
-				t.key = append(t.key, byName[c])
-			}
-			break
-		}
+	for _, c := range keyCols {
+		t.key = append(t.key, byName[c])
 	}
 	if len(t.key) == 0 {
 		return nil, badInput("table %s.%s has no primary key and no unique key on NOT NULL columns: a backfill reads in key order and identifies rows by key; add one, e.g. ALTER TABLE %s ADD PRIMARY KEY (…)",

@@ -473,51 +473,8 @@ func (c *schemaCache) lookup(ctx context.Context, db, name string) (*tableInfo, 
 		return nil, fmt.Errorf("read columns of %s: %w", key, err)
 	}
 
-	// Key: PRIMARY, else the first unique index whose columns are all NOT
-	// NULL (what InnoDB itself promotes to the clustered key), in index
-	// name order so every replica picks the same one.
-	rows, err = c.db.QueryContext(ctx, `SELECT INDEX_NAME, NON_UNIQUE, COLUMN_NAME, NULLABLE
-		FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?
-		ORDER BY INDEX_NAME <> 'PRIMARY', INDEX_NAME, SEQ_IN_INDEX`, db, name)
-	if err != nil {
-		return nil, fmt.Errorf("read keys of %s: %w", key, err)
-	}
-	type index struct {
-		cols     []string
-		nullable bool
-	}
-	var order []string
-	indexes := map[string]*index{}
-	for rows.Next() {
-		var idx, col, nullable string
-		var nonUnique int
-		if err := rows.Scan(&idx, &nonUnique, &col, &nullable); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("read keys of %s: %w", key, err)
-		}
-		if nonUnique != 0 {
-			continue
-		}
-		ix, ok := indexes[idx]
-		if !ok {
-			ix = &index{}
-			indexes[idx] = ix
-			order = append(order, idx)
-		}
-		ix.cols = append(ix.cols, col)
-		if nullable == "YES" {
-			ix.nullable = true
-		}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read keys of %s: %w", key, err)
-	}
-	for _, name := range order {
-		if ix := indexes[name]; !ix.nullable {
-			info.key = ix.cols
-			break
-		}
+	if info.key, err = KeyColumnNames(ctx, c.db, db, name); err != nil {
+		return nil, err
 	}
 
 	if c.mariadb {
