@@ -46,8 +46,36 @@ func AppendJSON(dst []byte, v any) ([]byte, error) {
 // stack: an object pushes its keys, sorts its own segment and pops it when
 // done, so nested objects share one backing array and a warm encoder sorts
 // without allocating.
+//
+// orders remembers the sorted key lists of the last few top-level objects
+// (row images and keys, whose column names repeat from change to change)
+// with their encoded names, so the next object with the same key set skips
+// collecting, sorting and escaping its keys. The output is the same bytes
+// either way: an order is only reused for exactly its own key set.
 type encoder struct {
-	keys []string
+	keys   []string
+	vals   []any
+	orders [numOrders]keyOrder
+	next   int // the orders slot the next miss overwrites
+}
+
+// numOrders covers the after/before image and the key of a few tables
+// written in turn; a miss costs what encoding cost before the cache.
+const numOrders = 8
+
+// Bounds on what an order may hold, so one wide table does not pin much
+// memory in the pool.
+const (
+	maxOrderKeys  = 256
+	maxOrderBytes = 8 << 10
+)
+
+// keyOrder is one remembered key set: keys sorted, and names holding
+// `"key":` for each of them back to back, ends[i] ending keys[i]'s.
+type keyOrder struct {
+	keys  []string
+	names []byte
+	ends  []int
 }
 
 var encoderPool = sync.Pool{New: func() any { return &encoder{keys: make([]string, 0, 32)} }}
@@ -61,6 +89,11 @@ func putEncoder(e *encoder) {
 	}
 	clear(e.keys[:cap(e.keys)])
 	e.keys = e.keys[:0]
+	if cap(e.vals) > 1<<12 {
+		e.vals = nil
+	}
+	clear(e.vals[:cap(e.vals)])
+	e.vals = e.vals[:0]
 	encoderPool.Put(e)
 }
 
@@ -164,11 +197,19 @@ func (e *encoder) object(dst []byte, m map[string]any, depth int) ([]byte, error
 		// empty object.
 		return append(dst, "null"...), nil
 	}
+	if depth == 0 {
+		if o := e.order(m); o != nil {
+			return e.objectInOrder(dst, o, depth)
+		}
+	}
 	start := len(e.keys)
 	for k := range m {
 		e.keys = append(e.keys, k)
 	}
 	slices.Sort(e.keys[start:])
+	if depth == 0 {
+		e.remember(e.keys[start:])
+	}
 	dst = append(dst, '{')
 	var err error
 	for i := start; i < len(e.keys); i++ {
@@ -191,6 +232,85 @@ func (e *encoder) object(dst []byte, m map[string]any, depth int) ([]byte, error
 	clear(e.keys[start:])
 	e.keys = e.keys[:start]
 	return append(dst, '}'), nil
+}
+
+// order returns the remembered order whose key set is exactly m's, with
+// m's values pushed onto e.vals in that order, or nil.
+func (e *encoder) order(m map[string]any) *keyOrder {
+	for i := range e.orders {
+		o := &e.orders[i]
+		if len(o.keys) != len(m) || len(o.keys) == 0 {
+			continue
+		}
+		// The keys of an order are distinct and as many as m's: if m
+		// has all of them, it has no others.
+		start := len(e.vals)
+		hit := true
+		for _, k := range o.keys {
+			v, ok := m[k]
+			if !ok {
+				hit = false
+				break
+			}
+			e.vals = append(e.vals, v)
+		}
+		if hit {
+			return o
+		}
+		clear(e.vals[start:])
+		e.vals = e.vals[:start]
+	}
+	return nil
+}
+
+// objectInOrder writes the object whose values order pushed.
+func (e *encoder) objectInOrder(dst []byte, o *keyOrder, depth int) ([]byte, error) {
+	start := len(e.vals) - len(o.keys)
+	dst = append(dst, '{')
+	prev := 0
+	var err error
+	for i, end := range o.ends {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = append(dst, o.names[prev:end]...)
+		prev = end
+		// Re-read e.vals each round: a nested value may have grown it.
+		if dst, err = e.valueDepth(dst, e.vals[start+i], depth+1); err != nil {
+			break
+		}
+	}
+	clear(e.vals[start:])
+	e.vals = e.vals[:start]
+	if err != nil {
+		return dst, err
+	}
+	return append(dst, '}'), nil
+}
+
+// remember stores sorted keys as an order, reusing the storage of the
+// slot it overwrites. Keys that are not valid UTF-8 are not remembered:
+// their object is an error, and stays one.
+func (e *encoder) remember(keys []string) {
+	if len(keys) == 0 || len(keys) > maxOrderKeys {
+		return
+	}
+	o := &e.orders[e.next]
+	// Emptied first: names below reuses its storage, and an order must
+	// never pair keys with another set's names.
+	o.keys = o.keys[:0]
+	names, ends := o.names[:0], o.ends[:0]
+	for _, k := range keys {
+		var err error
+		if names, err = appendString(names, k); err != nil || len(names) > maxOrderBytes {
+			return
+		}
+		names = append(names, ':')
+		ends = append(ends, len(names))
+	}
+	o.keys = append(o.keys[:0], keys...)
+	o.names, o.ends = names, ends
+	e.next = (e.next + 1) % numOrders
 }
 
 // rawJSON parses a JSON document and re-emits it canonically. Numbers are
@@ -271,6 +391,10 @@ func appendString(dst []byte, s string) ([]byte, error) {
 	dst = append(dst, '"')
 	start := 0
 	for i := 0; i < len(s); {
+		if i+8 <= len(s) && plainWord(load8(s, i)) {
+			i += 8
+			continue
+		}
 		b := s[i]
 		if b < utf8.RuneSelf {
 			if safeASCII[b] {
@@ -306,6 +430,27 @@ func appendString(dst []byte, s string) ([]byte, error) {
 	}
 	dst = append(dst, s[start:]...)
 	return append(dst, '"'), nil
+}
+
+// plainWord reports whether the 8 bytes of w are all ASCII that needs no
+// escaping (no control character, '"' or '\\'), testing them at once:
+// string values are mostly such text, and the byte loop is the slow part
+// of encoding them.
+func plainWord(w uint64) bool {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	ctrl := (w - 0x20*ones) &^ w // a byte below 0x20 sets its high bit
+	quote := w ^ '"'*ones        // a '"' becomes a zero byte…
+	quote = (quote - ones) &^ quote
+	bslash := w ^ '\\'*ones // … and so does a '\\'
+	bslash = (bslash - ones) &^ bslash
+	return (w|ctrl|quote|bslash)&highs == 0
+}
+
+// load8 reads s[i:i+8] as a little-endian word (one load on amd64/arm64).
+func load8(s string, i int) uint64 {
+	s = s[i : i+8]
+	return uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
+		uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56
 }
 
 // validNumber reports whether s is a JSON number (RFC 8259 §6).

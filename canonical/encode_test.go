@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -338,4 +339,110 @@ func depth(doc []byte) int {
 		}
 	}
 	return m
+}
+
+func BenchmarkAppendString(b *testing.B) {
+	strs := []string{"name-123456", "2024-05-06T07:08:09.123", strings.Repeat("x", 40), "héllo wörld, ça va?", "1234.56"}
+	buf := make([]byte, 0, 256)
+	b.ReportAllocs()
+	for b.Loop() {
+		for _, s := range strs {
+			var err error
+			if buf, err = appendString(buf[:0], s); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+}
+
+// TestObjectKeyOrders encodes objects whose key sets repeat, overlap, share
+// a size or outnumber the remembered orders, in turn, and checks each
+// against the object encoded key by key: a remembered order must never be
+// used for another key set.
+func TestObjectKeyOrders(t *testing.T) {
+	sets := [][]string{
+		{"id"}, {"a", "b"}, {"a", "c"}, {"b", "c"}, {"a", "b", "c"}, {"id", "name"},
+		{"é", "\x00", "z"}, {"a"}, {"b"}, {"c"}, {"d", "e"}, {"e", "f"}, {"x", "y", "z"}, {"ab", "a"},
+	}
+	want := func(m Row) string {
+		keys := make([]string, 0, len(m))
+		for k := range m {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		var b strings.Builder
+		b.WriteByte('{')
+		for i, k := range keys {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			kj, _ := Marshal(k)
+			vj, err := Marshal(m[k])
+			if err != nil {
+				t.Fatal(err)
+			}
+			b.Write(kj)
+			b.WriteByte(':')
+			b.Write(vj)
+		}
+		b.WriteByte('}')
+		return b.String()
+	}
+	for round := range 5 {
+		for i := range sets {
+			// Visit the sets in a different order each round.
+			set := sets[(i*(round+1)+round)%len(sets)]
+			m := Row{}
+			for j, k := range set {
+				m[k] = int64(round*100 + j)
+			}
+			if round%2 == 1 {
+				m[set[0]] = Row{"nested": set[len(set)-1], "a": []any{int64(i)}}
+			}
+			got, err := Marshal(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if w := want(m); string(got) != w {
+				t.Fatalf("round %d set %q: got %s, want %s", round, set, got, w)
+			}
+			env, err := AppendEnvelope(nil, &Change{Op: OpCreate, After: m, Key: Row{set[0]: m[set[0]]}}, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.HasPrefix(string(env), `{"after":`+want(m)+`,`) {
+				t.Fatalf("round %d set %q: envelope %s", round, set, env)
+			}
+		}
+	}
+	// A key that is not UTF-8 is an error every time, not only the first.
+	for range 3 {
+		if _, err := Marshal(Row{"ok": int64(1), "\xff": int64(2)}); err == nil {
+			t.Fatal("invalid key accepted")
+		}
+	}
+}
+
+func TestAppendStringWords(t *testing.T) {
+	// Every byte value at every offset of a string long enough for the
+	// word-at-a-time scan, against the byte-at-a-time rules.
+	for c := range 256 {
+		for at := range 17 {
+			b := []byte(strings.Repeat("abcdefgh", 3))
+			b[at] = byte(c)
+			s := string(b)
+			got, err := appendString(nil, s)
+			if c >= utf8.RuneSelf {
+				if err == nil {
+					t.Fatalf("byte %#x at %d: invalid UTF-8 accepted", c, at)
+				}
+				continue
+			}
+			ref, _ := json.Marshal(s)
+			want := strings.NewReplacer(`\u003c`, "<", `\u003e`, ">", `\u0026`, "&").Replace(string(ref))
+			if err != nil || string(got) != want {
+				t.Fatalf("byte %#x at %d: got %s (%v), want %s", c, at, got, err, want)
+			}
+		}
+	}
 }
