@@ -380,10 +380,10 @@ sinks:
 	waitFor(t, 200*time.Second, func() (bool, string) {
 		checkAlive()
 		var rows, open int
-		if err := db.QueryRow("SELECT COUNT(*), COALESCE(SUM(status IN ('pending','delivering')), 0) FROM `"+stateDB+"`.outbox").Scan(&rows, &open); err != nil {
+		if err := db.QueryRow("SELECT COUNT(*), COALESCE(SUM(status = 'pending'), 0) FROM `"+stateDB+"`.outbox").Scan(&rows, &open); err != nil {
 			return false, err.Error()
 		}
-		return rows >= n && open == 0, fmt.Sprintf("outbox has %d rows (want %d), %d pending or delivering: %s", rows, n, open, outboxSummary(db, stateDB))
+		return rows >= n && open == 0, fmt.Sprintf("outbox has %d rows (want %d), %d pending (claimed or not): %s", rows, n, open, outboxSummary(db, stateDB))
 	})
 	if d := time.Since(drainStart); d > 60*time.Second {
 		t.Logf("NOTE: the final drain took %s; some rows waited out their claim lease", d.Round(time.Second))

@@ -286,10 +286,10 @@ sinks:
 			t.Fatalf("the last cdcout exited on its own: %v", last.err)
 		}
 		var rows, open int
-		if err := db.QueryRow("SELECT COUNT(*), COALESCE(SUM(status IN ('pending','delivering')), 0) FROM `"+stateDB+"`.outbox").Scan(&rows, &open); err != nil {
+		if err := db.QueryRow("SELECT COUNT(*), COALESCE(SUM(status = 'pending'), 0) FROM `"+stateDB+"`.outbox").Scan(&rows, &open); err != nil {
 			return false, err.Error()
 		}
-		return rows >= 2*n && open == 0, fmt.Sprintf("outbox has %d rows (want %d), %d pending or delivering: %s", rows, 2*n, open, outboxSummary(db, stateDB))
+		return rows >= 2*n && open == 0, fmt.Sprintf("outbox has %d rows (want %d), %d pending (claimed or not): %s", rows, 2*n, open, outboxSummary(db, stateDB))
 	})
 	noteFirst(last)
 	if code := last.stop(20 * time.Second); code != 0 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -64,7 +65,7 @@ func (d *drainers) discover(ctx context.Context) error {
 // pendingPipes lists this instance's pipes with undelivered rows.
 func (d *drainers) pendingPipes(ctx context.Context) ([]string, error) {
 	rows, err := d.db.QueryContext(ctx, "SELECT DISTINCT pipe FROM "+state.Table(d.cfg.StateDB, "outbox")+
-		" WHERE pipe LIKE ? AND status IN ('pending','delivering')", likePrefix(d.cfg.Instance+":"))
+		" WHERE pipe LIKE ? AND status = 'pending'", likePrefix(d.cfg.Instance+":"))
 	if err != nil {
 		return nil, err
 	}
@@ -171,9 +172,22 @@ func (d *drainers) stopClaiming() {
 // is in flight, and without it those rows would wait out the claim lease
 // (minutes) before another drainer may take them.
 func (d *drainers) releaseOrphans(ctx context.Context) (int64, error) {
+	d.mu.Lock()
+	args := make([]any, 0, len(d.byPipe)+1)
+	for p := range d.byPipe {
+		args = append(args, p)
+	}
+	d.mu.Unlock()
+	if len(args) == 0 {
+		return 0, nil
+	}
+	// A claimed row is pending with its next attempt pushed to the claim's
+	// expiry; per pipe that is a short range of the due index.
+	args = append(args, outbox.ClaimerID(d.holder))
 	res, err := d.db.ExecContext(ctx, "UPDATE "+state.Table(d.cfg.StateDB, "outbox")+
-		" SET status = 'pending', claimed_by = NULL, claim_expires_at = NULL, attempts = GREATEST(attempts - 1, 0)"+
-		" WHERE claimed_by = ? AND status = 'delivering'", d.holder)
+		" SET claimer = 0, next_attempt_at = NOW(6), attempts = GREATEST(attempts - 1, 0)"+
+		" WHERE pipe IN ("+strings.TrimSuffix(strings.Repeat("?,", len(args)-1), ",")+")"+
+		" AND status = 'pending' AND next_attempt_at > NOW(6) AND claimer = ?", args...)
 	if err != nil {
 		return 0, fmt.Errorf("release undelivered claims: %w", err)
 	}

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/cdcout/cdcout/lease"
+	"github.com/cdcout/cdcout/outbox"
 	"github.com/cdcout/cdcout/state"
 )
 
@@ -230,11 +231,12 @@ func (d *drainLeases) tick(ctx context.Context) {
 // outcome write is conditional on its claim and matches nothing.
 func (d *drainLeases) releaseDeadClaims(ctx context.Context, pipe string, members map[string]bool) (int64, error) {
 	q := "UPDATE " + state.Table(d.schema, "outbox") +
-		" SET status = 'pending', claimed_by = NULL, claim_expires_at = NULL" +
-		" WHERE pipe = ? AND status = 'delivering' AND claimed_by NOT IN (?" + strings.Repeat(", ?", len(members)-1) + ")"
+		" SET claimer = 0, next_attempt_at = NOW(6)" +
+		" WHERE pipe = ? AND status = 'pending' AND next_attempt_at > NOW(6)" +
+		" AND claimer <> 0 AND claimer NOT IN (?" + strings.Repeat(", ?", len(members)-1) + ")"
 	args := []any{pipe}
 	for m := range members {
-		args = append(args, m)
+		args = append(args, outbox.ClaimerID(m))
 	}
 	res, err := d.db.ExecContext(ctx, q, args...)
 	if err != nil {

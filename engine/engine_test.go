@@ -308,7 +308,7 @@ func testEndToEnd(t *testing.T, mode string) {
 		if strings.Count(string(b), "\n") >= total {
 			return true
 		}
-		rows, err := state.Query("SELECT pipe, status, COUNT(*), CONCAT(IFNULL(MAX(claimed_by),'-'), ' ', IFNULL(MAX(claim_expires_at),'-'), ' ', NOW(6)) FROM `" + stateDB + "`.outbox GROUP BY pipe, status")
+		rows, err := state.Query("SELECT pipe, status, COUNT(*), CONCAT(MAX(claimer), ' ', MAX(next_attempt_at), ' ', NOW(6)) FROM `" + stateDB + "`.outbox GROUP BY pipe, status")
 		if err == nil {
 			for rows.Next() {
 				var p, st string

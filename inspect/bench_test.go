@@ -25,10 +25,10 @@ func BenchmarkPipesRead(b *testing.B) {
 	if err := state.Migrate(ctx, db, schema); err != nil {
 		b.Fatal(err)
 	}
-	srv.Exec(b, "INSERT INTO `"+schema+"`.outbox (id, pipe, sink, change_key, db, tbl, op, row_key, key_hash, status, attempts, last_error, last_error_at, commit_ts, created_at, delivered_at, payload) "+
+	srv.Exec(b, "INSERT INTO `"+schema+"`.outbox (id, pipe, sink, change_key, db, tbl, op, row_key, key_hash, status, attempts, last_error, last_error_at, commit_ts, created_at, next_attempt_at, payload) "+
 		"SELECT LPAD(seq, 36, '0'), CONCAT('b:d.t', seq % 4, ':s'), 's', CONCAT('g:', seq), 'd', CONCAT('t', seq % 4), 'c', seq, SHA2(seq, 256), "+
 		"IF(seq % 100 = 0, 'pending', 'delivered'), 1, IF(seq % 100 = 0, 'timeout', NULL), IF(seq % 100 = 0, NOW(6), NULL), "+
-		"NOW(6) - INTERVAL seq SECOND, NOW(6) - INTERVAL seq SECOND, IF(seq % 100 = 0, NULL, NOW(6)), '{}' FROM `"+schema+"`.seq_1_to_"+strconv.Itoa(n))
+		"NOW(6) - INTERVAL seq SECOND, NOW(6) - INTERVAL seq SECOND, NOW(6), '{}' FROM `"+schema+"`.seq_1_to_"+strconv.Itoa(n))
 	r := Reader{DB: db, Schema: schema, Instance: "b"}
 	b.ResetTimer()
 	for range b.N {

@@ -32,7 +32,7 @@ func fixture(t *testing.T) (*sql.DB, string) {
 	n := 0
 	row := func(pipe, status, lastErr string, ageSec int) string {
 		n++
-		errCol, errAt, delivered := "NULL", "NULL", "NULL"
+		errCol, errAt, delivered := "NULL", "NULL", "NOW(6)"
 		if lastErr != "" {
 			errCol, errAt = "'"+lastErr+"'", fmt.Sprintf("NOW(6) - INTERVAL %d SECOND", ageSec/10)
 		}
@@ -43,7 +43,7 @@ func fixture(t *testing.T) (*sql.DB, string) {
 			"SHA2('%d', 256), '%s', %d, %s, %s, NOW(6) - INTERVAL %d SECOND, NOW(6) - INTERVAL %d SECOND, %s, '{}')",
 			n, pipe, n, n, n, status, map[bool]int{true: 10, false: 1}[status == "dead"], errCol, errAt, ageSec+2, ageSec, delivered)
 	}
-	insert := "INSERT INTO `" + schema + "`.outbox (id, pipe, sink, change_key, db, tbl, op, row_key, key_hash, status, attempts, last_error, last_error_at, commit_ts, created_at, delivered_at, payload) VALUES "
+	insert := "INSERT INTO `" + schema + "`.outbox (id, pipe, sink, change_key, db, tbl, op, row_key, key_hash, status, attempts, last_error, last_error_at, commit_ts, created_at, next_attempt_at, payload) VALUES "
 	srv.Exec(t, insert+row("inst:shop.orders:hook", "pending", "", 30)+","+
 		row("inst:shop.orders:hook", "pending", "connection refused", 20)+","+
 		row("inst:shop.orders:hook", "pending", "", 5)+","+

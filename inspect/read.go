@@ -163,7 +163,7 @@ func (r Reader) Pipes(ctx context.Context, extra ...string) ([]PipeStatus, error
 	rows, err := r.DB.QueryContext(ctx, `SELECT pipe,
   TIMESTAMPDIFF(MICROSECOND, MIN(created_at), NOW(6)),
   TIMESTAMPDIFF(MICROSECOND, MIN(commit_ts), NOW(6))
-FROM `+r.table("outbox")+` WHERE pipe LIKE ? AND status IN ('pending', 'delivering') GROUP BY pipe`, r.pipeLike())
+FROM `+r.table("outbox")+` WHERE pipe LIKE ? AND status = 'pending' GROUP BY pipe`, r.pipeLike())
 	if err != nil {
 		return nil, fmt.Errorf("read pipe backlog: %w", err)
 	}
@@ -254,8 +254,34 @@ WHERE pipe LIKE ? GROUP BY pipe, status`, r.pipeLike())
 		return nil, fmt.Errorf("count outbox rows: %w", err)
 	}
 	rows.Close()
+	// A claimed ("delivering") row is a pending row with a claimer whose
+	// next attempt is the claim's expiry: a short range of the due index.
+	claimed, err := r.DB.QueryContext(ctx, `SELECT pipe, COUNT(*) FROM `+r.table("outbox")+`
+WHERE pipe LIKE ? AND status = 'pending' AND next_attempt_at > NOW(6) AND claimer <> 0 GROUP BY pipe`, r.pipeLike())
+	if err != nil {
+		return nil, fmt.Errorf("count claimed outbox rows: %w", err)
+	}
+	for claimed.Next() {
+		var s metrics.OutboxStat
+		if err := claimed.Scan(&s.Pipe, &s.Rows); err != nil {
+			claimed.Close()
+			return nil, fmt.Errorf("count claimed outbox rows: %w", err)
+		}
+		s.Status = "delivering"
+		for i := range out {
+			if out[i].Pipe == s.Pipe && out[i].Status == "pending" {
+				out[i].Rows -= s.Rows
+			}
+		}
+		out = append(out, s)
+	}
+	if err := claimed.Err(); err != nil {
+		claimed.Close()
+		return nil, fmt.Errorf("count claimed outbox rows: %w", err)
+	}
+	claimed.Close()
 	ages, err := r.DB.QueryContext(ctx, `SELECT pipe, TIMESTAMPDIFF(MICROSECOND, MIN(created_at), NOW(6))
-FROM `+r.table("outbox")+` WHERE pipe LIKE ? AND status IN ('pending', 'delivering') GROUP BY pipe`, r.pipeLike())
+FROM `+r.table("outbox")+` WHERE pipe LIKE ? AND status = 'pending' GROUP BY pipe`, r.pipeLike())
 	if err != nil {
 		return nil, fmt.Errorf("read oldest pending: %w", err)
 	}

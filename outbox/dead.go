@@ -79,7 +79,7 @@ func RetryDead(ctx context.Context, db *sql.DB, schema, pipe, id string) (int64,
 		return 0, err
 	}
 	q := `UPDATE ` + state.Table(schema, "outbox") + `
-SET status = 'pending', attempts = 0, next_attempt_at = NOW(6), claim_expires_at = NULL
+SET status = 'pending', attempts = 0, next_attempt_at = NOW(6), claimer = 0
 WHERE status = 'dead'`
 	var args []any
 	if pipe != "" {

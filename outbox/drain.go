@@ -31,9 +31,6 @@ const (
 
 	idleMin = 50 * time.Millisecond
 	idleMax = 2 * time.Second
-	// expiredEvery is how often Run looks for delivering rows whose claim
-	// lease ran out (their claimer died); cheap, but not needed per batch.
-	expiredEvery = time.Second
 	// outcomeRetryFor bounds how long a delivered batch's outcome write is
 	// retried (database restart) before the rows are left to their claim
 	// lease, which re-delivers them under the same deliveryKey.
@@ -76,8 +73,8 @@ type DrainMetrics struct {
 type DrainerConfig struct {
 	DB     *sql.DB
 	Schema string
-	// ClaimedBy is stamped on every row this drainer claims; outcome writes
-	// are conditional on it. Required: it must be unique per process boot
+	// ClaimedBy identifies this drainer: every row it claims carries
+	// ClaimerID(ClaimedBy), and outcome writes are conditional on it. Required: it must be unique per process boot
 	// ("<replica-id>/<nonce>") so a restarted replica never mistakes a claim
 	// it died inside for a live one of its own.
 	ClaimedBy string
@@ -108,6 +105,7 @@ type DrainerConfig struct {
 // a failing row delays only its own key (DESIGN.md, Invariant 5).
 type Drainer struct {
 	cfg     DrainerConfig
+	claimer int64 // ClaimerID(cfg.ClaimedBy)
 	outbox  string
 	attempt string
 	leases  string
@@ -131,7 +129,6 @@ type pipeDrainer struct {
 	// when this one succeeds, so the log never ends on a stale failure.
 	failedBefore map[string]bool
 	nextDue      time.Time // earliest local time a retried row becomes due
-	lastExp      time.Time // last look for expired claims
 }
 
 // NewDrainer validates cfg, fills defaults and returns a Drainer.
@@ -162,6 +159,7 @@ func NewDrainer(cfg DrainerConfig) (*Drainer, error) {
 	}
 	d := &Drainer{
 		cfg:     cfg,
+		claimer: ClaimerID(cfg.ClaimedBy),
 		outbox:  state.Table(cfg.Schema, "outbox"),
 		attempt: state.Table(cfg.Schema, "attempts"),
 		leases:  state.Table(cfg.Schema, "leases"),
@@ -255,7 +253,7 @@ func (d *Drainer) DrainOnce(ctx context.Context) (int, error) {
 		)
 		for rows < p.cfg.Concurrency*p.cfg.BatchSize {
 			var js []job
-			js, err = p.claim(ctx, p.cfg.Concurrency*p.cfg.BatchSize-rows, true, keyRange{})
+			js, err = p.claim(ctx, p.cfg.Concurrency*p.cfg.BatchSize-rows, keyRange{})
 			if err != nil || len(js) == 0 {
 				break
 			}
@@ -343,14 +341,13 @@ func (p *pipeDrainer) claimLoop(ctx context.Context, i int, part keyRange, work 
 	for ctx.Err() == nil {
 		p.mu.Lock()
 		room := maxOutstanding - len(p.inflight)
-		checkExpired := i == 0 && time.Since(p.lastExp) >= expiredEvery
 		p.mu.Unlock()
 		var (
 			jobs []job
 			err  error
 		)
 		if room >= p.cfg.BatchSize {
-			jobs, err = p.claim(ctx, min(room, perClaim), checkExpired, part)
+			jobs, err = p.claim(ctx, min(room, perClaim), part)
 		}
 		if len(jobs) > 0 {
 			idle, failing = idleMin, false
@@ -397,8 +394,8 @@ func (p *pipeDrainer) claimLoop(ctx context.Context, i int, part keyRange, work 
 var errNoLease = errors.New("drain lease not held")
 
 // notBlocked keeps a row only when it is the oldest undelivered row of its
-// key: no earlier row of the same (pipe, key_hash) is pending or delivering.
-// Done rows (delivered, dead) never block; a dead row releases its key.
+// key: no earlier row of the same (pipe, key_hash) is pending (claimed or
+// not). Done rows (delivered, dead) never block; a dead row releases its key.
 //
 // Cost: per candidate row this probes the key's earlier rows. With only
 // by_key (pipe, key_hash, id) the probe walks the key's whole retained
@@ -412,12 +409,15 @@ var errNoLease = errors.New("drain lease not held")
 // key_open it takes ~18 ms.
 const notBlocked = `NOT EXISTS (SELECT 1 FROM %[1]s e FORCE INDEX (key_open)
   WHERE e.pipe = o.pipe AND e.key_hash = o.key_hash AND e.id < o.id
-    AND e.status IN ('pending','delivering'))`
+    AND e.status = 'pending')`
 
 type candidate struct{ id, keyHash string }
 
 // claim claims up to limit due rows of the pipe for this drainer and
-// returns them as jobs for the workers. The rows it picks are the oldest
+// returns them as jobs for the workers. A claim stamps the row with our
+// claimer and moves its next_attempt_at to the claim's expiry: until then
+// no drainer finds it due, and after it (we died) any drainer does, with no
+// separate search for expired claims. The rows it picks are the oldest
 // undelivered row of their key (the key's head), so no key has a row in
 // flight elsewhere.
 //
@@ -426,7 +426,7 @@ type candidate struct{ id, keyHash string }
 // one job: lane i+1 holds the next row of every key whose row in lane i was
 // delivered. A hot key then moves one row per Deliver call instead of one
 // row per claim round trip, still strictly in order.
-func (p *pipeDrainer) claim(ctx context.Context, limit int, withExpired bool, part keyRange) ([]job, error) {
+func (p *pipeDrainer) claim(ctx context.Context, limit int, part keyRange) ([]job, error) {
 	d := p.d
 	var (
 		l      lease.Lease
@@ -462,18 +462,7 @@ func (p *pipeDrainer) claim(ctx context.Context, limit int, withExpired bool, pa
 		return rows.Err()
 	}
 	nb := fmt.Sprintf(notBlocked, d.outbox)
-	if withExpired {
-		p.mu.Lock()
-		p.lastExp = time.Now()
-		p.mu.Unlock()
-		// Rows whose claimer died (its claim lease ran out).
-		if err := add(`SELECT o.id, o.key_hash FROM `+d.outbox+` o
-WHERE o.pipe = ? AND o.status = 'delivering' AND o.claim_expires_at <= NOW(6) AND `+nb+`
-ORDER BY o.id LIMIT ?`, p.name, limit); err != nil {
-			return nil, fmt.Errorf("claim %s: find expired claims: %w", p.name, err)
-		}
-	}
-	if len(cands) < limit {
+	{
 		var (
 			rng  string
 			args = []any{p.name}
@@ -486,7 +475,7 @@ ORDER BY o.id LIMIT ?`, p.name, limit); err != nil {
 			rng += ` AND o.key_hash < ?`
 			args = append(args, part.hi)
 		}
-		args = append(args, limit-len(cands))
+		args = append(args, limit)
 		if err := add(`SELECT o.id, o.key_hash FROM `+d.outbox+` o
 WHERE o.pipe = ? AND o.status = 'pending' AND o.next_attempt_at <= NOW(6)`+rng+` AND `+nb+`
 ORDER BY o.next_attempt_at, o.id LIMIT ?`, args...); err != nil {
@@ -511,8 +500,8 @@ ORDER BY o.next_attempt_at, o.id LIMIT ?`, args...); err != nil {
 	// The row conditions are re-checked here: between the SELECT and this
 	// UPDATE another drainer may have claimed a row, and then it matches
 	// nothing.
-	due := `(o.status = 'pending' AND o.next_attempt_at <= NOW(6) OR o.status = 'delivering' AND o.claim_expires_at <= NOW(6))`
-	set := `SET o.status = 'delivering', o.claimed_by = ?, o.claim_expires_at = NOW(6) + INTERVAL ? MICROSECOND, o.attempts = o.attempts + 1`
+	due := `o.status = 'pending' AND o.next_attempt_at <= NOW(6)`
+	set := `SET o.claimer = ?, o.next_attempt_at = NOW(6) + INTERVAL ? MICROSECOND, o.attempts = o.attempts + 1`
 	var (
 		q    string
 		args []any
@@ -523,13 +512,13 @@ ORDER BY o.next_attempt_at, o.id LIMIT ?`, args...); err != nil {
 		q = `UPDATE ` + d.outbox + ` o JOIN ` + d.leases + ` l ON l.name = ? ` + set + `
 WHERE o.pipe = ? AND o.id IN (` + in + `) AND ` + due + `
   AND l.holder = ? AND l.epoch = ? AND l.expires_at > NOW(6)`
-		args = append(args, l.Name, d.cfg.ClaimedBy, d.cfg.ClaimLease.Microseconds(), p.name)
+		args = append(args, l.Name, d.claimer, d.cfg.ClaimLease.Microseconds(), p.name)
 		args = append(args, ids...)
 		args = append(args, l.Holder, l.Epoch)
 	} else {
 		q = `UPDATE ` + d.outbox + ` o ` + set + `
 WHERE o.pipe = ? AND o.id IN (` + in + `) AND ` + due
-		args = append(args, d.cfg.ClaimedBy, d.cfg.ClaimLease.Microseconds(), p.name)
+		args = append(args, d.claimer, d.cfg.ClaimLease.Microseconds(), p.name)
 		args = append(args, ids...)
 	}
 	// From the claim on, a stop must not cut us off: rows claimed but never
@@ -551,8 +540,8 @@ WHERE o.pipe = ? AND o.id IN (` + in + `) AND ` + due
 		return nil, nil
 	}
 	rows, err := d.cfg.DB.QueryContext(cctx, `SELECT id, sink, db, tbl, op, row_key, attempts, commit_ts, payload, last_error IS NOT NULL
-FROM `+d.outbox+` WHERE id IN (`+in+`) AND status = 'delivering' AND claimed_by = ?
-ORDER BY id`, append(ids, d.cfg.ClaimedBy)...)
+FROM `+d.outbox+` WHERE id IN (`+in+`) AND status = 'pending' AND claimer = ?
+ORDER BY id`, append(ids, d.claimer)...)
 	if err != nil {
 		// If the release fails too, the claims stand until the claim
 		// lease ends and are re-claimed then.
@@ -642,10 +631,13 @@ ORDER BY id`, append(ids, d.cfg.ClaimedBy)...)
 // work; with many distinct heads a claim is full of parallel work already.
 const maxRunKeys = 64
 
-// followers returns, for claims with few heads, up to BatchSize ids that
-// follow each head in its key (in id order), cut at the first row that is
-// not pending: all of a key's rows after its head are normally pending and
-// never attempted, and anything else ends the run rather than being jumped.
+// followers returns, for claims with few heads, up to BatchSize pending ids
+// that follow each head in its key (in id order), cut at the first one that
+// is not due (claimed elsewhere, or waiting for a retry): all of a key's
+// rows after its head are normally pending and never attempted, and
+// anything else ends the run rather than being jumped. Done rows (a dead
+// row sent back by `dead retry` can have delivered rows after it) do not
+// block their key and are passed over.
 func (p *pipeDrainer) followers(ctx context.Context, heads []candidate, limit int) (map[string][]string, error) {
 	if len(heads) > maxRunKeys || len(heads) >= limit {
 		return nil, nil
@@ -658,8 +650,8 @@ func (p *pipeDrainer) followers(ctx context.Context, heads []candidate, limit in
 	parts := make([]string, len(heads))
 	args := make([]any, 0, 4*len(heads))
 	for i, h := range heads {
-		parts[i] = `(SELECT id, key_hash, status, next_attempt_at <= NOW(6) FROM ` + d.outbox + `
-WHERE pipe = ? AND key_hash = ? AND id > ? ORDER BY id LIMIT ?)`
+		parts[i] = `(SELECT id, key_hash, next_attempt_at <= NOW(6) FROM ` + d.outbox + `
+WHERE pipe = ? AND key_hash = ? AND status = 'pending' AND id > ? ORDER BY id LIMIT ?)`
 		args = append(args, p.name, h.keyHash, h.id, per)
 	}
 	rows, err := d.cfg.DB.QueryContext(ctx, strings.Join(parts, " UNION ALL "), args...)
@@ -668,8 +660,8 @@ WHERE pipe = ? AND key_hash = ? AND id > ? ORDER BY id LIMIT ?)`
 	}
 	defer rows.Close()
 	type row struct {
-		id, status string
-		due        bool
+		id  string
+		due bool
 	}
 	byKey := map[string][]row{}
 	for rows.Next() {
@@ -677,7 +669,7 @@ WHERE pipe = ? AND key_hash = ? AND id > ? ORDER BY id LIMIT ?)`
 			r  row
 			kh string
 		)
-		if err := rows.Scan(&r.id, &kh, &r.status, &r.due); err != nil {
+		if err := rows.Scan(&r.id, &kh, &r.due); err != nil {
 			return nil, err
 		}
 		byKey[kh] = append(byKey[kh], r)
@@ -690,7 +682,7 @@ WHERE pipe = ? AND key_hash = ? AND id > ? ORDER BY id LIMIT ?)`
 		// UNION ALL keeps each part's order only by accident; sort.
 		sort.Slice(rs, func(i, j int) bool { return rs[i].id < rs[j].id })
 		for _, r := range rs {
-			if r.status != "pending" || !r.due || p.isInflight(r.id) {
+			if !r.due || p.isInflight(r.id) {
 				break
 			}
 			out[kh] = append(out[kh], r.id)
@@ -718,7 +710,7 @@ func (p *pipeDrainer) release(ctx context.Context, recs []Record) {
 	for _, r := range recs {
 		ids = append(ids, r.ID)
 	}
-	ids = append(ids, p.d.cfg.ClaimedBy)
+	ids = append(ids, p.d.claimer)
 	// Retried like an outcome write: the usual cause of a failure here is
 	// the database restarting between a claim and its read-back, and rows
 	// left claimed by a live replica hold their keys until the claim lease
@@ -727,8 +719,8 @@ func (p *pipeDrainer) release(ctx context.Context, recs []Record) {
 	pause := 100 * time.Millisecond
 	for {
 		_, err := p.d.cfg.DB.ExecContext(context.WithoutCancel(ctx), `UPDATE `+p.d.outbox+`
-SET status = 'pending', attempts = GREATEST(attempts - 1, 0), claim_expires_at = NULL
-WHERE id IN (`+placeholders(len(recs))+`) AND status = 'delivering' AND claimed_by = ?`, ids...)
+SET claimer = 0, next_attempt_at = NOW(6), attempts = GREATEST(attempts - 1, 0)
+WHERE id IN (`+placeholders(len(recs))+`) AND status = 'pending' AND claimer = ?`, ids...)
 		if err == nil {
 			return
 		}
@@ -944,33 +936,35 @@ func (p *pipeDrainer) record(ctx context.Context, recs []Record, errs []error, d
 		defer tx.Rollback()
 		if len(delivered) > 0 {
 			args := append([]any{}, delivered...)
-			args = append(args, d.cfg.ClaimedBy)
+			args = append(args, d.claimer)
+			// next_attempt_at of a done row is when it was done: retention
+			// counts from it.
 			if _, err := tx.ExecContext(ctx, `UPDATE `+d.outbox+`
-SET status = 'delivered', delivered_at = NOW(6), claim_expires_at = NULL
-WHERE id IN (`+placeholders(len(delivered))+`) AND status = 'delivering' AND claimed_by = ?`, args...); err != nil {
+SET status = 'delivered', next_attempt_at = NOW(6)
+WHERE id IN (`+placeholders(len(delivered))+`) AND status = 'pending' AND claimer = ?`, args...); err != nil {
 				return fmt.Errorf("mark delivered: %w", err)
 			}
 		}
 		for _, o := range failed {
 			if o.dead {
 				if _, err := tx.ExecContext(ctx, `UPDATE `+d.outbox+`
-SET status = 'dead', last_error = ?, last_error_at = NOW(6), claim_expires_at = NULL
-WHERE id = ? AND status = 'delivering' AND claimed_by = ?`, o.errText, o.rec.ID, d.cfg.ClaimedBy); err != nil {
+SET status = 'dead', next_attempt_at = NOW(6), last_error = ?, last_error_at = NOW(6)
+WHERE id = ? AND status = 'pending' AND claimer = ?`, o.errText, o.rec.ID, d.claimer); err != nil {
 					return fmt.Errorf("mark dead: %w", err)
 				}
 				continue
 			}
 			if _, err := tx.ExecContext(ctx, `UPDATE `+d.outbox+`
-SET status = 'pending', next_attempt_at = NOW(6) + INTERVAL ? MICROSECOND,
-    last_error = ?, last_error_at = NOW(6), claim_expires_at = NULL
-WHERE id = ? AND status = 'delivering' AND claimed_by = ?`, o.delay.Microseconds(), o.errText, o.rec.ID, d.cfg.ClaimedBy); err != nil {
+SET claimer = 0, next_attempt_at = NOW(6) + INTERVAL ? MICROSECOND,
+    last_error = ?, last_error_at = NOW(6)
+WHERE id = ? AND status = 'pending' AND claimer = ?`, o.delay.Microseconds(), o.errText, o.rec.ID, d.claimer); err != nil {
 				return fmt.Errorf("schedule retry: %w", err)
 			}
 		}
 		// The attempt log: one row per attempt, n = the attempt number, for
 		// rows that have failed at least once (this attempt, or an earlier
 		// one: failedBefore). An attempt of a row that never failed is
-		// already told by the outbox row (attempts, delivered_at); logging
+		// already told by the outbox row (attempts, status); logging
 		// it too cost one more row write per delivery on the hot path. A
 		// dead-letter retry restarts n at 1, so existing numbers are
 		// overwritten rather than rejected.

@@ -84,24 +84,27 @@ func (s *testState) exec(tb testing.TB, q string, args ...any) {
 	}
 }
 
+// rowState is an outbox row as the tests see it; status is "delivering"
+// for a pending row with a claimer.
 type rowState struct {
 	status    string
 	attempts  int
-	claimedBy string
+	claimer   int64
 	lastError string
 }
 
 func (s *testState) row(tb testing.TB, id string) rowState {
 	tb.Helper()
 	var (
-		r      rowState
-		cb, le sql.NullString
+		r  rowState
+		le sql.NullString
 	)
-	if err := s.db.QueryRow(`SELECT status, attempts, claimed_by, last_error FROM `+state.Table(s.schema, "outbox")+` WHERE id = ?`, id).
-		Scan(&r.status, &r.attempts, &cb, &le); err != nil {
+	if err := s.db.QueryRow(`SELECT IF(status = 'pending' AND claimer <> 0, 'delivering', status), attempts, claimer, last_error FROM `+
+		state.Table(s.schema, "outbox")+` WHERE id = ?`, id).
+		Scan(&r.status, &r.attempts, &r.claimer, &le); err != nil {
 		tb.Fatalf("row %s: %v", id, err)
 	}
-	r.claimedBy, r.lastError = cb.String, le.String
+	r.lastError = le.String
 	return r
 }
 
@@ -299,7 +302,7 @@ func TestPermanentErrorDeadLettersOnlyThatRow(t *testing.T) {
 	}}
 	d := s.drainer(t, "r1/boot", map[string]PipeConfig{pipe: {Sink: snk}}, nil)
 	drainUntil(t, d, "rows settled", func() bool {
-		return s.count(t, `SELECT COUNT(*) FROM {outbox} WHERE status IN ('pending','delivering')`) == 0
+		return s.count(t, `SELECT COUNT(*) FROM {outbox} WHERE status = 'pending'`) == 0
 	})
 	if r := s.row(t, a1); r.status != "dead" || r.attempts != 1 || !strings.Contains(r.lastError, "HTTP 400") {
 		t.Fatalf("a1 = %+v, want dead after 1 attempt with the error", r)
@@ -443,12 +446,12 @@ func TestRowsOfUnknownSinkStayPending(t *testing.T) {
 	if r := s.row(t, known); r.status != "delivered" {
 		t.Fatalf("known = %+v", r)
 	}
-	if r := s.row(t, orphan); r.status != "pending" || r.attempts != 0 || r.claimedBy != "" {
+	if r := s.row(t, orphan); r.status != "pending" || r.attempts != 0 || r.claimer != 0 {
 		t.Fatalf("row of a sink that no longer exists = %+v, want untouched pending", r)
 	}
 }
 
-// A claimer that died leaves rows delivering; once their claim lease has
+// A claimer that died leaves rows claimed; once their claim lease has
 // run out another drainer takes them (first, in key order), while a live
 // claim is left alone and holds back its key.
 func TestExpiredClaimReclaimedByAnotherDrainer(t *testing.T) {
@@ -456,8 +459,8 @@ func TestExpiredClaimReclaimedByAnotherDrainer(t *testing.T) {
 	const pipe = "i:app.t:fake"
 	dead1, dead2 := s.insert(t, pipe, `["k"]`), s.insert(t, pipe, `["k"]`)
 	live1, live2 := s.insert(t, pipe, `["l"]`), s.insert(t, pipe, `["l"]`)
-	s.exec(t, `UPDATE {outbox} SET status='delivering', claimed_by='gone/1', attempts=1, claim_expires_at = NOW(6) - INTERVAL 1 SECOND WHERE id = ?`, dead1)
-	s.exec(t, `UPDATE {outbox} SET status='delivering', claimed_by='alive/1', attempts=1, claim_expires_at = NOW(6) + INTERVAL 1 HOUR WHERE id = ?`, live1)
+	s.exec(t, `UPDATE {outbox} SET claimer = ?, attempts=1, next_attempt_at = NOW(6) - INTERVAL 1 SECOND WHERE id = ?`, ClaimerID("gone/1"), dead1)
+	s.exec(t, `UPDATE {outbox} SET claimer = ?, attempts=1, next_attempt_at = NOW(6) + INTERVAL 1 HOUR WHERE id = ?`, ClaimerID("alive/1"), live1)
 	var (
 		mu  sync.Mutex
 		got []string
@@ -474,7 +477,7 @@ func TestExpiredClaimReclaimedByAnotherDrainer(t *testing.T) {
 	drainUntil(t, d, "expired claim and its successor delivered", func() bool {
 		return s.row(t, dead2).status == "delivered"
 	})
-	if r := s.row(t, dead1); r.status != "delivered" || r.claimedBy != "r2/boot" || r.attempts != 2 {
+	if r := s.row(t, dead1); r.status != "delivered" || r.claimer != ClaimerID("r2/boot") || r.attempts != 2 {
 		t.Fatalf("expired claim row = %+v", r)
 	}
 	mu.Lock()
@@ -482,7 +485,7 @@ func TestExpiredClaimReclaimedByAnotherDrainer(t *testing.T) {
 	if strings.Join(got, " ") != dead1+" "+dead2 {
 		t.Fatalf("delivered %v, want only %s then %s", got, dead1, dead2)
 	}
-	if r := s.row(t, live1); r.status != "delivering" || r.claimedBy != "alive/1" {
+	if r := s.row(t, live1); r.status != "delivering" || r.claimer != ClaimerID("alive/1") {
 		t.Fatalf("live claim = %+v, want untouched", r)
 	}
 	if r := s.row(t, live2); r.status != "pending" {
@@ -519,7 +522,7 @@ func TestStaleOwnerOutcomeMatchesZeroRows(t *testing.T) {
 	if err := <-aDone; err != nil {
 		t.Fatal(err)
 	}
-	if r := s.row(t, id); r.status != "delivered" || r.claimedBy != "b/1" || r.lastError != "" {
+	if r := s.row(t, id); r.status != "delivered" || r.claimer != ClaimerID("b/1") || r.lastError != "" {
 		t.Fatalf("after the stale outcome: %+v, want b's delivered state untouched", r)
 	}
 }
@@ -570,7 +573,7 @@ func TestClaimsFencedByDrainLeaseEpoch(t *testing.T) {
 	if n, err := b.DrainOnce(ctx); err != nil || n != 1 {
 		t.Fatalf("current holder: n=%d err=%v", n, err)
 	}
-	if r := s.row(t, id); r.status != "delivered" || r.claimedBy != "b/1" {
+	if r := s.row(t, id); r.status != "delivered" || r.claimer != ClaimerID("b/1") {
 		t.Fatalf("row = %+v", r)
 	}
 }

@@ -25,8 +25,8 @@ const (
 type JanitorConfig struct {
 	DB     *sql.DB
 	Schema string
-	// Retention is how long delivered and dead rows are kept (by their
-	// created_at). Default 72h; the config layer maps CDCOUT_RETENTION_HOURS.
+	// Retention is how long delivered and dead rows are kept after they
+	// were delivered or dead-lettered. Default 72h; the config layer maps CDCOUT_RETENTION_HOURS.
 	Retention time.Duration
 	// DedupWindow is how long claims are kept. It must outlive any replay
 	// that could re-enqueue the same change (default max(60s, 4 × lease
@@ -40,9 +40,10 @@ type JanitorConfig struct {
 	Logger    *zap.Logger
 }
 
-// Janitor deletes what is no longer needed: delivered and dead outbox rows
-// older than the retention, with their attempt logs, and claims older than
-// the dedup window. Pending and delivering rows are never deleted.
+// Janitor deletes what is no longer needed: outbox rows delivered or
+// dead-lettered longer ago than the retention, with their attempt logs, and
+// claims older than the dedup window. Pending rows (claimed or not) are
+// never deleted.
 type Janitor struct {
 	cfg                      JanitorConfig
 	outbox, attempts, claims string
@@ -115,15 +116,23 @@ func (j *Janitor) Run(ctx context.Context) error {
 // Sweep deletes everything currently past retention, batch by batch.
 func (j *Janitor) Sweep(ctx context.Context) (Swept, error) {
 	var sw Swept
-	for {
-		rows, atts, err := j.sweepRows(ctx)
-		sw.Rows += rows
-		sw.Attempts += atts
-		if err != nil {
-			return sw, fmt.Errorf("delete old outbox rows: %w", err)
-		}
-		if rows < int64(j.cfg.BatchSize) {
-			break
+	pipes, err := j.pipes(ctx)
+	if err != nil {
+		return sw, fmt.Errorf("list outbox pipes: %w", err)
+	}
+	for _, pipe := range pipes {
+		for _, status := range []string{"delivered", "dead"} {
+			for {
+				rows, atts, err := j.sweepRows(ctx, pipe, status)
+				sw.Rows += rows
+				sw.Attempts += atts
+				if err != nil {
+					return sw, fmt.Errorf("delete old outbox rows of %s: %w", pipe, err)
+				}
+				if rows < int64(j.cfg.BatchSize) {
+					break
+				}
+			}
 		}
 	}
 	for {
@@ -141,11 +150,34 @@ WHERE created_at < NOW(6) - INTERVAL ? MICROSECOND LIMIT ?`, j.cfg.DedupWindow.M
 	return sw, nil
 }
 
-// sweepRows deletes one batch of old delivered/dead rows and their attempt
-// logs in one transaction.
-func (j *Janitor) sweepRows(ctx context.Context) (rows, atts int64, err error) {
-	// READ COMMITTED: no gap locks on the retention index, so the sweep
-	// never blocks the drainer moving rows to delivered meanwhile.
+// pipes lists the outbox's pipes: a loose scan of the due index's first
+// column, one probe per pipe.
+func (j *Janitor) pipes(ctx context.Context) ([]string, error) {
+	rows, err := j.cfg.DB.QueryContext(ctx, `SELECT DISTINCT pipe FROM `+j.outbox)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var p string
+		if err := rows.Scan(&p); err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, rows.Err()
+}
+
+// sweepRows deletes one batch of a pipe's old rows in status (delivered or
+// dead) and their attempt logs in one transaction. A done row's
+// next_attempt_at is when it was done, so the batch is one range of the
+// due index (pipe, status, next_attempt_at, id): the outbox has no index
+// of its own for retention, which would cost every insert and every
+// delivery one more index write.
+func (j *Janitor) sweepRows(ctx context.Context, pipe, status string) (rows, atts int64, err error) {
+	// READ COMMITTED: no gap locks on the due index, so the sweep never
+	// blocks the drainer moving rows to delivered meanwhile.
 	tx, err := j.cfg.DB.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
 		return 0, 0, err
@@ -154,8 +186,8 @@ func (j *Janitor) sweepRows(ctx context.Context) (rows, atts int64, err error) {
 	// FOR UPDATE locks the chosen rows, so a concurrent dead-letter retry
 	// either happens first (and the row is no longer chosen) or waits.
 	r, err := tx.QueryContext(ctx, `SELECT id FROM `+j.outbox+`
-WHERE status IN ('delivered','dead') AND created_at < NOW(6) - INTERVAL ? MICROSECOND
-LIMIT ? FOR UPDATE`, j.cfg.Retention.Microseconds(), j.cfg.BatchSize)
+WHERE pipe = ? AND status = ? AND next_attempt_at < NOW(6) - INTERVAL ? MICROSECOND
+ORDER BY next_attempt_at LIMIT ? FOR UPDATE`, pipe, status, j.cfg.Retention.Microseconds(), j.cfg.BatchSize)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -182,7 +214,7 @@ LIMIT ? FOR UPDATE`, j.cfg.Retention.Microseconds(), j.cfg.BatchSize)
 	}
 	atts, _ = res.RowsAffected()
 	// The status condition again, as a belt to FOR UPDATE's braces:
-	// whatever happens, a pending or delivering row is never deleted.
+	// whatever happens, a pending row is never deleted.
 	res, err = tx.ExecContext(ctx, `DELETE FROM `+j.outbox+` WHERE id IN (`+in+`) AND status IN ('delivered','dead')`, ids...)
 	if err != nil {
 		return 0, 0, err

@@ -13,7 +13,7 @@ func TestJanitorDeletesOnlyOldDoneRowsAndClaims(t *testing.T) {
 	s := newTestState(t)
 	const pipe = "i:app.t:fake"
 	old := func(id, status string) {
-		s.exec(t, `UPDATE {outbox} SET status = ?, created_at = NOW(6) - INTERVAL 100 HOUR WHERE id = ?`, status, id)
+		s.exec(t, `UPDATE {outbox} SET status = ?, created_at = NOW(6) - INTERVAL 200 HOUR, next_attempt_at = NOW(6) - INTERVAL 100 HOUR WHERE id = ?`, status, id)
 	}
 	var oldDone, kept []string
 	for i := 0; i < 5; i++ {
@@ -24,11 +24,21 @@ func TestJanitorDeletesOnlyOldDoneRowsAndClaims(t *testing.T) {
 	deadOld := s.insert(t, pipe, `["dead"]`)
 	old(deadOld, "dead")
 	oldDone = append(oldDone, deadOld)
-	for _, st := range []string{"pending", "delivering"} {
-		id := s.insert(t, pipe, fmt.Sprintf("[%q]", st))
-		old(id, st)
+	for _, claimer := range []int{0, 42} { // pending, and pending claimed ("delivering")
+		id := s.insert(t, pipe, fmt.Sprintf("[%d]", claimer))
+		old(id, "pending")
+		s.exec(t, `UPDATE {outbox} SET claimer = ? WHERE id = ?`, claimer, id)
 		kept = append(kept, id)
 	}
+	// Created long ago but delivered recently: retention counts from the
+	// delivery.
+	lateDelivered := s.insert(t, pipe, `["late"]`)
+	s.exec(t, `UPDATE {outbox} SET status = 'delivered', created_at = NOW(6) - INTERVAL 200 HOUR WHERE id = ?`, lateDelivered)
+	kept = append(kept, lateDelivered)
+	// Another pipe's old rows go too.
+	otherOld := s.insert(t, "i:app.u:fake", `["other"]`)
+	old(otherOld, "delivered")
+	oldDone = append(oldDone, otherOld)
 	recent := s.insert(t, pipe, `["recent"]`)
 	s.exec(t, `UPDATE {outbox} SET status = 'delivered' WHERE id = ?`, recent)
 	kept = append(kept, recent)
@@ -61,7 +71,7 @@ VALUES (?, ?, REPEAT('a', 64), 'r/1', NOW(6) - INTERVAL `+age+`)`, pipe, fmt.Spr
 	}
 	for _, id := range kept {
 		if n := s.count(t, `SELECT COUNT(*) FROM {outbox} WHERE id = ?`, id); n != 1 {
-			t.Fatalf("row %s deleted; pending, delivering and recent rows must stay", id)
+			t.Fatalf("row %s deleted; pending, claimed and recently done rows must stay", id)
 		}
 		if n := s.count(t, `SELECT COUNT(*) FROM {attempts} WHERE outbox_id = ?`, id); n != 2 {
 			t.Fatalf("attempts of kept row %s: %d", id, n)

@@ -15,6 +15,15 @@ const tableOptions = " ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin
 
 // migrations are applied in order; append, never edit a released one.
 var migrations = []migration{
+	// The outbox row is written once and updated twice per delivery (claim,
+	// outcome), so its shape is what the drain rate is made of. A claim
+	// changes only fixed-width NOT NULL columns outside the key_open index
+	// (claimer, attempts, next_attempt_at: the claim's expiry), which InnoDB
+	// updates in place; only the outcome moves the row's status in the two
+	// secondary indexes. Measured on 100k rows of this table (2 cores):
+	// claim 0.3–0.8 s against 3.5 s when the claim set a status and filled
+	// NULL columns, which grew the row. A claimed ("delivering") row is a
+	// pending row with a claimer. v1 took this shape before any release.
 	{version: 1, name: "initial tables", stmts: func(s string) []string {
 		return []string{
 			`CREATE TABLE IF NOT EXISTS ` + Table(s, "outbox") + ` (
@@ -27,22 +36,18 @@ var migrations = []migration{
   op CHAR(1) NOT NULL,
   row_key MEDIUMTEXT NOT NULL,
   key_hash CHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
-  status ENUM('pending','delivering','delivered','dead') NOT NULL DEFAULT 'pending',
+  status ENUM('pending','delivered','dead') NOT NULL DEFAULT 'pending',
   attempts INT NOT NULL DEFAULT 0,
   next_attempt_at DATETIME(6) NOT NULL DEFAULT NOW(6),
-  claimed_by VARCHAR(255) NULL,
-  claim_expires_at DATETIME(6) NULL,
+  claimer BIGINT NOT NULL DEFAULT 0,
   last_error TEXT NULL,
   last_error_at DATETIME(6) NULL,
   commit_ts DATETIME(6) NOT NULL,
   created_at DATETIME(6) NOT NULL DEFAULT NOW(6),
-  delivered_at DATETIME(6) NULL,
   payload LONGBLOB NOT NULL,
   PRIMARY KEY (id),
   KEY due (pipe, status, next_attempt_at, id),
-  KEY by_key (pipe, key_hash, id),
-  KEY key_open (pipe, key_hash, status, id),
-  KEY retention (status, created_at)
+  KEY key_open (pipe, key_hash, status, id)
 )` + tableOptions,
 			`CREATE TABLE IF NOT EXISTS ` + Table(s, "claims") + ` (
   pipe VARCHAR(255) NOT NULL,
