@@ -1,6 +1,7 @@
 package binlog
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"errors"
@@ -192,9 +193,50 @@ func (s *Stream) syncerConfig() (replication.BinlogSyncerConfig, error) {
 		// large row events. A small queue keeps memory bounded (DESIGN.md
 		// invariant 6) and costs no throughput: the reader is the
 		// bottleneck either way.
-		EventCacheCount: 128,
-		Logger:          logbridge.New(s.log.Named("go-mysql")),
+		EventCacheCount:     128,
+		Logger:              logbridge.New(s.log.Named("go-mysql")),
+		RowsEventDecodeFunc: s.decodeRowsEvent,
 	}, nil
+}
+
+// maxDeferredBytes bounds the undecoded rows events (deferredRows) one
+// transaction may hold; past it they are counted at once.
+const maxDeferredBytes = 1 << 20
+
+// deferredRows stands in, as the only value of a RowsEvent's Rows, for the
+// rows of a table the stream does not capture (cdcout's own state
+// database, above all, which shares the binlog): decoding row images is
+// most of what parsing a rows event costs, and these rows are never
+// emitted. Their number still matters, because row ordinals count every
+// row image of a transaction before filtering, but only to a captured row
+// that follows them in the same transaction; the reader decodes them then
+// (reader.countDeferred) and drops them unread at the commit otherwise.
+type deferredRows struct {
+	data []byte // the event body, copied: the parser reuses its buffer
+	pos  int    // where the row images start in data
+}
+
+// decodeRowsEvent is go-mysql's RowsEventDecodeFunc. It runs on the
+// syncer's goroutine, ahead of the reader; the table filter is read-only.
+func (s *Stream) decodeRowsEvent(e *replication.RowsEvent, data []byte) error {
+	pos, err := e.DecodeHeader(data)
+	if err != nil {
+		return err
+	}
+	if !s.filter.match(string(e.Table.Schema), string(e.Table.Table)) {
+		e.Rows = [][]any{{deferredRows{data: bytes.Clone(data), pos: pos}}}
+		return nil
+	}
+	return e.DecodeData(pos, data)
+}
+
+// deferredOf returns the deferredRows standing in for e's rows.
+func deferredOf(e *replication.RowsEvent) (deferredRows, bool) {
+	if len(e.Rows) != 1 || len(e.Rows[0]) != 1 {
+		return deferredRows{}, false
+	}
+	d, ok := e.Rows[0][0].(deferredRows)
+	return d, ok
 }
 
 // handlerError marks the handler's own error so Run returns it unchanged.
@@ -268,6 +310,7 @@ type reader struct {
 
 	file string // current binlog file
 	tx   txState
+	vals []any // scratch of rows: one decoded image
 
 	lastCommit time.Time // when the last Commit was emitted
 	pending    *Commit   // coalesced empty commit not yet emitted
@@ -286,6 +329,15 @@ type txState struct {
 	mysqlGNO int64
 	hasMySQL bool
 	tagged   bool
+	// deferred are rows events of uncaptured tables not decoded yet
+	// (deferredRows), deferredBytes their size.
+	deferred      []deferredEvent
+	deferredBytes int
+}
+
+type deferredEvent struct {
+	e    *replication.RowsEvent
+	step int // row images per change: 2 for updates
 }
 
 // session runs one connection until it fails.
@@ -410,10 +462,19 @@ func (r *reader) rows(ctx context.Context, hdr, outer *replication.EventHeader, 
 	}
 	tm := e.Table
 	db, name := string(tm.Schema), string(tm.Table)
-	n := len(e.Rows) / step
 	if !r.s.filter.match(db, name) {
-		r.tx.ordinal += n
+		if d, ok := deferredOf(e); ok {
+			r.tx.deferred = append(r.tx.deferred, deferredEvent{e, step})
+			if r.tx.deferredBytes += len(d.data); r.tx.deferredBytes > maxDeferredBytes {
+				return r.countDeferred()
+			}
+			return nil
+		}
+		r.tx.ordinal += len(e.Rows) / step
 		return nil
+	}
+	if err := r.countDeferred(); err != nil {
+		return err
 	}
 	for _, sk := range e.SkippedColumns {
 		if len(sk) > 0 {
@@ -442,36 +503,44 @@ func (r *reader) rows(ctx context.Context, hdr, outer *replication.EventHeader, 
 		TsMs:      int64(hdr.Timestamp) * 1000,
 	}
 	now := time.Now().UnixMilli()
+	// vals holds the decoded values of the image the key is taken from
+	// (the after image, else the before image); it is scratch, reused for
+	// every row: the values themselves are shared with the Row, which owns
+	// them.
+	vals := r.vals[:0]
+	defer func() {
+		// Do not keep the last row's values alive until the next event.
+		clear(vals)
+		r.vals = vals[:0]
+	}()
+	var ckBuf [64]byte
+	ck := ckBuf[:0]
 	for i := 0; i+step <= len(e.Rows); i += step {
 		ch := &canonical.Change{Op: op, Source: src, TsMs: now}
 		ch.Source.Row = r.tx.ordinal
 		var err error
 		switch op {
 		case canonical.OpCreate:
-			ch.After, err = decodeRow(t, e.Rows[i])
+			ch.After, vals, err = decodeRow(t, e.Rows[i], vals)
 		case canonical.OpDelete:
-			ch.Before, err = decodeRow(t, e.Rows[i])
+			ch.Before, vals, err = decodeRow(t, e.Rows[i], vals)
 		case canonical.OpUpdate:
-			if ch.Before, err = decodeRow(t, e.Rows[i]); err == nil {
-				ch.After, err = decodeRow(t, e.Rows[i+1])
+			if ch.Before, vals, err = decodeRow(t, e.Rows[i], vals); err == nil {
+				ch.After, vals, err = decodeRow(t, e.Rows[i+1], vals)
 			}
 		}
 		if err != nil {
 			return &permanentError{fmt.Errorf("decode %s.%s row %d at %s:%d: %w", db, name, r.tx.ordinal, r.file, pos, err)}
 		}
 		if len(t.KeyColumns) > 0 {
-			img := ch.After
-			if img == nil {
-				img = ch.Before
-			}
 			ch.Key = make(canonical.Row, len(t.KeyColumns))
 			for _, k := range t.KeyColumns {
-				name := t.Columns[k].Name
-				ch.Key[name] = img[name]
+				ch.Key[t.Columns[k].Name] = vals[k]
 			}
 		}
 		if r.tx.gtid != "" {
-			ch.ChangeKey = "g:" + r.tx.gtid + ":" + strconv.Itoa(r.tx.ordinal)
+			ck = append(append(append(ck[:0], "g:"...), r.tx.gtid...), ':')
+			ch.ChangeKey = string(strconv.AppendInt(ck, int64(r.tx.ordinal), 10))
 		}
 		r.tx.ordinal++
 		r.tx.emitted++
@@ -482,20 +551,45 @@ func (r *reader) rows(ctx context.Context, hdr, outer *replication.EventHeader, 
 	return nil
 }
 
-func decodeRow(t *Table, vals []any) (canonical.Row, error) {
+// countDeferred decodes the transaction's deferred rows events, in order,
+// to count their row images into the ordinal.
+func (r *reader) countDeferred() error {
+	for i, de := range r.tx.deferred {
+		d, ok := deferredOf(de.e)
+		if !ok {
+			return fmt.Errorf("deferred rows event of %s.%s lost its data", de.e.Table.Schema, de.e.Table.Table)
+		}
+		if err := de.e.DecodeData(d.pos, d.data); err != nil {
+			// As if the parser had failed on it: the session ends and
+			// resumes at the last commit.
+			return fmt.Errorf("decode rows event of %s.%s: %w", de.e.Table.Schema, de.e.Table.Table, err)
+		}
+		r.tx.ordinal += len(de.e.Rows) / de.step
+		de.e.Rows = nil
+		r.tx.deferred[i] = deferredEvent{}
+	}
+	r.tx.deferred, r.tx.deferredBytes = r.tx.deferred[:0], 0
+	return nil
+}
+
+// decodeRow decodes one row image into a new Row, and into out (reset
+// first) in column order.
+func decodeRow(t *Table, vals, out []any) (canonical.Row, []any, error) {
+	out = out[:0]
 	if len(vals) != len(t.Columns) {
-		return nil, fmt.Errorf("row has %d values, table map %d columns", len(vals), len(t.Columns))
+		return nil, out, fmt.Errorf("row has %d values, table map %d columns", len(vals), len(t.Columns))
 	}
 	row := make(canonical.Row, len(vals))
 	for i := range t.Columns {
 		c := &t.Columns[i]
 		v, err := c.Decode(vals[i])
 		if err != nil {
-			return nil, fmt.Errorf("column %s: %w", c.Name, err)
+			return nil, out, fmt.Errorf("column %s: %w", c.Name, err)
 		}
 		row[c.Name] = v
+		out = append(out, v)
 	}
-	return row, nil
+	return row, out, nil
 }
 
 // commit ends the current transaction: advance the resume point, emit a

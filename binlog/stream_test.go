@@ -120,6 +120,68 @@ func TestTransactionsAndOrdinals(t *testing.T) {
 	}
 }
 
+// TestUncapturedRowsCounted: rows of uncaptured tables and databases are
+// not decoded unless a captured row follows them in the transaction, and
+// are counted into the ordinals either way — also past the deferral limit
+// (maxDeferredBytes), and for updates (two images each).
+func TestUncapturedRowsCounted(t *testing.T) {
+	srv := mysqltest.Shared(t)
+	db := srv.CreateDB(t, "uncap")
+	state := srv.CreateDB(t, "uncapstate")
+	srv.Exec(t,
+		"CREATE TABLE `"+db+"`.a (id INT PRIMARY KEY)",
+		"CREATE TABLE `"+db+"`.hidden (id INT PRIMARY KEY, v LONGTEXT)",
+		"CREATE TABLE `"+state+"`.s (id INT PRIMARY KEY, v LONGTEXT)",
+	)
+	cfg := testConfig(t, srv)
+	cfg.Include = []string{db + ".a"}
+	cfg.ExcludeDBs = []string{state}
+	s := openStream(t, cfg)
+	c := collect(t, s)
+
+	conn := srv.Open(t)
+	big := maxDeferredBytes/2 + 1000
+	for _, stmts := range [][]string{
+		{
+			"INSERT INTO `" + db + "`.a VALUES (1)",                                   // 0
+			"INSERT INTO `" + state + "`.s VALUES (1, 'x'), (2, 'y')",                 // 1, 2
+			"UPDATE `" + state + "`.s SET v = 'z'",                                    // 3, 4
+			"INSERT INTO `" + db + "`.hidden VALUES (1, 'h')",                         // 5
+			"INSERT INTO `" + db + "`.a VALUES (2)",                                   // 6
+			"INSERT INTO `" + state + "`.s VALUES (3, 'after the last captured row')", // 7
+		},
+		{
+			fmt.Sprintf("INSERT INTO `%s`.s VALUES (10, REPEAT('a', %d))", state, big), // 0
+			fmt.Sprintf("INSERT INTO `%s`.s VALUES (11, REPEAT('b', %d))", state, big), // 1
+			fmt.Sprintf("INSERT INTO `%s`.s VALUES (12, REPEAT('c', %d))", state, big), // 2
+			"INSERT INTO `" + db + "`.hidden VALUES (2, 'h'), (3, 'i')",                // 3, 4
+			"INSERT INTO `" + db + "`.a VALUES (3)",                                    // 5
+		},
+	} {
+		tx, err := conn.Begin()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, q := range stmts {
+			if _, err := tx.Exec(q); err != nil {
+				t.Fatalf("%.80s: %v", q, err)
+			}
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	evs := c.waitFor(t, func(evs []Event) bool { return len(changesOf(evs)) >= 3 }, "3 changes")
+	var got []string
+	for _, ch := range changesOf(evs) {
+		got = append(got, fmt.Sprintf("%s %d %s", ch.Source.Table, ch.Source.Row, jsonOf(t, ch.After)))
+	}
+	want := []string{`a 0 {"id":1}`, `a 6 {"id":2}`, `a 5 {"id":3}`}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("changes:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
 func jsonOf(t testing.TB, r canonical.Row) string {
 	t.Helper()
 	if r == nil {
