@@ -72,7 +72,7 @@ func (c *Column) Decode(v any) (any, error) {
 	if v == nil {
 		return nil, nil
 	}
-	out, err := c.decode(v)
+	out, err := c.decode(v, nil)
 	if err != nil {
 		return nil, &DecodeError{Column: c.Name, Type: c.TypeName(), Err: err}
 	}
@@ -91,7 +91,68 @@ func (c *Column) realType() byte {
 	return t
 }
 
-func (c *Column) decode(v any) (any, error) {
+// decodeInto is Decode with the value's string, if any, cut from a (which
+// may be nil).
+func (c *Column) decodeInto(v any, a *rowBytes) (any, error) {
+	if v == nil {
+		return nil, nil
+	}
+	out, err := c.decode(v, a)
+	if err != nil {
+		return nil, &DecodeError{Column: c.Name, Type: c.TypeName(), Err: err}
+	}
+	return out, nil
+}
+
+// rowBytes is the storage one row's strings are cut from: one allocation
+// per row instead of one per string. The strings live as long as their row
+// does anyway, and a region once handed out is never written again (the
+// buffer only grows within its capacity).
+type rowBytes struct{ buf []byte }
+
+// size is how many bytes decoding v for c may cut from a rowBytes at
+// most: the strings Decode copies from go-mysql's value or builds.
+func (c *Column) size(v any) int {
+	switch c.realType() {
+	case gomysql.MYSQL_TYPE_NEWDECIMAL, gomysql.MYSQL_TYPE_DATE, gomysql.MYSQL_TYPE_NEWDATE:
+		if s, ok := v.(string); ok {
+			return len(s)
+		}
+	case gomysql.MYSQL_TYPE_DATETIME, gomysql.MYSQL_TYPE_DATETIME2, gomysql.MYSQL_TYPE_TIMESTAMP,
+		gomysql.MYSQL_TYPE_TIMESTAMP2, gomysql.MYSQL_TYPE_TIME, gomysql.MYSQL_TYPE_TIME2:
+		return 32 // "YYYY-MM-DDTHH:MM:SS.ffffffZ", "-HHH:MM:SS.ffffff"
+	case gomysql.MYSQL_TYPE_BLOB, gomysql.MYSQL_TYPE_TINY_BLOB, gomysql.MYSQL_TYPE_MEDIUM_BLOB,
+		gomysql.MYSQL_TYPE_LONG_BLOB, gomysql.MYSQL_TYPE_VARCHAR, gomysql.MYSQL_TYPE_VAR_STRING,
+		gomysql.MYSQL_TYPE_STRING:
+		if c.Geometry || c.JSON || isBinaryCharset(c.Charset) {
+			return 0
+		}
+		switch x := v.(type) {
+		case string:
+			return len(x)
+		case []byte:
+			return len(x)
+		}
+	}
+	return 0
+}
+
+// str returns a copy of s, cut from a when it fits.
+func (a *rowBytes) str(s string) string {
+	if a == nil || len(s) == 0 || len(s) > cap(a.buf)-len(a.buf) {
+		return strings.Clone(s)
+	}
+	n := len(a.buf)
+	a.buf = append(a.buf, s...)
+	return unsafe.String(&a.buf[n], len(s))
+}
+
+// bytes returns b as a string, cut from a when it fits.
+func (a *rowBytes) bytes(b []byte) string {
+	return a.str(unsafe.String(unsafe.SliceData(b), len(b)))
+}
+
+func (c *Column) decode(v any, a *rowBytes) (any, error) {
 	switch t := c.realType(); t {
 	case gomysql.MYSQL_TYPE_TINY, gomysql.MYSQL_TYPE_SHORT, gomysql.MYSQL_TYPE_INT24,
 		gomysql.MYSQL_TYPE_LONG, gomysql.MYSQL_TYPE_LONGLONG:
@@ -112,7 +173,7 @@ func (c *Column) decode(v any) (any, error) {
 		if !validDecimal(s) {
 			return nil, fmt.Errorf("malformed decimal %q", s)
 		}
-		return strings.Clone(s), nil
+		return a.str(s), nil
 	case gomysql.MYSQL_TYPE_FLOAT:
 		f, ok := v.(float32)
 		if !ok {
@@ -133,13 +194,13 @@ func (c *Column) decode(v any) (any, error) {
 		// go-mysql packs BIT(64) into an int64; the bits are unsigned.
 		return uint64(n), nil
 	case gomysql.MYSQL_TYPE_DATE, gomysql.MYSQL_TYPE_NEWDATE:
-		return c.decodeDate(v)
+		return c.decodeDate(v, a)
 	case gomysql.MYSQL_TYPE_DATETIME, gomysql.MYSQL_TYPE_DATETIME2:
-		return c.decodeDatetime(v, t, false)
+		return c.decodeDatetime(v, t, false, a)
 	case gomysql.MYSQL_TYPE_TIMESTAMP, gomysql.MYSQL_TYPE_TIMESTAMP2:
-		return c.decodeDatetime(v, t, true)
+		return c.decodeDatetime(v, t, true, a)
 	case gomysql.MYSQL_TYPE_TIME, gomysql.MYSQL_TYPE_TIME2:
-		return c.decodeTime(v, t)
+		return c.decodeTime(v, t, a)
 	case gomysql.MYSQL_TYPE_ENUM:
 		return c.decodeEnum(v)
 	case gomysql.MYSQL_TYPE_SET:
@@ -188,7 +249,7 @@ func (c *Column) decode(v any) (any, error) {
 			copy(b, raw)
 			return b, nil
 		}
-		return decodeText(raw, c.Charset)
+		return decodeText(raw, c.Charset, a)
 	case gomysql.MYSQL_TYPE_NULL:
 		return nil, nil
 	default:
@@ -245,7 +306,7 @@ func (c *Column) decodeInt(v any, t byte) (any, error) {
 // The zero date stays "0000-00-00" (and partial zero dates such as
 // "2024-00-00" stay as written): they are not dates, and turning them into
 // null would lose the difference from a NULL column.
-func (c *Column) decodeDate(v any) (any, error) {
+func (c *Column) decodeDate(v any, a *rowBytes) (any, error) {
 	s, ok := v.(string)
 	if !ok {
 		return nil, unexpected(v)
@@ -253,7 +314,7 @@ func (c *Column) decodeDate(v any) (any, error) {
 	if !isDate(s) {
 		return nil, fmt.Errorf("malformed date %q", s)
 	}
-	return strings.Clone(s), nil
+	return a.str(s), nil
 }
 
 // decodeDatetime turns go-mysql's "YYYY-MM-DD HH:MM:SS[.frac]" into ISO
@@ -262,7 +323,7 @@ func (c *Column) decodeDate(v any) (any, error) {
 // go-mysql in UTC) also gets a "Z", making it RFC 3339. Zero values keep
 // their all-zero digits ("0000-00-00T00:00:00", "0000-00-00T00:00:00Z"),
 // which no parser mistakes for a real instant.
-func (c *Column) decodeDatetime(v any, t byte, utc bool) (any, error) {
+func (c *Column) decodeDatetime(v any, t byte, utc bool, a *rowBytes) (any, error) {
 	fsp := c.fsp(t)
 	var s string
 	switch x := v.(type) {
@@ -298,14 +359,14 @@ func (c *Column) decodeDatetime(v any, t byte, utc bool) (any, error) {
 	if utc {
 		b = append(b, 'Z')
 	}
-	return string(b), nil
+	return a.bytes(b), nil
 }
 
 // decodeTime keeps MySQL's own TIME form "[-]HH:MM:SS[.frac]": TIME is a
 // duration as much as a time of day (-838:59:59..838:59:59), so hours may
 // exceed 23 and take three digits. The fraction always has exactly the
 // column's digits; go-mysql drops it when it is zero.
-func (c *Column) decodeTime(v any, t byte) (any, error) {
+func (c *Column) decodeTime(v any, t byte, a *rowBytes) (any, error) {
 	s, ok := v.(string)
 	if !ok {
 		return nil, unexpected(v)
@@ -321,7 +382,7 @@ func (c *Column) decodeTime(v any, t byte) (any, error) {
 	if err != nil {
 		return nil, fmt.Errorf("time %q: %w", s, err)
 	}
-	return string(b), nil
+	return a.bytes(b), nil
 }
 
 // fsp is the fractional-second precision of a temporal column. The table
@@ -423,7 +484,7 @@ func (c *Column) memberName(name string) (string, error) {
 	if isBinaryCharset(c.Charset) {
 		return "", fmt.Errorf("member name %q is not UTF-8", name)
 	}
-	out, err := decodeText(name, c.Charset)
+	out, err := decodeText(name, c.Charset, nil)
 	if err != nil {
 		return "", err
 	}
@@ -476,15 +537,19 @@ func (c *Column) stringLength() int {
 	return int(b1)
 }
 
-// decodeText converts a character column's bytes to a new UTF-8 string.
-func decodeText(raw string, charset string) (any, error) {
+// decodeText converts a character column's bytes to a new UTF-8 string,
+// cut from a (which may be nil) when it is a copy.
+func decodeText(raw string, charset string, a *rowBytes) (any, error) {
 	switch charset {
 	case "utf8mb4", "utf8mb3", "utf8", "ascii":
 		if !utf8.ValidString(raw) {
 			return nil, fmt.Errorf("%s text is not valid UTF-8", charset)
 		}
-		return strings.Clone(raw), nil
+		return a.str(raw), nil
 	case "latin1":
+		if isASCII(raw) {
+			return a.str(raw), nil
+		}
 		return decodeLatin1(raw), nil
 	}
 	enc := textEncodings[charset]
@@ -492,7 +557,7 @@ func decodeText(raw string, charset string) (any, error) {
 		return nil, fmt.Errorf("character set %q is not supported", charset)
 	}
 	if isASCII(raw) && !asciiIncompatible[charset] {
-		return strings.Clone(raw), nil
+		return a.str(raw), nil
 	}
 	out, err := enc.NewDecoder().String(raw)
 	if err != nil {

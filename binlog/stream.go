@@ -579,10 +579,18 @@ func decodeRow(t *Table, vals, out []any) (canonical.Row, []any, error) {
 	if len(vals) != len(t.Columns) {
 		return nil, out, fmt.Errorf("row has %d values, table map %d columns", len(vals), len(t.Columns))
 	}
+	size := 0
+	for i := range t.Columns {
+		size += t.Columns[i].size(vals[i])
+	}
+	var a rowBytes
+	if size > 0 {
+		a.buf = make([]byte, 0, size)
+	}
 	row := make(canonical.Row, len(vals))
 	for i := range t.Columns {
 		c := &t.Columns[i]
-		v, err := c.Decode(vals[i])
+		v, err := c.decodeInto(vals[i], &a)
 		if err != nil {
 			return nil, out, fmt.Errorf("column %s: %w", c.Name, err)
 		}
