@@ -87,13 +87,13 @@ func putEncoder(e *encoder) {
 		// Do not pin the key slice of one huge document forever.
 		e.keys = make([]string, 0, 32)
 	}
-	clear(e.keys[:cap(e.keys)])
-	e.keys = e.keys[:0]
 	if cap(e.vals) > 1<<12 {
 		e.vals = nil
 	}
-	clear(e.vals[:cap(e.vals)])
-	e.vals = e.vals[:0]
+	// Every object clears the keys and values it pushed when it pops them,
+	// also on errors, so a pooled encoder holds no references (clearing
+	// the whole capacity here cost more than the rest of a small object).
+	e.keys, e.vals = e.keys[:0], e.vals[:0]
 	encoderPool.Put(e)
 }
 
@@ -220,11 +220,13 @@ func (e *encoder) object(dst []byte, m map[string]any, depth int) ([]byte, error
 			dst = append(dst, ',')
 		}
 		if dst, err = appendString(dst, k); err != nil {
+			clear(e.keys[start:])
 			e.keys = e.keys[:start]
 			return dst, err
 		}
 		dst = append(dst, ':')
 		if dst, err = e.valueDepth(dst, m[k], depth+1); err != nil {
+			clear(e.keys[start:])
 			e.keys = e.keys[:start]
 			return dst, err
 		}

@@ -446,3 +446,32 @@ func TestAppendStringWords(t *testing.T) {
 		}
 	}
 }
+
+// TestEncoderLeavesNoReferences: an encoder goes back to the pool holding
+// no keys or values of the document it encoded, also after an error deep
+// inside it.
+func TestEncoderLeavesNoReferences(t *testing.T) {
+	e := &encoder{}
+	bad := Row{"a": int64(1), "b": Row{"x": "ok", "y": []any{Row{"p": int64(1), "q": struct{}{}}}}}
+	for range 2 { // the second time through a remembered key order
+		if _, err := e.value(nil, bad); err == nil {
+			t.Fatal("unsupported value accepted")
+		}
+		if _, err := e.value(nil, Row{"a": int64(1), "b": "x"}); err != nil {
+			t.Fatal(err)
+		}
+		if len(e.keys) != 0 || len(e.vals) != 0 {
+			t.Fatalf("stacks not popped: %d keys, %d values", len(e.keys), len(e.vals))
+		}
+		for i, k := range e.keys[:cap(e.keys)] {
+			if k != "" {
+				t.Fatalf("keys[%d] = %q left behind", i, k)
+			}
+		}
+		for i, v := range e.vals[:cap(e.vals)] {
+			if v != nil {
+				t.Fatalf("vals[%d] = %v left behind", i, v)
+			}
+		}
+	}
+}
