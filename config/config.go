@@ -182,7 +182,7 @@ func Default() *Config {
 		HTTPKeepAlive:        72 * time.Second,
 		HandoffBufferSize:    10000,
 		EnqueueBatchSize:     1000,
-		EnqueueFlushInterval: 50 * time.Millisecond,
+		EnqueueFlushInterval: 20 * time.Millisecond,
 		EnqueueMaxBuffer:     5000,
 		ShutdownTimeout:      30 * time.Second,
 	}
