@@ -184,7 +184,7 @@ func (d *drainers) releaseOrphans(ctx context.Context) (int64, error) {
 	// A claimed row is pending with its next attempt pushed to the claim's
 	// expiry; per pipe that is a short range of the due index.
 	args = append(args, outbox.ClaimerID(d.holder))
-	res, err := d.db.ExecContext(ctx, "UPDATE "+state.Table(d.cfg.StateDB, "outbox")+
+	res, err := d.db.ExecContext(ctx, "UPDATE "+state.Table(d.cfg.StateDB, "outbox")+" FORCE INDEX (due)"+
 		" SET claimer = 0, next_attempt_at = NOW(6), attempts = GREATEST(attempts - 1, 0)"+
 		" WHERE pipe IN ("+strings.TrimSuffix(strings.Repeat("?,", len(args)-1), ",")+")"+
 		" AND status = 'pending' AND next_attempt_at > NOW(6) AND claimer = ?", args...)

@@ -230,7 +230,7 @@ func (d *drainLeases) tick(ctx context.Context) {
 // repeat under the same delivery key, which at-least-once allows; its
 // outcome write is conditional on its claim and matches nothing.
 func (d *drainLeases) releaseDeadClaims(ctx context.Context, pipe string, members map[string]bool) (int64, error) {
-	q := "UPDATE " + state.Table(d.schema, "outbox") +
+	q := "UPDATE " + state.Table(d.schema, "outbox") + " FORCE INDEX (due)" +
 		" SET claimer = 0, next_attempt_at = NOW(6)" +
 		" WHERE pipe = ? AND status = 'pending' AND next_attempt_at > NOW(6)" +
 		" AND claimer <> 0 AND claimer NOT IN (?" + strings.Repeat(", ?", len(members)-1) + ")"

@@ -301,8 +301,11 @@ func (p *pipeDrainer) run(ctx context.Context) {
 					p.log.Error("record outcome", zap.Error(err))
 				}
 				// A finished row may unblock the next row of its key, and
-				// frees room for more claims.
-				p.poke()
+				// frees room for more claims; a claimer that may not claim
+				// yet (see claimLoop) is not woken for nothing.
+				if p.mayClaim() {
+					p.poke()
+				}
 			}
 		}()
 	}
@@ -325,6 +328,25 @@ func (p *pipeDrainer) run(ctx context.Context) {
 	cw.Wait()
 }
 
+// maxOutstanding bounds the rows a pipe has claimed and not yet finished.
+func (p *pipeDrainer) maxOutstanding() int { return 2 * p.cfg.Concurrency * p.cfg.BatchSize }
+
+// roomFor reports whether a claimer with inflight rows outstanding claims
+// now. A claim's statements cost about the same for 50 rows as for 800, so
+// while deliveries are in flight it waits until half the window is free
+// rather than claiming after every finished batch; an idle pipe claims at
+// once.
+func (p *pipeDrainer) roomFor(inflight int) bool {
+	room := p.maxOutstanding() - inflight
+	return room >= p.cfg.BatchSize && (inflight == 0 || room >= p.maxOutstanding()/2)
+}
+
+func (p *pipeDrainer) mayClaim() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.roomFor(len(p.inflight))
+}
+
 // claimParts split the key space (hex key_hash) between the claimers.
 var claimParts = []keyRange{{"", "8"}, {"8", ""}}
 
@@ -332,7 +354,7 @@ var claimParts = []keyRange{{"", "8"}, {"8", ""}}
 type keyRange struct{ lo, hi string }
 
 func (p *pipeDrainer) claimLoop(ctx context.Context, i int, part keyRange, work chan<- job) {
-	maxOutstanding := 2 * p.cfg.Concurrency * p.cfg.BatchSize
+	maxOutstanding := p.maxOutstanding()
 	perClaim := max(p.cfg.BatchSize, p.cfg.Concurrency*p.cfg.BatchSize/len(claimParts))
 	idle := idleMin
 	timer := time.NewTimer(idle)
@@ -347,11 +369,7 @@ func (p *pipeDrainer) claimLoop(ctx context.Context, i int, part keyRange, work 
 			jobs []job
 			err  error
 		)
-		// A claim's statements cost about the same for 50 rows as for 800,
-		// so while deliveries are in flight the claimer waits until half
-		// the window is free rather than claiming after every finished
-		// batch; an idle pipe claims at once.
-		if room >= p.cfg.BatchSize && (inflight == 0 || room >= maxOutstanding/2) {
+		if p.roomFor(inflight) {
 			jobs, err = p.claim(ctx, min(room, perClaim), part)
 		}
 		if len(jobs) > 0 {
