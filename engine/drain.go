@@ -64,21 +64,8 @@ func (d *drainers) discover(ctx context.Context) error {
 
 // pendingPipes lists this instance's pipes with undelivered rows.
 func (d *drainers) pendingPipes(ctx context.Context) ([]string, error) {
-	rows, err := d.db.QueryContext(ctx, "SELECT DISTINCT pipe FROM "+state.Table(d.cfg.StateDB, "outbox")+
+	return state.Strings(ctx, d.db, "SELECT DISTINCT pipe FROM "+state.Table(d.cfg.StateDB, "outbox")+
 		" WHERE pipe LIKE ? AND status = 'pending'", likePrefix(d.cfg.Instance+":"))
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var pipes []string
-	for rows.Next() {
-		var p string
-		if err := rows.Scan(&p); err != nil {
-			return nil, err
-		}
-		pipes = append(pipes, p)
-	}
-	return pipes, rows.Err()
 }
 
 func likePrefix(p string) string {

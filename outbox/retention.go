@@ -153,20 +153,7 @@ WHERE created_at < NOW(6) - INTERVAL ? MICROSECOND LIMIT ?`, j.cfg.DedupWindow.M
 // pipes lists the outbox's pipes: a loose scan of the due index's first
 // column, one probe per pipe.
 func (j *Janitor) pipes(ctx context.Context) ([]string, error) {
-	rows, err := j.cfg.DB.QueryContext(ctx, `SELECT DISTINCT pipe FROM `+j.outbox)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var p string
-		if err := rows.Scan(&p); err != nil {
-			return nil, err
-		}
-		out = append(out, p)
-	}
-	return out, rows.Err()
+	return state.Strings(ctx, j.cfg.DB, `SELECT DISTINCT pipe FROM `+j.outbox)
 }
 
 // sweepRows deletes one batch of a pipe's old rows in status (delivered or

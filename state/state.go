@@ -1,6 +1,6 @@
 // Package state creates and migrates cdcout's own database: the outbox,
 // claims, leases, checkpoints, attempts, replicas and backfills tables that
-// replicas coordinate through (see /work/notes/schema.md and DESIGN.md,
+// replicas coordinate through (see docs/ARCHITECTURE.md and DESIGN.md,
 // "State tables").
 //
 // Migrations are versioned and recorded in schema_migrations. Every replica

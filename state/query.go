@@ -1,0 +1,25 @@
+package state
+
+import (
+	"context"
+	"database/sql"
+)
+
+// Strings runs a query whose rows are one string each and returns them in
+// order.
+func Strings(ctx context.Context, db *sql.DB, query string, args ...any) ([]string, error) {
+	rows, err := db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	return out, rows.Err()
+}
