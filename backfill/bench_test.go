@@ -5,6 +5,10 @@ import (
 	"database/sql"
 	"fmt"
 	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,10 +25,30 @@ import (
 // bracketed by watermarks, applied by the engine and committed to the
 // outbox) on a table of CDCOUT_BENCH_ROWS rows (default 1,000,000), beside
 // the database's own rate for a plain full SELECT of the same table.
-// CDCOUT_BENCH_CHUNK sets the chunk size (default 1000).
+// CDCOUT_BENCH_CHUNK sets the chunk size (default 1000). The engine
+// delivers to stdout meanwhile, as a backfill's engine does; with
+// CDCOUT_BENCH_DRAIN=0 the sink holds its first requests until the end, so
+// the rate is the enqueue path's alone.
 func BenchmarkBackfill(b *testing.B) {
 	n := envInt("CDCOUT_BENCH_ROWS", 1_000_000)
 	chunk := envInt("CDCOUT_BENCH_CHUNK", backfill.DefaultChunkSize)
+	sink := config.Sink{Name: "out", URL: "stdout:"}
+	releaseHeld := func() {}
+	if os.Getenv("CDCOUT_BENCH_DRAIN") == "0" {
+		release := make(chan struct{})
+		held := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			}
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}))
+		b.Cleanup(held.Close)
+		var once sync.Once
+		releaseHeld = func() { once.Do(func() { close(release) }) }
+		b.Cleanup(releaseHeld)
+		sink = config.Sink{Name: "out", URL: held.URL, Timeout: 4 * time.Minute}
+	}
 	srv := mysqltest.Shared(b)
 	src := srv.CreateDB(b, "bfb_src")
 	table := "`" + src + "`.t"
@@ -57,7 +81,7 @@ func BenchmarkBackfill(b *testing.B) {
 		if err := state.Migrate(context.Background(), db, stateDB); err != nil {
 			b.Fatal(err)
 		}
-		cfg := engineConfig(b, srv, stateDB, gtidPos(b, db), "bench", []config.Sink{{Name: "out", URL: "stdout:"}})
+		cfg := engineConfig(b, srv, stateDB, gtidPos(b, db), "bench", []config.Sink{sink})
 		e, err := engine.New(cfg, zap.NewNop(), engine.WithStdout(io.Discard))
 		if err != nil {
 			b.Fatal(err)
@@ -76,6 +100,7 @@ func BenchmarkBackfill(b *testing.B) {
 		took := time.Since(t1)
 		st := e.Stats()
 		b.Logf("engine: %d rows in %d batches, %s in enqueue transactions", st.RowsWritten, st.Batches, st.EnqueueTime.Round(time.Millisecond))
+		releaseHeld()
 		cancel()
 		if err := <-done; err != nil {
 			b.Fatal(err)
