@@ -30,14 +30,61 @@ type Row struct {
 	Sinks []string
 }
 
-// chunkDoc is a chunk as stored in backfill_chunks.rows_json.
+// chunkDoc is a chunk as stored in backfill_chunks.rows_json:
+// {"db":…,"table":…,"key":[…],"sinks":[…],"ts_ms":…,"rows":[{…},…]}.
 type chunkDoc struct {
-	DB    string            `json:"db"`
-	Table string            `json:"table"`
-	Key   []string          `json:"key"`
-	Sinks []string          `json:"sinks"`
-	TsMs  int64             `json:"ts_ms"`
-	Rows  []json.RawMessage `json:"rows"`
+	DB, Table string
+	Key       []string
+	Sinks     []string // nil: every subscribed sink
+	TsMs      int64
+	Rows      []any // canonical.ParseJSON values
+}
+
+// parseChunk decodes a stored chunk in one pass (the rows are most of it).
+func parseChunk(raw []byte) (chunkDoc, error) {
+	v, err := canonical.ParseJSON(raw)
+	if err != nil {
+		return chunkDoc{}, err
+	}
+	m, ok := v.(map[string]any)
+	if !ok {
+		return chunkDoc{}, errors.New("not a JSON object")
+	}
+	var d chunkDoc
+	d.DB, _ = m["db"].(string)
+	d.Table, _ = m["table"].(string)
+	d.Key, ok = stringList(m["key"])
+	if !ok || len(d.Key) == 0 {
+		return chunkDoc{}, errors.New("no key columns")
+	}
+	if d.Sinks, ok = stringList(m["sinks"]); !ok {
+		return chunkDoc{}, errors.New("bad sinks")
+	}
+	if d.TsMs, ok = asInt(m["ts_ms"]); !ok {
+		return chunkDoc{}, errors.New("bad ts_ms")
+	}
+	if d.Rows, ok = m["rows"].([]any); !ok {
+		return chunkDoc{}, errors.New("no rows")
+	}
+	return d, nil
+}
+
+// stringList is a JSON array of strings; null is nil.
+func stringList(v any) ([]string, bool) {
+	if v == nil {
+		return nil, true
+	}
+	l, ok := v.([]any)
+	if !ok {
+		return nil, false
+	}
+	out := make([]string, len(l))
+	for i, e := range l {
+		if out[i], ok = e.(string); !ok {
+			return nil, false
+		}
+	}
+	return out, true
 }
 
 // window is an open LOW..HIGH bracket of one backfill.
@@ -167,17 +214,17 @@ func (a *Applier) emit(ctx context.Context, id string, w *window) ([]Row, error)
 	if err != nil {
 		return nil, fmt.Errorf("load backfill %s chunk %d: %w", id, w.chunk, err)
 	}
-	var doc chunkDoc
-	if err := json.Unmarshal(raw, &doc); err != nil {
+	doc, err := parseChunk(raw)
+	if err != nil {
 		return nil, fmt.Errorf("decode backfill %s chunk %d: %w", id, w.chunk, err)
 	}
+	now := time.Now().UnixMilli()
 	out := make([]Row, 0, len(doc.Rows))
-	for i, r := range doc.Rows {
-		v, err := canonical.ParseJSON(r)
-		if err != nil {
-			return nil, fmt.Errorf("decode backfill %s chunk %d row %d: %w", id, w.chunk, i, err)
+	for i, v := range doc.Rows {
+		m, ok := v.(map[string]any)
+		if !ok {
+			return nil, fmt.Errorf("decode backfill %s chunk %d row %d: not a JSON object", id, w.chunk, i)
 		}
-		m, _ := v.(map[string]any)
 		after := canonical.Row(m)
 		key := make(canonical.Row, len(doc.Key))
 		for _, k := range doc.Key {
@@ -193,7 +240,7 @@ func (a *Applier) emit(ctx context.Context, id string, w *window) ([]Row, error)
 				Op: canonical.OpRead, After: after, Key: key,
 				Source: canonical.Source{Connector: "cdcout", Version: a.version, Instance: a.instance,
 					DB: doc.DB, Table: doc.Table, Row: i, TsMs: doc.TsMs},
-				TsMs: time.Now().UnixMilli(),
+				TsMs: now,
 			},
 			ChangeKey: dedup.BackfillKey(id, hex.EncodeToString(sum[:])),
 			Sinks:     doc.Sinks,

@@ -66,7 +66,9 @@ type Runner struct {
 	OnProgress func(Progress)
 	InFlight   int
 	Stall      time.Duration
-	// PollInterval between looks at the chunks' states (default 5ms).
+	// PollInterval is the first wait between looks at the chunks' states
+	// (default 5ms); it doubles, up to 8 times, while no chunk completes,
+	// so a runner waiting on a slow stream costs few queries.
 	PollInterval time.Duration
 
 	spec    Spec
@@ -263,6 +265,7 @@ func (r *Runner) Run(ctx context.Context) (err error) {
 		r.OnProgress(r.prog)
 	}
 
+	wait := poll
 	var queue []*flight
 	eof := false
 	for !eof || len(queue) > 0 {
@@ -290,15 +293,18 @@ func (r *Runner) Run(ctx context.Context) (err error) {
 		if err != nil {
 			return err
 		}
-		if !advanced {
-			t := time.NewTimer(poll)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return ctx.Err()
-			case <-t.C:
-			}
+		if advanced {
+			wait = poll
+			continue
 		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		wait = min(2*wait, 8*poll)
 	}
 	if _, err := r.State.ExecContext(ctx, "UPDATE "+r.fills+" SET status = ?, updated_at = NOW(6) WHERE id = ? AND status = ?",
 		StatusDone, r.id, StatusRunning); err != nil {
@@ -319,12 +325,10 @@ func (r *Runner) settle(ctx context.Context, queue *[]*flight, next *int64, stal
 	q := *queue
 	args := make([]any, 0, len(q)+1)
 	args = append(args, r.id)
-	marks := make([]string, len(q))
-	for i, f := range q {
+	for _, f := range q {
 		args = append(args, f.no)
-		marks[i] = "?"
 	}
-	rows, err := r.State.QueryContext(ctx, "SELECT chunk, status, emitted FROM "+r.chunks+" WHERE backfill_id = ? AND chunk IN ("+strings.Join(marks, ",")+")", args...)
+	rows, err := r.State.QueryContext(ctx, "SELECT chunk, status, emitted FROM "+r.chunks+" WHERE backfill_id = ? AND chunk IN ("+placeholders(len(q))+")", args...)
 	if err != nil {
 		return false, fmt.Errorf("read backfill chunks: %w", err)
 	}
@@ -375,20 +379,27 @@ func (r *Runner) settle(ctx context.Context, queue *[]*flight, next *int64, stal
 		}
 		advanced = true
 	}
+	// The completed chunks at the head are recorded together: one progress
+	// update and one delete however many finished since the last look.
+	var done []any
+	var last *flight
 	for len(q) > 0 {
 		s, ok := states[q[0].no]
 		if !ok || s.status != chunkDone {
 			break
 		}
-		f := q[0]
+		last = q[0]
 		q = q[1:]
-		r.prog.Rows += int64(f.rows)
+		done = append(done, last.no)
+		r.prog.Rows += int64(last.rows)
 		r.prog.Enqueued += int64(s.emitted)
+	}
+	if last != nil {
 		r.prog.Elapsed = time.Since(r.started)
-		m := meta{Instance: r.spec.Instance, Sinks: r.spec.Sinks, ChunkSize: r.spec.ChunkSize, Resume: f.end.encode()}
+		m := meta{Instance: r.spec.Instance, Sinks: r.spec.Sinks, ChunkSize: r.spec.ChunkSize, Resume: last.end.encode()}
 		raw, _ := json.Marshal(m)
 		res, err := r.State.ExecContext(ctx, "UPDATE "+r.fills+" SET last_key = ?, sinks = ?, rows_done = ?, updated_at = NOW(6) WHERE id = ? AND status = ?",
-			f.endJSON, string(raw), r.prog.Rows, r.id, StatusRunning)
+			last.endJSON, string(raw), r.prog.Rows, r.id, StatusRunning)
 		if err != nil {
 			return false, fmt.Errorf("record backfill progress: %w", err)
 		}
@@ -397,8 +408,9 @@ func (r *Runner) settle(ctx context.Context, queue *[]*flight, next *int64, stal
 				return false, err
 			}
 		}
-		if _, err := r.State.ExecContext(ctx, "DELETE FROM "+r.chunks+" WHERE backfill_id = ? AND chunk = ?", r.id, f.no); err != nil {
-			return false, fmt.Errorf("drop done chunk: %w", err)
+		if _, err := r.State.ExecContext(ctx, "DELETE FROM "+r.chunks+" WHERE backfill_id = ? AND chunk IN ("+placeholders(len(done))+")",
+			append([]any{r.id}, done...)...); err != nil {
+			return false, fmt.Errorf("drop done chunks: %w", err)
 		}
 		advanced = true
 		if r.OnProgress != nil {
@@ -407,6 +419,11 @@ func (r *Runner) settle(ctx context.Context, queue *[]*flight, next *int64, stal
 	}
 	*queue = q
 	return advanced, nil
+}
+
+// placeholders is "?,?,…" for n arguments.
+func placeholders(n int) string {
+	return strings.TrimSuffix(strings.Repeat("?,", n), ",")
 }
 
 func (r *Runner) checkCancelled(ctx context.Context) error {
