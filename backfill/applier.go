@@ -4,10 +4,12 @@ import (
 	"context"
 	"crypto/sha256"
 	"database/sql"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -90,6 +92,7 @@ func stringList(v any) ([]string, bool) {
 // window is an open LOW..HIGH bracket of one backfill.
 type window struct {
 	chunk     int64
+	ordered   bool // change keys with the key's order prefix
 	db, table string
 	changed   map[string]struct{} // canonical key JSON
 }
@@ -185,14 +188,14 @@ func (a *Applier) watermark(ctx context.Context, ch *canonical.Change) ([]Row, e
 		return nil, nil // another instance's backfill
 	}
 	switch mark {
-	case markLow:
+	case markLow, markLowOrdered:
 		db, name, _ := strings.Cut(tbl, ".")
-		a.windows[id] = &window{chunk: chunk, db: db, table: name, changed: map[string]struct{}{}}
+		a.windows[id] = &window{chunk: chunk, ordered: mark == markLowOrdered, db: db, table: name, changed: map[string]struct{}{}}
 		return nil, nil
-	case markHigh:
+	case markHigh, markHighOrdered:
 		w := a.windows[id]
 		delete(a.windows, id)
-		if w == nil || w.chunk != chunk {
+		if w == nil || w.chunk != chunk || w.ordered != (mark == markHighOrdered) {
 			// This stream started between the chunk's LOW and HIGH: the
 			// window is unknown, so no row of it can be trusted.
 			a.log.Info("high watermark without its low one; chunk will be read again",
@@ -234,7 +237,7 @@ func (a *Applier) emit(ctx context.Context, id string, w *window) ([]Row, error)
 		if _, changed := w.changed[kj]; changed {
 			continue // the stream already carries a newer state of this key
 		}
-		sum := sha256.Sum256([]byte(kj))
+		digest := keyDigest(kj, doc.Key, after, w.ordered)
 		out = append(out, Row{
 			Change: &canonical.Change{
 				Op: canonical.OpRead, After: after, Key: key,
@@ -242,12 +245,56 @@ func (a *Applier) emit(ctx context.Context, id string, w *window) ([]Row, error)
 					DB: doc.DB, Table: doc.Table, Row: i, TsMs: doc.TsMs},
 				TsMs: now,
 			},
-			ChangeKey: dedup.BackfillKey(id, hex.EncodeToString(sum[:])),
+			ChangeKey: dedup.BackfillKey(id, digest),
 			Sinks:     doc.Sinks,
 		})
 	}
 	a.emitted = append(a.emitted, chunkRef{id: id, chunk: w.chunk, emitted: len(out)})
 	return out, nil
+}
+
+// orderPrefixBytes bounds the order prefix: 48 hex characters keep a change
+// key (b:<24-character id>:<prefix><64-character digest>) far below the
+// claims' 191.
+const orderPrefixBytes = 24
+
+// keyDigest is the part of a row's change key that identifies the row: the
+// SHA-256 of its canonical key JSON, after (ordered) a hex prefix that
+// sorts roughly like the key: 8 bytes per key column, integers big-endian
+// with the sign bit flipped, strings by their first bytes, until a column
+// of another type. The claims primary key is (pipe, change_key): with the
+// digest alone a chunk's claims land at random places in it, and on a
+// table of a million rows those random inserts cost the database about 2.5
+// times the time of inserts next to the previous chunk's (BenchmarkBackfill).
+func keyDigest(keyJSON string, cols []string, row canonical.Row, ordered bool) string {
+	sum := sha256.Sum256([]byte(keyJSON))
+	if !ordered {
+		return hex.EncodeToString(sum[:])
+	}
+	var b []byte
+cols:
+	for _, c := range cols {
+		if len(b) >= orderPrefixBytes {
+			break
+		}
+		switch v := row[c].(type) {
+		case json.Number:
+			if n, err := v.Int64(); err == nil {
+				b = binary.BigEndian.AppendUint64(b, uint64(n)^1<<63)
+			} else if u, err := strconv.ParseUint(string(v), 10, 64); err == nil {
+				b = binary.BigEndian.AppendUint64(b, u)
+			} else {
+				break cols
+			}
+		case string:
+			var s [8]byte
+			copy(s[:], v)
+			b = append(b, s[:]...)
+		default:
+			break cols
+		}
+	}
+	return hex.EncodeToString(b[:min(len(b), orderPrefixBytes)]) + hex.EncodeToString(sum[:])
 }
 
 // Written is told that an enqueue transaction committed: every row handed

@@ -2,6 +2,8 @@ package backfill
 
 import (
 	"context"
+	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/cdcout/cdcout/canonical"
@@ -95,5 +97,89 @@ func TestApplierWindow(t *testing.T) {
 	}
 	if got := status(1); got != chunkRetry {
 		t.Fatalf("chunk 1 %s, want retry", got)
+	}
+}
+
+// TestKeyDigestOrder: ordered change keys sort like the keys (so a chunk's
+// claims are inserted next to each other) and stay unique and stable.
+func TestKeyDigestOrder(t *testing.T) {
+	rows := []canonical.Row{
+		{"a": json.Number("-7"), "b": "x"},
+		{"a": json.Number("0"), "b": "x"},
+		{"a": json.Number("5"), "b": "ab"},
+		{"a": json.Number("5"), "b": "abc"},
+		{"a": json.Number("1000"), "b": ""},
+		{"a": json.Number("18446744073709551615"), "b": ""},
+	}
+	cols := []string{"a", "b"}
+	var prev string
+	for i, r := range rows {
+		kj := canonical.KeyJSON(r)
+		got := keyDigest(kj, cols, r, true)
+		if again := keyDigest(kj, cols, r, true); again != got {
+			t.Fatalf("row %d: %s then %s", i, got, again)
+		}
+		if plain := keyDigest(kj, cols, r, false); len(plain) != 64 || !strings.HasSuffix(got, plain) {
+			t.Fatalf("row %d: ordered %s does not end in the digest %s", i, got, plain)
+		}
+		if len(got) != 2*16+64 { // two columns, 8 bytes each
+			t.Fatalf("row %d: %d characters", i, len(got))
+		}
+		if i > 0 && got <= prev {
+			t.Fatalf("row %d key %s sorts before the previous row's: %s <= %s", i, kj, got, prev)
+		}
+		prev = got
+	}
+	// A column of another type ends the prefix; the digest still decides.
+	r := canonical.Row{"a": 1.5}
+	if got := keyDigest(canonical.KeyJSON(r), []string{"a"}, r, true); len(got) != 64 {
+		t.Fatalf("float key: %s", got)
+	}
+}
+
+// TestApplierOrderedMarks: upper-case marks give ordered change keys; a
+// HIGH whose form differs from its LOW's is not trusted.
+func TestApplierOrderedMarks(t *testing.T) {
+	srv := mysqltest.Shared(t)
+	schema := srv.CreateDB(t, "bfa_state")
+	db := srv.Open(t)
+	ctx := context.Background()
+	if err := state.Migrate(ctx, db, schema); err != nil {
+		t.Fatal(err)
+	}
+	doc := `{"db":"app","table":"t","key":["id"],"sinks":null,"ts_ms":1,"rows":[{"id":1,"v":10},{"id":2,"v":20}]}`
+	for _, chunk := range []int{0, 1} {
+		if _, err := db.Exec("INSERT INTO "+state.Table(schema, "backfill_chunks")+" (backfill_id, chunk, rows_json, row_count) VALUES ('bf1', ?, ?, 2)", chunk, doc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := NewApplier(db, schema, "i1", "test", nil)
+	wm := WatermarkDB(schema)
+	feed := func(ch *canonical.Change) []Row {
+		t.Helper()
+		_, rows, err := a.Change(ctx, ch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rows
+	}
+	feed(wmChange(wm, "bf1", "i1", 0, markLowOrdered))
+	rows := feed(wmChange(wm, "bf1", "i1", 0, markHighOrdered))
+	if len(rows) != 2 || rows[0].Sinks != nil {
+		t.Fatalf("HIGH: %d rows (%+v), want 2 for every sink", len(rows), rows)
+	}
+	if !(rows[0].ChangeKey < rows[1].ChangeKey) || len(rows[0].ChangeKey) != len("b:bf1:")+16+64 {
+		t.Fatalf("change keys %s, %s: want ordered, 16+64 characters after the id", rows[0].ChangeKey, rows[1].ChangeKey)
+	}
+	feed(wmChange(wm, "bf1", "i1", 1, markLow))
+	if rows := feed(wmChange(wm, "bf1", "i1", 1, markHighOrdered)); len(rows) != 0 {
+		t.Fatalf("HIGH of another form than its LOW gave %d rows", len(rows))
+	}
+	var s string
+	if err := db.QueryRow("SELECT status FROM " + state.Table(schema, "backfill_chunks") + " WHERE backfill_id = 'bf1' AND chunk = 1").Scan(&s); err != nil {
+		t.Fatal(err)
+	}
+	if s != chunkRetry {
+		t.Fatalf("chunk 1 %s, want retry", s)
 	}
 }

@@ -41,6 +41,12 @@ const (
 	WatermarkTable = "watermarks"
 	markLow        = "l"
 	markHigh       = "h"
+	// The marks of a backfill whose change keys start with the key's
+	// order prefix (keyDigest). A replica too old to know them ignores
+	// them, so it never applies such a chunk with the other key form: the
+	// chunk stalls and is read again once a current replica streams.
+	markLowOrdered  = "L"
+	markHighOrdered = "H"
 )
 
 // Chunk states in backfill_chunks.

@@ -71,15 +71,16 @@ type Runner struct {
 	// so a runner waiting on a slow stream costs few queries.
 	PollInterval time.Duration
 
-	spec    Spec
-	table   *tableInfo
-	conn    *sql.Conn
-	id      string
-	wm      string
-	chunks  string
-	fills   string
-	started time.Time
-	prog    Progress
+	spec     Spec
+	keyOrder bool // see meta.KeyOrder
+	table    *tableInfo
+	conn     *sql.Conn
+	id       string
+	wm       string
+	chunks   string
+	fills    string
+	started  time.Time
+	prog     Progress
 }
 
 // Prepare checks the spec against the source (table, key, --where) and
@@ -147,7 +148,7 @@ func (r *Runner) Prepare(ctx context.Context, spec Spec) (Info, error) {
 	}
 	if r.id == "" {
 		r.id = newID()
-		m := meta{Instance: spec.Instance, Sinks: spec.Sinks, ChunkSize: spec.ChunkSize}
+		m := meta{Instance: spec.Instance, Sinks: spec.Sinks, ChunkSize: spec.ChunkSize, KeyOrder: true}
 		raw, _ := json.Marshal(m)
 		if _, err := r.State.ExecContext(ctx, "INSERT INTO "+r.fills+" (id, tbl, sinks, where_sql, rows_estimate, status) VALUES (?, ?, ?, ?, ?, ?)",
 			r.id, spec.Table, string(raw), nullable(spec.Where), t.estimate, StatusRunning); err != nil {
@@ -241,6 +242,7 @@ func (r *Runner) Run(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
+	r.keyOrder = m.KeyOrder
 	pos, err := decodeKeyArgs(m.Resume)
 	if err != nil {
 		return err
@@ -396,7 +398,7 @@ func (r *Runner) settle(ctx context.Context, queue *[]*flight, next *int64, stal
 	}
 	if last != nil {
 		r.prog.Elapsed = time.Since(r.started)
-		m := meta{Instance: r.spec.Instance, Sinks: r.spec.Sinks, ChunkSize: r.spec.ChunkSize, Resume: last.end.encode()}
+		m := meta{Instance: r.spec.Instance, Sinks: r.spec.Sinks, ChunkSize: r.spec.ChunkSize, Resume: last.end.encode(), KeyOrder: r.keyOrder}
 		raw, _ := json.Marshal(m)
 		res, err := r.State.ExecContext(ctx, "UPDATE "+r.fills+" SET last_key = ?, sinks = ?, rows_done = ?, updated_at = NOW(6) WHERE id = ? AND status = ?",
 			last.endJSON, string(raw), r.prog.Rows, r.id, StatusRunning)
@@ -543,6 +545,9 @@ func (r *Runner) chunk(ctx context.Context, f *flight, again bool) (int, error) 
 // applier relies on a watermark being alone in its transaction). n changes
 // on every write so the server always logs a row event.
 func (r *Runner) mark(ctx context.Context, chunk int64, mark string) error {
+	if r.keyOrder {
+		mark = strings.ToUpper(mark) // markLowOrdered, markHighOrdered
+	}
 	if _, err := r.conn.ExecContext(ctx, "INSERT INTO "+r.wm+" (id, instance, tbl, chunk, mark, n, updated_at) VALUES (?, ?, ?, ?, ?, 1, NOW(6))"+
 		" ON DUPLICATE KEY UPDATE instance = VALUES(instance), tbl = VALUES(tbl), chunk = VALUES(chunk), mark = VALUES(mark), n = n + 1, updated_at = NOW(6)",
 		r.id, r.spec.Instance, r.spec.Table, chunk, mark); err != nil {

@@ -47,6 +47,10 @@ type meta struct {
 	// Resume is the raw key position (keyArgs.encode) after the completed
 	// prefix; LastKey in last_key is its readable form.
 	Resume string `json:"resume,omitempty"`
+	// KeyOrder: change keys carry the key's order prefix (every backfill
+	// started since; an older one keeps the plain digest when resumed, so
+	// its re-read rows still collapse on their claims).
+	KeyOrder bool `json:"key_order,omitempty"`
 }
 
 // List returns the backfills in the state database, newest first.
