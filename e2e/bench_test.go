@@ -211,6 +211,7 @@ func BenchmarkEndToEndBinary(b *testing.B) {
 			"--sink", "hook="+hook.srv.URL, "--sink", "file=file://"+file.path)
 
 		start := time.Now()
+		db0, _ := srv.CPUTime()
 		const chunk = 1000
 		for lo := 0; lo < inserts; lo += chunk {
 			var q strings.Builder
@@ -253,19 +254,29 @@ func BenchmarkEndToEndBinary(b *testing.B) {
 			return h >= total && f >= total, fmt.Sprintf("hook %d, file %d of %d", h, f, total)
 		})
 		elapsed := time.Since(start)
+		// CPU per change, which unlike changes/s does not depend on what
+		// else runs on the machine: the database's (the writer's statements
+		// included) and cdcout's.
+		db1, dbOK := srv.CPUTime()
+		cdcCPU, _ := mysqltest.ProcessCPUTime(p.cmd.Process.Pid)
 		if code := p.stop(30 * time.Second); code != 0 {
 			b.Fatalf("cdcout exit code %d after SIGTERM", code)
 		}
 		raw := rawReadRate(b, srv, src, from, total)
+		if dbOK {
+			b.ReportMetric(float64((db1-db0).Microseconds())/float64(total), "db_cpu_us/change")
+		}
+		b.ReportMetric(float64(cdcCPU.Microseconds())/float64(total), "cdcout_cpu_us/change")
 		b.ReportMetric(float64(total)/elapsed.Seconds(), "changes/s")
 		b.ReportMetric(raw, "raw_read_changes/s")
 		b.ReportMetric(writeDone.Seconds(), "write_s")
 		b.ReportMetric(hookDone.Seconds(), "http_done_s")
 		b.ReportMetric(fileDone.Seconds(), "file_done_s")
 		b.ReportMetric(float64(hwm)/(1<<20), "peak_rss_MB")
-		b.Logf("%d changes (%d inserts, %d updates, %d deletes): committed in %s, all delivered to file %s and http %s after the first commit (%.0f changes/s); raw go-mysql read %.0f changes/s; %d http requests; peak RSS %.0f MB",
+		b.Logf("%d changes (%d inserts, %d updates, %d deletes): committed in %s, all delivered to file %s and http %s after the first commit (%.0f changes/s); raw go-mysql read %.0f changes/s; %d http requests; peak RSS %.0f MB; CPU per change: database %.0f µs, cdcout %.0f µs",
 			total, inserts, updates, deletes, writeDone.Round(time.Millisecond), fileDone.Round(time.Millisecond), hookDone.Round(time.Millisecond),
-			float64(total)/elapsed.Seconds(), raw, hook.requests, float64(hwm)/(1<<20))
+			float64(total)/elapsed.Seconds(), raw, hook.requests, float64(hwm)/(1<<20),
+			float64((db1-db0).Microseconds())/float64(total), float64(cdcCPU.Microseconds())/float64(total))
 	}
 }
 
