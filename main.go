@@ -6,8 +6,10 @@ import (
 	"os"
 
 	"github.com/cdcout/cdcout/command"
+	"github.com/cdcout/cdcout/internal/gctune"
 )
 
 func main() {
+	gctune.Apply()
 	os.Exit(command.Main(os.Args, os.Stdin, os.Stdout, os.Stderr))
 }

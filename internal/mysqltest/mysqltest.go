@@ -493,3 +493,12 @@ func ProcessCPUTime(pid int) (time.Duration, bool) {
 	}
 	return time.Duration(ut+st) * (time.Second / 100), true
 }
+
+// OwnCPUTime is the CPU time (user + system) this process has used.
+func OwnCPUTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}

@@ -13,7 +13,6 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -126,13 +125,13 @@ func Drain(b *testing.B, s outbox.Sink, sinkName string) int {
 		b.StartTimer()
 		start := time.Now()
 		db0, _ := srv.CPUTime()
-		own0 := OwnCPUTime()
+		own0 := mysqltest.OwnCPUTime()
 		go func() { done <- d.Run(ctx) }()
 		waitDelivered(b, &delivered, rows)
 		total += time.Since(start)
 		db1, _ := srv.CPUTime()
 		dbCPU += db1 - db0
-		ownCPU += OwnCPUTime() - own0
+		ownCPU += mysqltest.OwnCPUTime() - own0
 		b.StopTimer()
 		cancel()
 		if err := <-done; err != nil && ctx.Err() == nil {
@@ -147,15 +146,6 @@ func Drain(b *testing.B, s outbox.Sink, sinkName string) int {
 	b.ReportMetric(float64(dbCPU.Microseconds())/float64(rows*b.N), "db_cpu_us/row")
 	b.ReportMetric(float64(ownCPU.Microseconds())/float64(rows*b.N), "proc_cpu_us/row")
 	return rows * b.N
-}
-
-// OwnCPUTime is the CPU time (user + system) this process has used.
-func OwnCPUTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func waitDelivered(b *testing.B, delivered *atomic.Int64, rows int) {
