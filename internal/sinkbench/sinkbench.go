@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/cdcout/cdcout/canonical"
+	"github.com/cdcout/cdcout/internal/gctune"
 	"github.com/cdcout/cdcout/internal/mysqltest"
 	"github.com/cdcout/cdcout/outbox"
 	"github.com/cdcout/cdcout/state"
@@ -90,6 +91,7 @@ func DeliverAll(b *testing.B, s outbox.Sink, recs []outbox.Record, batch, conc i
 // and returns how many rows were delivered in all.
 func Drain(b *testing.B, s outbox.Sink, sinkName string) int {
 	rows := Rows(b)
+	gctune.Apply() // as the cdcout binary runs
 	srv := mysqltest.Start(b, mysqltest.Options{})
 	pipe := "bench:shop.items:" + sinkName
 	busy := &busySink{s: s}
