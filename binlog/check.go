@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	gomysql "github.com/go-mysql-org/go-mysql/mysql"
+	"github.com/go-sql-driver/mysql"
 	"go.uber.org/zap"
 )
 
@@ -41,6 +42,49 @@ func readVars(ctx context.Context, db *sql.DB) (serverVars, error) {
 	return v, rows.Err()
 }
 
+// checkBinlog reports a binary log that cdcout cannot read row changes
+// from: off, not ROW, or not FULL row images.
+func (v serverVars) checkBinlog(addr string) error {
+	if on := strings.ToUpper(v["log_bin"]); on != "ON" && on != "1" {
+		return notReady("the binary log is off on %s: start the server with --log-bin --binlog-format=ROW "+
+			"--binlog-row-image=FULL --binlog-row-metadata=FULL --server-id=<unique non-zero id> "+
+			"(or set log_bin, binlog_format=ROW, binlog_row_image=FULL, binlog_row_metadata=FULL and server_id in its config)", addr)
+	}
+	if f := strings.ToUpper(v["binlog_format"]); f != "ROW" {
+		return notReady("binlog_format is %s on %s, cdcout needs ROW: run SET GLOBAL binlog_format = 'ROW' "+
+			"and put binlog_format=ROW in the server config (sessions opened before keep the old format)", f, addr)
+	}
+	if img := strings.ToUpper(v["binlog_row_image"]); img != "" && img != "FULL" {
+		return notReady("binlog_row_image is %s on %s, cdcout needs FULL (complete before and after images): "+
+			"run SET GLOBAL binlog_row_image = 'FULL' and put binlog_row_image=FULL in the server config", img, addr)
+	}
+	return nil
+}
+
+// Preflight checks the binary log settings of the server dsn names (on,
+// ROW, FULL row images) without opening a stream, so `cdcout run` can refuse
+// a server it will never read before it creates anything. A settings
+// problem wraps ErrServerNotReady; any other error (the server does not
+// answer yet) is returned as it is, for the caller to decide.
+func Preflight(ctx context.Context, dsn string) error {
+	cfg, err := ParseDSN(dsn)
+	if err != nil {
+		return fmt.Errorf("parse DSN: %w", err)
+	}
+	addr := cfg.User + "@" + cfg.Addr
+	conn, err := mysql.NewConnector(cfg)
+	if err != nil {
+		return fmt.Errorf("connect to %s: %w", addr, err)
+	}
+	db := sql.OpenDB(conn)
+	defer db.Close()
+	v, err := readVars(ctx, db)
+	if err != nil {
+		return fmt.Errorf("%s: %w", addr, err)
+	}
+	return v.checkBinlog(addr)
+}
+
 // check runs the start-up checks and fills s.info. Each failure says what
 // to change on the server, because the person reading it is setting up
 // replication, not debugging cdcout.
@@ -60,18 +104,8 @@ func (s *Stream) check(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if on := strings.ToUpper(v["log_bin"]); on != "ON" && on != "1" {
-		return notReady("the binary log is off on %s: start the server with --log-bin --binlog-format=ROW "+
-			"--binlog-row-image=FULL --binlog-row-metadata=FULL --server-id=<unique non-zero id> "+
-			"(or set log_bin, binlog_format=ROW, binlog_row_image=FULL, binlog_row_metadata=FULL and server_id in its config)", s.addr)
-	}
-	if f := strings.ToUpper(v["binlog_format"]); f != "ROW" {
-		return notReady("binlog_format is %s on %s, cdcout needs ROW: run SET GLOBAL binlog_format = 'ROW' "+
-			"and put binlog_format=ROW in the server config (sessions opened before keep the old format)", f, s.addr)
-	}
-	if img := strings.ToUpper(v["binlog_row_image"]); img != "" && img != "FULL" {
-		return notReady("binlog_row_image is %s on %s, cdcout needs FULL (complete before and after images): "+
-			"run SET GLOBAL binlog_row_image = 'FULL' and put binlog_row_image=FULL in the server config", img, s.addr)
+	if err := v.checkBinlog(s.addr); err != nil {
+		return err
 	}
 	serverID, _ := strconv.ParseUint(v["server_id"], 10, 32)
 	s.info.ServerID = uint32(serverID)

@@ -243,6 +243,19 @@ func (e *Engine) Run(parent context.Context) error {
 	ctx, stopRun := context.WithCancel(parent)
 	defer stopRun()
 	serveErr := make(chan error, 1)
+	// A source whose binary log cdcout can never read is refused before
+	// the state database is created or migrated (by default it lives on
+	// that same server). A source that does not answer yet is only
+	// logged: the stream retries it.
+	pctx, pcancel := context.WithTimeout(ctx, 10*time.Second)
+	err := binlog.Preflight(pctx, cfg.DSN.Value())
+	pcancel()
+	switch {
+	case errors.Is(err, binlog.ErrServerNotReady):
+		return err
+	case err != nil && ctx.Err() == nil:
+		e.log.Warn("source not reachable yet; the stream will keep trying", zap.Error(err))
+	}
 	db, err := openDB(cfg.EffectiveStateDSN().Value(), cfg.LeaseTTL)
 	if err != nil {
 		return fmt.Errorf("state database %s: %w", config.DSNAddr(cfg.EffectiveStateDSN().Value()), err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -19,6 +20,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/cdcout/cdcout/binlog"
 	"github.com/cdcout/cdcout/config"
 	"github.com/cdcout/cdcout/internal/mysqltest"
 	"github.com/cdcout/cdcout/outbox"
@@ -677,4 +679,37 @@ func TestSinkFailureAndRecovery(t *testing.T) {
 		defer mu.Unlock()
 		return len(got[7]) == 4
 	})
+}
+
+// TestRunRefusesServerWithoutBinlog: against a server with the binary log
+// off, Run fails with the fix in the message and leaves no state database
+// behind (by default it would live on that very server).
+func TestRunRefusesServerWithoutBinlog(t *testing.T) {
+	srv := mysqltest.Start(t, mysqltest.Options{Args: []string{"--skip-log-bin"}})
+	cfg := config.Default()
+	cfg.DSN = config.DSN(srv.DSN)
+	cfg.StateDB = "cdcout_nobinlog_state"
+	cfg.Instance = "nobinlog"
+	cfg.HTTPAddr = "off"
+	cfg.Sinks = []config.Sink{{URL: "stdout:"}}
+	if _, err := reresolve(cfg); err != nil {
+		t.Fatal(err)
+	}
+	e, err := New(cfg, zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)), WithStdout(io.Discard))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = e.Run(ctx)
+	if !errors.Is(err, binlog.ErrServerNotReady) || !strings.Contains(err.Error(), "binary log is off") {
+		t.Fatalf("Run = %v, want the binary log reported off", err)
+	}
+	var n int
+	if err := srv.Open(t).QueryRow("SELECT COUNT(*) FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = ?", cfg.StateDB).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Fatalf("state database %s was created on a server cdcout cannot read", cfg.StateDB)
+	}
 }
