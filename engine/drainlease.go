@@ -312,12 +312,8 @@ func (d *drainLeases) releaseAll(ctx context.Context) {
 			d.log.Warn("release member lease", zap.Error(err))
 		}
 	}
-	// Member leases of processes long gone would otherwise pile up, one
-	// per boot.
-	if _, err := d.db.ExecContext(ctx, "DELETE FROM "+state.Table(d.schema, "leases")+
-		" WHERE name LIKE 'member/%' AND expires_at < NOW(6) - INTERVAL 1 HOUR"); err != nil {
-		d.log.Debug("delete old member leases", zap.Error(err))
-	}
+	// Member leases of processes gone for good are the janitor's
+	// (outbox.Janitor).
 }
 
 func (d *drainLeases) setMetric(pipe string, held bool) {

@@ -42,17 +42,20 @@ type JanitorConfig struct {
 
 // Janitor deletes what is no longer needed: outbox rows delivered or
 // dead-lettered longer ago than the retention, with their attempt logs, and
-// claims older than the dedup window. Pending rows (claimed or not) are
-// never deleted.
+// claims older than the dedup window, and member leases of processes gone
+// for an hour. Pending rows (claimed or not) are never deleted.
 type Janitor struct {
 	cfg                      JanitorConfig
-	outbox, attempts, claims string
+	outbox, attempts, claims, leases string
 	logger                   *zap.Logger
 }
 
 // Swept counts what one sweep deleted.
 type Swept struct {
 	Rows, Attempts, Claims int64
+	// Members are member leases (member/<holder>/<instance>) expired for
+	// over an hour: one is left behind by every process that was killed.
+	Members int64
 }
 
 // NewJanitor validates cfg, fills defaults and returns a Janitor.
@@ -83,6 +86,7 @@ func NewJanitor(cfg JanitorConfig) (*Janitor, error) {
 		outbox:   state.Table(cfg.Schema, "outbox"),
 		attempts: state.Table(cfg.Schema, "attempts"),
 		claims:   state.Table(cfg.Schema, "claims"),
+		leases:   state.Table(cfg.Schema, "leases"),
 		logger:   cfg.Logger.Named("retention"),
 	}, nil
 }
@@ -106,8 +110,9 @@ func (j *Janitor) Run(ctx context.Context) error {
 		case err != nil:
 			j.logger.Warn("retention sweep", zap.Error(err))
 			next = min(next, janitorPauseOnFailure)
-		case sw.Rows+sw.Claims > 0:
-			j.logger.Info("retention sweep", zap.Int64("rows", sw.Rows), zap.Int64("attempts", sw.Attempts), zap.Int64("claims", sw.Claims))
+		case sw.Rows+sw.Claims+sw.Members > 0:
+			j.logger.Info("retention sweep", zap.Int64("rows", sw.Rows), zap.Int64("attempts", sw.Attempts), zap.Int64("claims", sw.Claims),
+				zap.Int64("member_leases", sw.Members))
 		}
 		t.Reset(next)
 	}
@@ -147,6 +152,14 @@ WHERE created_at < NOW(6) - INTERVAL ? MICROSECOND LIMIT ?`, j.cfg.DedupWindow.M
 			break
 		}
 	}
+	// Member leases only count live replicas; an expired one is never
+	// renewed again (its holder name carries the dead process's nonce).
+	res, err := j.cfg.DB.ExecContext(ctx, `DELETE FROM `+j.leases+`
+WHERE name LIKE 'member/%' AND expires_at < NOW(6) - INTERVAL 1 HOUR`)
+	if err != nil {
+		return sw, fmt.Errorf("delete old member leases: %w", err)
+	}
+	sw.Members, _ = res.RowsAffected()
 	return sw, nil
 }
 
