@@ -111,9 +111,13 @@ func New(opts Options) (*Sink, error) {
 	}
 	client := opts.Client
 	if client == nil {
+		// Up to Concurrency × MaxConcurrent requests (8 × 32 by default)
+		// are in flight to one host; an idle pool smaller than that closed
+		// the extra connections after every burst and dialled them again
+		// (5 % of cdcout's CPU in the end-to-end benchmark).
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.MaxIdleConns = 256
-		tr.MaxIdleConnsPerHost = 64
+		tr.MaxIdleConnsPerHost = 256
 		client = &http.Client{Transport: tr}
 	} else {
 		c := *client
