@@ -374,3 +374,36 @@ func TestRunListensAndShutsDown(t *testing.T) {
 		t.Fatalf("bad address: %v", err)
 	}
 }
+
+// TestClaimedRowsCountAsDelivering: a claimed row is a pending row with a
+// claimer whose next attempt is the claim's expiry; it counts as
+// delivering, not pending. A claim that lapsed (its claimer died) is due
+// again and counts as pending.
+func TestClaimedRowsCountAsDelivering(t *testing.T) {
+	db, schema := fixture(t)
+	outbox := "`" + schema + "`.outbox"
+	// The fixture's orders pipe has 3 pending rows; claim two of them, one
+	// with a lapsed claim.
+	for _, q := range []string{
+		"UPDATE " + outbox + " SET claimer = 42, next_attempt_at = NOW(6) + INTERVAL 5 MINUTE WHERE id = '0190a000-0000-7000-8000-000000000001'",
+		"UPDATE " + outbox + " SET claimer = 42, next_attempt_at = NOW(6) - INTERVAL 1 SECOND WHERE id = '0190a000-0000-7000-8000-000000000003'",
+	} {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pipes, err := Reader{DB: db, Schema: schema, Instance: "inst"}.Pipes(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pipes {
+		if p.Pipe != "inst:shop.orders:hook" {
+			continue
+		}
+		if p.Pending != 2 || p.Delivering != 1 || p.Delivered != 2 || p.Dead != 1 {
+			t.Fatalf("orders counts = %+v, want 2 pending, 1 delivering, 2 delivered, 1 dead", p)
+		}
+		return
+	}
+	t.Fatalf("no orders pipe in %+v", pipes)
+}
