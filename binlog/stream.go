@@ -318,6 +318,7 @@ type reader struct {
 	lastCommit time.Time // when the last Commit was emitted
 	pending    *Commit   // coalesced empty commit not yet emitted
 	commits    int       // transactions read, over all connections
+	xa         []heldXA  // prepared XA transactions, oldest first (xa.go)
 }
 
 // txState is the transaction being read.
@@ -336,6 +337,11 @@ type txState struct {
 	// (deferredRows), deferredBytes their size.
 	deferred      []deferredEvent
 	deferredBytes int
+	// An XA transaction (xa.go): its changes are held, not emitted.
+	xa       bool
+	xid      string
+	held     []*canonical.Change
+	xaBefore Position
 }
 
 type deferredEvent struct {
@@ -392,6 +398,9 @@ func (r *reader) event(ctx context.Context, ev *replication.BinlogEvent, outer *
 	case *replication.MariadbGTIDEvent:
 		g := e.GTID
 		r.tx = txState{gtid: g.String(), maria: &g}
+		if e.Flags&mariaFlagPreparedXA != 0 {
+			r.startXA()
+		}
 	case *replication.GTIDEvent:
 		r.tx = txState{}
 		if ev.Header.EventType == replication.GTID_EVENT {
@@ -407,8 +416,13 @@ func (r *reader) event(ctx context.Context, ev *replication.BinlogEvent, outer *
 			r.tx.mysqlSID, r.tx.mysqlGNO, r.tx.mysqlTag, r.tx.hasMySQL, r.tx.tagged = u, e.GNO, e.Tag, true, true
 		}
 	case *replication.QueryEvent:
+		if strings.HasPrefix(string(e.Query), "XA ") {
+			if handled, err := r.xaQuery(ctx, string(e.Query), func() error { return r.commit(ctx, ev.Header, outer) }); handled {
+				return err
+			}
+		}
 		switch q := string(e.Query); {
-		case q == "BEGIN" || strings.HasPrefix(q, "XA START"):
+		case q == "BEGIN":
 			r.tx.inBegin = true
 		case q == "COMMIT" || q == "ROLLBACK":
 			return r.commit(ctx, ev.Header, outer)
@@ -442,6 +456,13 @@ func (r *reader) event(ctx context.Context, ev *replication.BinlogEvent, outer *
 			if err := r.event(ctx, inner, outer); err != nil {
 				return err
 			}
+		}
+	case *replication.GenericEvent:
+		if ev.Header.EventType == replication.XA_PREPARE_LOG_EVENT && r.tx.xa {
+			if err := r.xaPrepared(ctx); err != nil {
+				return err
+			}
+			return r.commit(ctx, ev.Header, outer)
 		}
 	case *replication.HeartbeatEvent:
 		if r.pending != nil {
@@ -546,6 +567,10 @@ func (r *reader) rows(ctx context.Context, hdr, outer *replication.EventHeader, 
 			ch.ChangeKey = string(strconv.AppendInt(ck, int64(r.tx.ordinal), 10))
 		}
 		r.tx.ordinal++
+		if r.tx.xa {
+			r.tx.held = append(r.tx.held, ch)
+			continue
+		}
 		r.tx.emitted++
 		if err := r.h(ctx, Event{Change: ch}); err != nil {
 			return &handlerError{err}
@@ -636,7 +661,7 @@ func (r *reader) commit(ctx context.Context, hdr, outer *replication.EventHeader
 		r.resume.useGTID = true
 	}
 	c := &Commit{
-		Pos:  r.s.positionOf(r.resume.gset, r.resume.file, r.resume.pos),
+		Pos:  r.checkpointPos(),
 		GTID: tx.gtid,
 		Time: time.Unix(int64(hdr.Timestamp), 0).UTC(),
 		Rows: tx.emitted,

@@ -152,8 +152,14 @@ func (s *Store) advanceCheckpoint(ctx context.Context, tx *sql.Tx, fence Fence, 
 	}
 	if _, err := tx.ExecContext(ctx, "INSERT INTO "+s.checkpoints+
 		" (source, position, epoch, holder, updated_at) VALUES (?, ?, ?, ?, NOW(6))"+
-		" ON DUPLICATE KEY UPDATE position = VALUES(position), epoch = VALUES(epoch),"+
-		" holder = VALUES(holder), updated_at = VALUES(updated_at)",
+		// updated_at is when the position last moved (assignments run in
+		// order: it is compared before position changes). Digest mode
+		// seeds its counter from the claims written up to then; while the
+		// position is held back (a prepared XA transaction, binlog/xa.go)
+		// the claims of the transactions after it must stay out, since a
+		// restart replays them.
+		" ON DUPLICATE KEY UPDATE updated_at = IF(position = VALUES(position), updated_at, VALUES(updated_at)),"+
+		" position = VALUES(position), epoch = VALUES(epoch), holder = VALUES(holder)",
 		cp.Source, string(pos), fence.Epoch, fence.Holder); err != nil {
 		return fmt.Errorf("write checkpoint %s: %w", cp.Source, err)
 	}

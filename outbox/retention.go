@@ -45,9 +45,9 @@ type JanitorConfig struct {
 // claims older than the dedup window, and member leases of processes gone
 // for an hour. Pending rows (claimed or not) are never deleted.
 type Janitor struct {
-	cfg                      JanitorConfig
+	cfg                              JanitorConfig
 	outbox, attempts, claims, leases string
-	logger                   *zap.Logger
+	logger                           *zap.Logger
 }
 
 // Swept counts what one sweep deleted.
