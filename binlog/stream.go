@@ -662,6 +662,7 @@ func (r *reader) commit(ctx context.Context, hdr, outer *replication.EventHeader
 	}
 	c := &Commit{
 		Pos:  r.checkpointPos(),
+		Held: len(r.xa) > 0,
 		GTID: tx.gtid,
 		Time: time.Unix(int64(hdr.Timestamp), 0).UTC(),
 		Rows: tx.emitted,

@@ -66,8 +66,12 @@ type Config struct {
 
 // Commit is the end of one source transaction.
 type Commit struct {
-	// Pos is the resume position after this transaction.
+	// Pos is the resume position after this transaction — or, when Held,
+	// the position before a prepared XA transaction (binlog/xa.go), which a
+	// restart must read again.
 	Pos Position
+	// Held: Pos is held back; a restart from it replays this transaction.
+	Held bool
 	// GTID of the transaction ("" without GTIDs).
 	GTID string
 	// Time is the commit's event time on the source clock.
