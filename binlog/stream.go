@@ -61,6 +61,9 @@ type Stream struct {
 
 	mu      sync.Mutex
 	emitted Position // last Commit handed to the handler
+	// prepared XA transactions held (xa.go) and since when the oldest is
+	xaHeld  int
+	xaSince time.Time
 }
 
 // Open connects, runs the start-up checks and resolves the start position.
@@ -150,6 +153,15 @@ func (s *Stream) Position() Position {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.emitted
+}
+
+// PreparedXA reports how many XA transactions are prepared and held,
+// waiting for their XA COMMIT or ROLLBACK, and since when the oldest is.
+// While any is, the checkpoint cannot pass it.
+func (s *Stream) PreparedXA() (n int, since time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.xaHeld, s.xaSince
 }
 
 // Close releases the database connections. Run must have returned.

@@ -705,11 +705,17 @@ func TestXATransactions(t *testing.T) {
 		cm := lastCommit(evs)
 		return cm != nil && cm.Rows == 1 && len(changesOf(evs)) == 2
 	}, "the commit of 3")
-	if got, want := lastCommit(held).Pos, before.Pos; got != want {
-		t.Fatalf("commit while 'a' is prepared carries %+v, want the position before it %+v", got, want)
+	if got, want := lastCommit(held).Pos, before.Pos; got != want || !lastCommit(held).Held {
+		t.Fatalf("commit while 'a' is prepared carries %+v (held %v), want the position before it %+v, held", got, lastCommit(held).Held, want)
+	}
+	if n, since := s.PreparedXA(); n != 1 || since.IsZero() {
+		t.Fatalf("PreparedXA = %d since %v, want 1", n, since)
 	}
 	exec("XA COMMIT 'a'")
 	evs = c.waitChanges(t, 3)
+	if n, _ := s.PreparedXA(); n != 0 {
+		t.Fatalf("PreparedXA = %d after XA COMMIT, want 0", n)
+	}
 	if got := ids(evs); got != `{"id":1} {"id":3} {"id":2}` {
 		t.Fatalf("after XA COMMIT: %s, want 2 after 3", got)
 	}

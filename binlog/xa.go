@@ -103,6 +103,7 @@ func (r *reader) xaQuery(ctx context.Context, q string, commit func() error) (ha
 		}
 		h := r.xa[i]
 		r.xa = append(r.xa[:i], r.xa[i+1:]...)
+		r.publishXA()
 		if committed {
 			if err := r.emitHeld(ctx, h.changes); err != nil {
 				return true, err
@@ -137,7 +138,19 @@ func (r *reader) xaPrepared(ctx context.Context) error {
 	r.tx.held = nil
 	// The group itself emitted nothing.
 	r.tx.emitted = 0
+	r.publishXA()
 	return nil
+}
+
+// publishXA makes the held XA transactions visible to PreparedXA.
+func (r *reader) publishXA() {
+	var since time.Time
+	if len(r.xa) > 0 {
+		since = r.xa[0].since
+	}
+	r.s.mu.Lock()
+	r.s.xaHeld, r.s.xaSince = len(r.xa), since
+	r.s.mu.Unlock()
 }
 
 func (r *reader) findXA(xid string) int {

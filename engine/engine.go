@@ -482,11 +482,13 @@ func (e *Engine) sourceStatus() inspect.SourceStatus {
 	if digest {
 		mode = "digest"
 	}
+	xa, xaSince := st.PreparedXA()
 	return inspect.SourceStatus{
 		Connected: true, Role: "leader", Position: st.Position(), IdentityMode: mode,
 		Lag: lag, LastEventAt: lastEventAt,
 		Flavor: info.Flavor, ServerVersion: info.Version, MetadataMode: info.MetadataMode,
-		DSN: e.cfg.DSN.String(),
+		DSN:        e.cfg.DSN.String(),
+		PreparedXA: xa, PreparedXASince: xaSince,
 	}
 }
 

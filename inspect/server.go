@@ -106,6 +106,10 @@ type SourceStatus struct {
 	DSN string `json:"dsn,omitempty"`
 	// Error is the last connection error, if any.
 	Error string `json:"error,omitempty"`
+	// PreparedXA counts XA transactions prepared and held until their
+	// outcome; the checkpoint cannot pass the oldest (since PreparedXASince).
+	PreparedXA      int       `json:"preparedXA,omitempty"`
+	PreparedXASince time.Time `json:"preparedXASince,omitzero"`
 }
 
 // Deps is what the server reads from.
