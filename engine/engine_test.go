@@ -448,11 +448,22 @@ func TestInspectAddressInUse(t *testing.T) {
 	stateDB := srv.CreateDB(t, "busy_state")
 	ln := httptest.NewServer(http.NotFoundHandler())
 	defer ln.Close()
+	addr := strings.TrimPrefix(ln.URL, "http://")
+	err := runToError(t, srv, stateDB, "busy", addr)
+	if err == nil || !strings.Contains(err.Error(), "listen on "+addr) {
+		t.Fatalf("Run = %v, want a listen error", err)
+	}
+}
+
+// runToError runs an engine with one stdout sink that must fail on its
+// own, and returns Run's error.
+func runToError(t *testing.T, srv *mysqltest.Server, stateDB, instance, httpAddr string) error {
+	t.Helper()
 	cfg := config.Default()
 	cfg.DSN = config.DSN(srv.DSN)
 	cfg.StateDB = stateDB
-	cfg.Instance = "busy"
-	cfg.HTTPAddr = strings.TrimPrefix(ln.URL, "http://")
+	cfg.Instance = instance
+	cfg.HTTPAddr = httpAddr
 	cfg.Sinks = []config.Sink{{URL: "stdout:"}}
 	if _, err := reresolve(cfg); err != nil {
 		t.Fatal(err)
@@ -463,10 +474,7 @@ func TestInspectAddressInUse(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	err = e.Run(ctx)
-	if err == nil || !strings.Contains(err.Error(), "listen on "+cfg.HTTPAddr) {
-		t.Fatalf("Run = %v, want a listen error", err)
-	}
+	return e.Run(ctx)
 }
 
 // TestGracefulStopWritesLastTransaction: with a flush interval that never
@@ -687,31 +695,17 @@ func TestSinkFailureAndRecovery(t *testing.T) {
 // behind (by default it would live on that very server).
 func TestRunRefusesServerWithoutBinlog(t *testing.T) {
 	srv := mysqltest.Start(t, mysqltest.Options{Args: []string{"--skip-log-bin"}})
-	cfg := config.Default()
-	cfg.DSN = config.DSN(srv.DSN)
-	cfg.StateDB = "cdcout_nobinlog_state"
-	cfg.Instance = "nobinlog"
-	cfg.HTTPAddr = "off"
-	cfg.Sinks = []config.Sink{{URL: "stdout:"}}
-	if _, err := reresolve(cfg); err != nil {
-		t.Fatal(err)
-	}
-	e, err := New(cfg, zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)), WithStdout(io.Discard))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	err = e.Run(ctx)
+	const stateDB = "cdcout_nobinlog_state"
+	err := runToError(t, srv, stateDB, "nobinlog", "off")
 	if !errors.Is(err, binlog.ErrServerNotReady) || !strings.Contains(err.Error(), "binary log is off") {
 		t.Fatalf("Run = %v, want the binary log reported off", err)
 	}
 	var n int
-	if err := srv.Open(t).QueryRow("SELECT COUNT(*) FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = ?", cfg.StateDB).Scan(&n); err != nil {
+	if err := srv.Open(t).QueryRow("SELECT COUNT(*) FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = ?", stateDB).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	if n != 0 {
-		t.Fatalf("state database %s was created on a server cdcout cannot read", cfg.StateDB)
+		t.Fatalf("state database %s was created on a server cdcout cannot read", stateDB)
 	}
 }
 
