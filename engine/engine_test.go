@@ -367,33 +367,54 @@ func reresolve(c *config.Config) (*config.Config, error) {
 	return c, c.Validate()
 }
 
+// hooked is a source database with a table t (id INT PRIMARY KEY, v INT),
+// a state database, a webhook receiver, and a config of instance that reads
+// the source from its current position into the receiver.
+type hooked struct {
+	srv          *mysqltest.Server
+	db           *sql.DB
+	src, stateDB string
+	rcv          *receiver
+	cfg          *config.Config
+}
+
+func newHooked(t *testing.T, instance, mode string, mod func(*config.Config)) hooked {
+	t.Helper()
+	h := hooked{srv: mysqltest.Shared(t), rcv: newReceiver(t)}
+	h.src = h.srv.CreateDB(t, instance+"_src")
+	h.stateDB = h.srv.CreateDB(t, instance+"_state")
+	h.srv.Exec(t, "CREATE TABLE `"+h.src+"`.t (id INT PRIMARY KEY, v INT)")
+	h.db = h.srv.Open(t)
+	var from string
+	if err := h.db.QueryRow("SELECT @@gtid_binlog_pos").Scan(&from); err != nil {
+		t.Fatal(err)
+	}
+	h.cfg = config.Default()
+	h.cfg.DSN = config.DSN(h.srv.DSN)
+	h.cfg.StateDB = h.stateDB
+	h.cfg.Instance = instance
+	h.cfg.ReplicaID = "r1"
+	h.cfg.From = from
+	h.cfg.ChangeIdentity = mode
+	h.cfg.Tables = []string{h.src + ".*"}
+	h.cfg.HTTPAddr = "off"
+	h.cfg.Sinks = []config.Sink{{Name: "hook", URL: h.rcv.srv.URL}}
+	if mod != nil {
+		mod(h.cfg)
+	}
+	if _, err := reresolve(h.cfg); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
 // TestLeaseStolen takes the enqueue lease away from a running engine (as a
 // replica with a higher epoch would): the engine must stop writing under its
 // old epoch, wait for the lease, and carry on from its checkpoint with
 // nothing lost or duplicated.
 func TestLeaseStolen(t *testing.T) {
-	srv := mysqltest.Shared(t)
-	src := srv.CreateDB(t, "steal_src")
-	stateDB := srv.CreateDB(t, "steal_state")
-	srv.Exec(t, "CREATE TABLE `"+src+"`.t (id INT PRIMARY KEY, v INT)")
-	db := srv.Open(t)
-	var from string
-	if err := db.QueryRow("SELECT @@gtid_binlog_pos").Scan(&from); err != nil {
-		t.Fatal(err)
-	}
-	rcv := newReceiver(t)
-	cfg := config.Default()
-	cfg.DSN = config.DSN(srv.DSN)
-	cfg.StateDB = stateDB
-	cfg.Instance = "steal"
-	cfg.ReplicaID = "r1"
-	cfg.From = from
-	cfg.LeaseTTL = 2 * time.Second
-	cfg.HTTPAddr = "off"
-	cfg.Sinks = []config.Sink{{Name: "hook", URL: rcv.srv.URL, Tables: config.TableFilter{Include: []string{src + ".*"}}}}
-	if _, err := reresolve(cfg); err != nil {
-		t.Fatal(err)
-	}
+	h := newHooked(t, "steal", "gtid", func(cfg *config.Config) { cfg.LeaseTTL = 2 * time.Second })
+	src, stateDB, db, rcv, cfg := h.src, h.stateDB, h.db, h.rcv, h.cfg
 	runEngine(t, cfg, zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)))
 
 	insert := func(from, to int) {
@@ -717,30 +738,9 @@ func TestRunRefusesServerWithoutBinlog(t *testing.T) {
 func TestXAAcrossRestart(t *testing.T) {
 	for _, mode := range []string{"gtid", "digest"} {
 		t.Run(mode, func(t *testing.T) {
-			srv := mysqltest.Shared(t)
-			src := srv.CreateDB(t, "xa_src")
-			stateDB := srv.CreateDB(t, "xa_state")
-			tbl := "`" + src + "`.t"
-			srv.Exec(t, "CREATE TABLE "+tbl+" (id INT PRIMARY KEY, v INT NOT NULL)")
-			db := srv.Open(t)
-			var from string
-			if err := db.QueryRow("SELECT @@gtid_binlog_pos").Scan(&from); err != nil {
-				t.Fatal(err)
-			}
-			rcv := newReceiver(t)
-			cfg := config.Default()
-			cfg.DSN = config.DSN(srv.DSN)
-			cfg.StateDB = stateDB
-			cfg.Instance = "xa" + mode
-			cfg.ReplicaID = "r1"
-			cfg.From = from
-			cfg.ChangeIdentity = mode
-			cfg.Tables = []string{src + ".*"}
-			cfg.HTTPAddr = "off"
-			cfg.Sinks = []config.Sink{{Name: "hook", URL: rcv.srv.URL}}
-			if _, err := reresolve(cfg); err != nil {
-				t.Fatal(err)
-			}
+			h := newHooked(t, "xa"+mode, mode, nil)
+			srv, stateDB, db, rcv, cfg := h.srv, h.stateDB, h.db, h.rcv, h.cfg
+			tbl := "`" + h.src + "`.t"
 			logger := zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel))
 
 			xa, err := db.Conn(context.Background())
