@@ -2,6 +2,7 @@ package backfill
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -26,13 +27,8 @@ func rowChange(id int64) *canonical.Change {
 // after Written; a HIGH without its LOW asks for the chunk again; another
 // instance's watermarks are consumed but ignored.
 func TestApplierWindow(t *testing.T) {
-	srv := mysqltest.Shared(t)
-	schema := srv.CreateDB(t, "bfa_state")
-	db := srv.Open(t)
+	db, schema := migratedState(t)
 	ctx := context.Background()
-	if err := state.Migrate(ctx, db, schema); err != nil {
-		t.Fatal(err)
-	}
 	doc := `{"db":"app","table":"t","key":["id"],"sinks":["hook"],"ts_ms":1,"rows":[{"id":1,"v":10},{"id":2,"v":20},{"id":3,"v":30}]}`
 	for _, chunk := range []int{0, 1} {
 		if _, err := db.Exec("INSERT INTO "+state.Table(schema, "backfill_chunks")+" (backfill_id, chunk, rows_json, row_count) VALUES ('bf1', ?, ?, 3)", chunk, doc); err != nil {
@@ -140,13 +136,8 @@ func TestKeyDigestOrder(t *testing.T) {
 // TestApplierOrderedMarks: upper-case marks give ordered change keys; a
 // HIGH whose form differs from its LOW's is not trusted.
 func TestApplierOrderedMarks(t *testing.T) {
-	srv := mysqltest.Shared(t)
-	schema := srv.CreateDB(t, "bfa_state")
-	db := srv.Open(t)
+	db, schema := migratedState(t)
 	ctx := context.Background()
-	if err := state.Migrate(ctx, db, schema); err != nil {
-		t.Fatal(err)
-	}
 	doc := `{"db":"app","table":"t","key":["id"],"sinks":null,"ts_ms":1,"rows":[{"id":1,"v":10},{"id":2,"v":20}]}`
 	for _, chunk := range []int{0, 1} {
 		if _, err := db.Exec("INSERT INTO "+state.Table(schema, "backfill_chunks")+" (backfill_id, chunk, rows_json, row_count) VALUES ('bf1', ?, ?, 2)", chunk, doc); err != nil {
@@ -182,4 +173,16 @@ func TestApplierOrderedMarks(t *testing.T) {
 	if s != chunkRetry {
 		t.Fatalf("chunk 1 %s, want retry", s)
 	}
+}
+
+// migratedState is a fresh, migrated state database on the shared server.
+func migratedState(t *testing.T) (*sql.DB, string) {
+	t.Helper()
+	srv := mysqltest.Shared(t)
+	schema := srv.CreateDB(t, "bfa_state")
+	db := srv.Open(t)
+	if err := state.Migrate(context.Background(), db, schema); err != nil {
+		t.Fatal(err)
+	}
+	return db, schema
 }
