@@ -170,7 +170,7 @@ func (a *Applier) Change(ctx context.Context, ch *canonical.Change) (consumed bo
 			}
 			continue
 		}
-		w.changed[canonical.KeyJSON(ch.Key)] = struct{}{}
+		w.changed[canonical.KeyJSONOf(ch)] = struct{}{}
 	}
 	return false, nil, nil
 }

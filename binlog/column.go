@@ -1,5 +1,7 @@
 package binlog
 
+import "slices"
+
 // Column describes one column of a table as a row event was written:
 // enough to turn go-mysql's decoded value into a canonical value.
 //
@@ -41,4 +43,16 @@ type Table struct {
 	// KeyColumns index Columns: the primary key, else the first unique key
 	// whose columns are all NOT NULL; empty when the table has neither.
 	KeyColumns []int
+	// KeyNames are the key columns' names, sorted: a change's KeyCols.
+	KeyNames []string
+}
+
+// setKey sets KeyColumns and the sorted KeyNames.
+func (t *Table) setKey(idx []int) {
+	t.KeyColumns = idx
+	t.KeyNames = nil
+	for _, k := range idx {
+		t.KeyNames = append(t.KeyNames, t.Columns[k].Name)
+	}
+	slices.Sort(t.KeyNames)
 }

@@ -168,7 +168,7 @@ func goldenRun(t *testing.T, srv *mysqltest.Server, stmts []string, run int, fal
 			t.Fatalf("change %d: volatile field unset: %+v", i, c.Source)
 		}
 		pipe := "golden:" + c.Source.DB + "." + c.Source.Table + ":test"
-		d := canonical.Digest(pipe, c.Op, c.Key, c.After, c.Before)
+		d := canonical.DigestChange(pipe, c)
 		if d == "" {
 			t.Fatalf("change %d: no digest", i)
 		}
@@ -250,7 +250,8 @@ func checkAgainstServer(t *testing.T, srv *mysqltest.Server, changes []*canonica
 	defer cancel()
 	state := map[string]map[string]canonical.Row{} // table → key JSON → row
 	for _, c := range changes {
-		if c.Key == nil {
+		key := c.KeyRow()
+		if key == nil {
 			continue
 		}
 		tbl := state[c.Source.Table]
@@ -259,10 +260,10 @@ func checkAgainstServer(t *testing.T, srv *mysqltest.Server, changes []*canonica
 			state[c.Source.Table] = tbl
 		}
 		if c.Before != nil {
-			delete(tbl, canonical.KeyJSON(project(c.Before, c.Key)))
+			delete(tbl, canonical.KeyJSON(project(c.Before, key)))
 		}
 		if c.After != nil {
-			tbl[canonical.KeyJSON(project(c.After, c.Key))] = c.After
+			tbl[canonical.KeyJSON(project(c.After, key))] = c.After
 		}
 	}
 	conn, err := srv.Open(t).Conn(ctx)

@@ -244,11 +244,13 @@ func (c *schemaCache) fromTableMap(ctx context.Context, tm *replication.TableMap
 		t.Columns[i] = col
 	}
 	if len(tm.PrimaryKey) > 0 {
+		var idx []int
 		for _, k := range tm.PrimaryKey {
-			t.KeyColumns = append(t.KeyColumns, int(k))
+			idx = append(idx, int(k))
 		}
+		t.setKey(idx)
 	} else if info != nil {
-		t.KeyColumns = keyIndexes(info.key, names)
+		t.setKey(keyIndexes(info.key, names))
 	}
 	return t, nil
 }
@@ -388,7 +390,7 @@ func (c *schemaCache) fromInformationSchema(ctx context.Context, tm *replication
 		t.Columns[i] = col
 		names[i] = ic.name
 	}
-	t.KeyColumns = keyIndexes(info.key, names)
+	t.setKey(keyIndexes(info.key, names))
 	return t, nil
 }
 

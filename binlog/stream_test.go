@@ -79,7 +79,7 @@ func TestTransactionsAndOrdinals(t *testing.T) {
 		}
 		ch := ev.Change
 		got = append(got, fmt.Sprintf("%s %s %d key=%s before=%s after=%s",
-			ch.Op, ch.Source.Table, ch.Source.Row, canonical.KeyJSON(ch.Key), jsonOf(t, ch.Before), jsonOf(t, ch.After)))
+			ch.Op, ch.Source.Table, ch.Source.Row, canonical.KeyJSONOf(ch), jsonOf(t, ch.Before), jsonOf(t, ch.After)))
 		if want := fmt.Sprintf("g:%s:%d", ch.Source.GTID, ch.Source.Row); ch.ChangeKey != want {
 			t.Errorf("change key %q, want %q", ch.ChangeKey, want)
 		}

@@ -51,7 +51,12 @@ type Change struct {
 	// Key holds the primary key columns (or the first NOT NULL unique
 	// key's). Nil when the table has neither: the change is still emitted,
 	// with "key": null.
-	Key    Row
+	Key Row
+	// KeyCols, when Key is nil, name the key columns (sorted), whose values
+	// are in After (Before for a delete): the binlog stream sets them rather
+	// than build a second map per change. Read the key with KeyRow, or let
+	// the encoders (KeyJSONOf, DigestChange, envelopes) read either form.
+	KeyCols []string
 	Source Source
 	// TsMs is when cdcout decoded the change, ms since the epoch.
 	TsMs int64
@@ -59,4 +64,26 @@ type Change struct {
 	// "g:<gtid>:<ordinal>", in digest mode "d:<digest>:<occurrence>", for a
 	// backfill "b:<backfill id>:<key digest>".
 	ChangeKey string
+}
+
+// KeyRow returns the change's key as a Row: Key, or a Row built from
+// KeyCols; nil when the change has no key.
+func (c *Change) KeyRow() Row {
+	if c.Key != nil || len(c.KeyCols) == 0 {
+		return c.Key
+	}
+	img := c.keyImage()
+	k := make(Row, len(c.KeyCols))
+	for _, n := range c.KeyCols {
+		k[n] = img[n]
+	}
+	return k
+}
+
+// keyImage is the image KeyCols refer to.
+func (c *Change) keyImage() Row {
+	if c.After != nil {
+		return c.After
+	}
+	return c.Before
 }

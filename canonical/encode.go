@@ -266,6 +266,30 @@ func (e *encoder) order(m map[string]any) *keyOrder {
 }
 
 // objectInOrder writes the object whose values order pushed.
+// key encodes a change's key: Key, or {col: image[col], …} over the sorted
+// KeyCols without building a map.
+func (e *encoder) key(dst []byte, c *Change) ([]byte, error) {
+	if c.Key != nil || len(c.KeyCols) == 0 {
+		return e.object(dst, c.Key, 0)
+	}
+	img := c.keyImage()
+	dst = append(dst, '{')
+	var err error
+	for i, k := range c.KeyCols {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		if dst, err = appendString(dst, k); err != nil {
+			return dst, err
+		}
+		dst = append(dst, ':')
+		if dst, err = e.valueDepth(dst, img[k], 1); err != nil {
+			return dst, err
+		}
+	}
+	return append(dst, '}'), nil
+}
+
 func (e *encoder) objectInOrder(dst []byte, o *keyOrder, depth int) ([]byte, error) {
 	start := len(e.vals) - len(o.keys)
 	dst = append(dst, '{')

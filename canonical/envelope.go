@@ -58,7 +58,7 @@ func AppendEnvelope(dst []byte, c *Change, id string) ([]byte, error) {
 		}
 	}
 	dst = append(dst, `,"key":`...)
-	if dst, err = e.object(dst, c.Key, 0); err != nil {
+	if dst, err = e.key(dst, c); err != nil {
 		return orig, fmt.Errorf("encode key: %w", err)
 	}
 	dst = append(dst, `,"op":"`...)
@@ -165,6 +165,30 @@ func KeyJSON(key Row) string {
 	return string(b)
 }
 
+// KeyJSONOf is KeyJSON of a change's key, in either of its forms (Key or
+// KeyCols).
+func KeyJSONOf(c *Change) string {
+	e := getEncoder()
+	defer putEncoder(e)
+	b, err := e.key(make([]byte, 0, 64), c)
+	if err != nil {
+		return ""
+	}
+	return string(b)
+}
+
+// DigestChange is Digest of a change: its key (either form), After as next
+// and Before as prev.
+func DigestChange(pipe string, c *Change) string {
+	e := getEncoder()
+	defer putEncoder(e)
+	b, err := e.key(make([]byte, 0, 64), c)
+	if err != nil {
+		return ""
+	}
+	return digestOf(pipe, c.Op, b, c.After, c.Before)
+}
+
 // Digest is the change digest of DESIGN.md's digest mode: the hex SHA-256 of
 // the canonical JSON of {"key":key,"next":next,"op":op,"pipe":pipe,
 // "prev":prev}, where next is the row after the change and prev the row
@@ -173,7 +197,16 @@ func KeyJSON(key Row) string {
 // one that cannot be encoded yields "" (binlog's decoder never produces
 // such values, and MarshalEnvelope reports them as errors).
 func Digest(pipe string, op Op, key, next, prev Row) string {
-	b, err := AppendDigestInput(make([]byte, 0, 256), pipe, op, key, next, prev)
+	k := KeyJSON(key)
+	if k == "" {
+		return ""
+	}
+	return digestOf(pipe, op, []byte(k), next, prev)
+}
+
+// digestOf is Digest with the key already encoded.
+func digestOf(pipe string, op Op, key []byte, next, prev Row) string {
+	b, err := appendDigestInput(make([]byte, 0, 256), pipe, op, key, next, prev)
 	if err != nil {
 		return ""
 	}
@@ -184,14 +217,20 @@ func Digest(pipe string, op Op, key, next, prev Row) string {
 // AppendDigestInput appends the document Digest hashes to dst; exported so
 // tests and tools can show what a digest covers.
 func AppendDigestInput(dst []byte, pipe string, op Op, key, next, prev Row) ([]byte, error) {
+	k := KeyJSON(key)
+	if k == "" {
+		return dst, errors.New("encode key: not canonical values")
+	}
+	return appendDigestInput(dst, pipe, op, []byte(k), next, prev)
+}
+
+func appendDigestInput(dst []byte, pipe string, op Op, key []byte, next, prev Row) ([]byte, error) {
 	e := getEncoder()
 	defer putEncoder(e)
 	orig := dst
 	var err error
 	dst = append(dst, `{"key":`...)
-	if dst, err = e.object(dst, key, 0); err != nil {
-		return orig, fmt.Errorf("encode key: %w", err)
-	}
+	dst = append(dst, key...)
 	dst = append(dst, `,"next":`...)
 	if dst, err = e.object(dst, next, 0); err != nil {
 		return orig, fmt.Errorf("encode next: %w", err)

@@ -218,3 +218,45 @@ func BenchmarkMarshalRawJSON(b *testing.B) {
 		}
 	}
 }
+
+// TestKeyColsEqualKey: a change whose key is named by KeyCols (over After,
+// or Before for a delete) encodes exactly like one carrying the Key map, in
+// the envelope, KeyJSONOf and DigestChange; KeyRow builds the map.
+func TestKeyColsEqualKey(t *testing.T) {
+	img := Row{"b": "x", "a": int64(7), "c": 1.5}
+	for _, op := range []Op{OpCreate, OpDelete} {
+		withMap := &Change{Op: op, Key: Row{"a": int64(7), "b": "x"}, ChangeKey: "g:0-1-1:0"}
+		withCols := &Change{Op: op, KeyCols: []string{"a", "b"}, ChangeKey: "g:0-1-1:0"}
+		if op == OpCreate {
+			withMap.After, withCols.After = img, img
+		} else {
+			withMap.Before, withCols.Before = img, img
+		}
+		m, err := MarshalEnvelope(withMap, "id")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := MarshalEnvelope(withCols, "id")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(m) != string(c) {
+			t.Fatalf("%s: envelopes differ:\n%s\n%s", op, m, c)
+		}
+		if a, b := KeyJSONOf(withMap), KeyJSONOf(withCols); a != b || a != `{"a":7,"b":"x"}` {
+			t.Fatalf("%s: KeyJSONOf %s vs %s", op, a, b)
+		}
+		if a, b := DigestChange("p", withMap), DigestChange("p", withCols); a != b || a == "" {
+			t.Fatalf("%s: DigestChange %s vs %s", op, a, b)
+		}
+		if a, b := DigestChange("p", withMap), Digest("p", op, withMap.Key, withMap.After, withMap.Before); a != b {
+			t.Fatalf("%s: DigestChange %s, Digest %s", op, a, b)
+		}
+		if got := KeyJSON(withCols.KeyRow()); got != `{"a":7,"b":"x"}` {
+			t.Fatalf("%s: KeyRow gives %s", op, got)
+		}
+	}
+	if got := KeyJSONOf(&Change{Op: OpCreate, After: img}); got != "null" {
+		t.Fatalf("no key: %s", got)
+	}
+}

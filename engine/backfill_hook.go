@@ -58,7 +58,7 @@ func (q *enqueuer) hookChange(ctx context.Context, ch *canonical.Change) (bool, 
 			c := r.mask(br.Change)
 			q.ready = append(q.ready, outbox.Pending{
 				Pipe: pipe, Sink: r.sink, Change: c, ChangeKey: br.ChangeKey,
-				Digest: canonical.Digest(pipe, c.Op, c.Key, c.After, nil),
+				Digest: canonical.DigestChange(pipe, c),
 			})
 		}
 	}

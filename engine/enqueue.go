@@ -207,7 +207,7 @@ func (q *enqueuer) handleHeldCommit(ctx context.Context) error {
 func (q *enqueuer) keyOpen() error {
 	for _, o := range q.open {
 		ch := o.ch
-		digest := canonical.Digest(o.pipe, ch.Op, ch.Key, ch.After, ch.Before)
+		digest := canonical.DigestChange(o.pipe, ch)
 		var key string
 		if q.digestMode {
 			n := q.counter.Next(digest, time.UnixMilli(ch.Source.TsMs))

@@ -84,6 +84,9 @@ func (r *route) mask(ch *canonical.Change) *canonical.Change {
 		return out
 	}
 	c := *ch
+	// The key is kept whole even when a key column is masked: it is read
+	// before the images lose columns.
+	c.Key, c.KeyCols = ch.KeyRow(), nil
 	c.Before = drop(ch.Before)
 	c.After = drop(ch.After)
 	return &c

@@ -173,7 +173,7 @@ func (s *Store) prepare(items []Pending) ([]*pendingRow, int, error) {
 		seen[k] = struct{}{}
 		it := &pendingRow{Pending: p, change: *p.Change}
 		it.change.ChangeKey = p.ChangeKey
-		it.rowKey = canonical.KeyJSON(p.Change.Key)
+		it.rowKey = canonical.KeyJSONOf(p.Change)
 		if it.rowKey == "" {
 			return nil, 0, fmt.Errorf("enqueue item %d (pipe %q, change key %q): key cannot be encoded", i, p.Pipe, p.ChangeKey)
 		}
