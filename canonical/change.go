@@ -57,7 +57,7 @@ type Change struct {
 	// than build a second map per change. Read the key with KeyRow, or let
 	// the encoders (KeyJSONOf, DigestChange, envelopes) read either form.
 	KeyCols []string
-	Source Source
+	Source  Source
 	// TsMs is when cdcout decoded the change, ms since the epoch.
 	TsMs int64
 	// ChangeKey is the change's durable identity (DESIGN.md): in GTID mode
