@@ -464,8 +464,12 @@ func (e *Engine) observeEvent(ev binlog.Event) {
 	lag := max(now.Sub(ev.Commit.Time), 0)
 	e.mu.Lock()
 	e.lag, e.lastEventAt = lag, now
+	st := e.stream
 	e.mu.Unlock()
 	e.metrics.SetSourceLag(lag)
+	if st != nil {
+		e.metrics.SetPreparedXA(st.PreparedXA())
+	}
 }
 
 // sourceStatus reports the binlog source to the inspect server.

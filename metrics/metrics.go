@@ -15,6 +15,7 @@ import (
 	"context"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -40,6 +41,8 @@ type Metrics struct {
 	drainErrors      *prometheus.CounterVec
 	leaseHeld        *prometheus.GaugeVec
 	handoffDropped   prometheus.Counter
+	xaPrepared       prometheus.Gauge
+	xaSince          atomic.Int64 // unix ns of the oldest held XA PREPARE, 0 for none
 
 	mu     sync.Mutex
 	outbox *outboxCollector
@@ -95,6 +98,19 @@ func New() *Metrics {
 		Name: "cdcout_handoff_dropped_pending_total",
 		Help: "Changes evicted from the leadership handoff buffer before they were enqueued; the next leader re-reads them from the checkpoint.",
 	})
+	m.xaPrepared = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "cdcout_xa_prepared",
+		Help: "XA transactions read at XA PREPARE and held until their XA COMMIT or ROLLBACK; the checkpoint cannot pass the oldest.",
+	})
+	xaAge := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "cdcout_xa_prepared_oldest_seconds",
+		Help: "Seconds since the oldest held XA transaction was read at XA PREPARE; 0 when none is held.",
+	}, func() float64 {
+		if ns := m.xaSince.Load(); ns != 0 {
+			return time.Since(time.Unix(0, ns)).Seconds()
+		}
+		return 0
+	})
 	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "cdcout_build_info",
 		Help: "Always 1; the labels carry the build's version and commit.",
@@ -106,7 +122,7 @@ func New() *Metrics {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.sourceLag, m.sourceConnected, m.changes, m.claims, m.digestMismatch,
 		m.deliveries, m.deliveryDuration, m.deliveryLatency, m.drainErrors,
-		m.leaseHeld, m.handoffDropped, build,
+		m.leaseHeld, m.handoffDropped, m.xaPrepared, xaAge, build,
 	)
 	return m
 }
@@ -129,6 +145,20 @@ func (m *Metrics) SetSourceLag(d time.Duration) {
 		d = 0
 	}
 	m.sourceLag.Set(d.Seconds())
+}
+
+// SetPreparedXA records the XA transactions held prepared (binlog
+// Stream.PreparedXA): how many, and since when the oldest.
+func (m *Metrics) SetPreparedXA(n int, since time.Time) {
+	if m == nil {
+		return
+	}
+	m.xaPrepared.Set(float64(n))
+	if n == 0 || since.IsZero() {
+		m.xaSince.Store(0)
+		return
+	}
+	m.xaSince.Store(since.UnixNano())
 }
 
 // SetSourceConnected records whether the binlog connection is up.

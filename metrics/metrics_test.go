@@ -3,6 +3,7 @@ package metrics
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -23,6 +24,7 @@ func TestNilMetricsIsANoop(t *testing.T) {
 	m.SetSourceLag(time.Second)
 	m.SetSourceConnected(true)
 	m.AddHandoffDroppedPending(1)
+	m.SetPreparedXA(1, time.Now())
 	m.WatchOutbox(nil, 0)
 	dm := m.DrainMetrics()
 	if dm.Delivered != nil {
@@ -101,4 +103,32 @@ func value(t *testing.T, c prometheus.Metric) float64 {
 		return d.Counter.GetValue()
 	}
 	return d.Gauge.GetValue()
+}
+
+func TestPreparedXA(t *testing.T) {
+	m := New()
+	m.SetPreparedXA(2, time.Now().Add(-90*time.Second))
+	if got := value(t, m.xaPrepared); got != 2 {
+		t.Fatalf("xa prepared = %v, want 2", got)
+	}
+	body := scrapeBody(t, m)
+	i := strings.Index(body, "\ncdcout_xa_prepared_oldest_seconds ")
+	if i < 0 {
+		t.Fatalf("no oldest-age gauge in\n%s", body)
+	}
+	var age float64
+	if _, err := fmt.Sscan(body[i+len("\ncdcout_xa_prepared_oldest_seconds "):], &age); err != nil || age < 89 || age > 120 {
+		t.Fatalf("oldest age = %v (%v), want ~90 s", age, err)
+	}
+	m.SetPreparedXA(0, time.Time{})
+	if body := scrapeBody(t, m); !strings.Contains(body, "\ncdcout_xa_prepared_oldest_seconds 0\n") || !strings.Contains(body, "\ncdcout_xa_prepared 0\n") {
+		t.Fatalf("after the outcome:\n%s", body)
+	}
+}
+
+func scrapeBody(t *testing.T, m *Metrics) string {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	return rec.Body.String()
 }
