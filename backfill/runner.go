@@ -330,7 +330,7 @@ func (r *Runner) settle(ctx context.Context, queue *[]*flight, next *int64, stal
 	for _, f := range q {
 		args = append(args, f.no)
 	}
-	rows, err := r.State.QueryContext(ctx, "SELECT chunk, status, emitted FROM "+r.chunks+" WHERE backfill_id = ? AND chunk IN ("+placeholders(len(q))+")", args...)
+	rows, err := r.State.QueryContext(ctx, "SELECT chunk, status, emitted FROM "+r.chunks+" WHERE backfill_id = ? AND chunk IN ("+state.Placeholders(len(q))+")", args...)
 	if err != nil {
 		return false, fmt.Errorf("read backfill chunks: %w", err)
 	}
@@ -410,7 +410,7 @@ func (r *Runner) settle(ctx context.Context, queue *[]*flight, next *int64, stal
 				return false, err
 			}
 		}
-		if _, err := r.State.ExecContext(ctx, "DELETE FROM "+r.chunks+" WHERE backfill_id = ? AND chunk IN ("+placeholders(len(done))+")",
+		if _, err := r.State.ExecContext(ctx, "DELETE FROM "+r.chunks+" WHERE backfill_id = ? AND chunk IN ("+state.Placeholders(len(done))+")",
 			append([]any{r.id}, done...)...); err != nil {
 			return false, fmt.Errorf("drop done chunks: %w", err)
 		}
@@ -421,11 +421,6 @@ func (r *Runner) settle(ctx context.Context, queue *[]*flight, next *int64, stal
 	}
 	*queue = q
 	return advanced, nil
-}
-
-// placeholders is "?,?,…" for n arguments.
-func placeholders(n int) string {
-	return strings.TrimSuffix(strings.Repeat("?,", n), ",")
 }
 
 func (r *Runner) checkCancelled(ctx context.Context) error {

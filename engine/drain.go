@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -173,7 +172,7 @@ func (d *drainers) releaseOrphans(ctx context.Context) (int64, error) {
 	args = append(args, outbox.ClaimerID(d.holder))
 	res, err := d.db.ExecContext(ctx, "UPDATE "+state.Table(d.cfg.StateDB, "outbox")+" FORCE INDEX (due)"+
 		" SET claimer = 0, next_attempt_at = NOW(6), attempts = GREATEST(attempts - 1, 0)"+
-		" WHERE pipe IN ("+strings.TrimSuffix(strings.Repeat("?,", len(args)-1), ",")+")"+
+		" WHERE pipe IN ("+state.Placeholders(len(args)-1)+")"+
 		" AND status = 'pending' AND next_attempt_at > NOW(6) AND claimer = ?", args...)
 	if err != nil {
 		return 0, fmt.Errorf("release undelivered claims: %w", err)

@@ -233,7 +233,7 @@ func (d *drainLeases) releaseDeadClaims(ctx context.Context, pipe string, member
 	q := "UPDATE " + state.Table(d.schema, "outbox") + " FORCE INDEX (due)" +
 		" SET claimer = 0, next_attempt_at = NOW(6)" +
 		" WHERE pipe = ? AND status = 'pending' AND next_attempt_at > NOW(6)" +
-		" AND claimer <> 0 AND claimer NOT IN (?" + strings.Repeat(", ?", len(members)-1) + ")"
+		" AND claimer <> 0 AND claimer NOT IN (" + state.Placeholders(len(members)) + ")"
 	args := []any{pipe}
 	for m := range members {
 		args = append(args, outbox.ClaimerID(m))

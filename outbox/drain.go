@@ -519,7 +519,7 @@ ORDER BY o.next_attempt_at, o.id LIMIT ?`, args...); err != nil {
 			ids = append(ids, id)
 		}
 	}
-	in := placeholders(len(ids))
+	in := state.Placeholders(len(ids))
 	// The row conditions are re-checked here: between the SELECT and this
 	// UPDATE another drainer may have claimed a row, and then it matches
 	// nothing.
@@ -743,7 +743,7 @@ func (p *pipeDrainer) release(ctx context.Context, recs []Record) {
 	for {
 		_, err := p.d.cfg.DB.ExecContext(context.WithoutCancel(ctx), `UPDATE `+p.d.outbox+`
 SET claimer = 0, next_attempt_at = NOW(6), attempts = GREATEST(attempts - 1, 0)
-WHERE id IN (`+placeholders(len(recs))+`) AND status = 'pending' AND claimer = ?`, ids...)
+WHERE id IN (`+state.Placeholders(len(recs))+`) AND status = 'pending' AND claimer = ?`, ids...)
 		if err == nil {
 			return
 		}
@@ -964,7 +964,7 @@ func (p *pipeDrainer) record(ctx context.Context, recs []Record, errs []error, d
 			// counts from it.
 			if _, err := tx.ExecContext(ctx, `UPDATE `+d.outbox+`
 SET status = 'delivered', next_attempt_at = NOW(6)
-WHERE id IN (`+placeholders(len(delivered))+`) AND status = 'pending' AND claimer = ?`, args...); err != nil {
+WHERE id IN (`+state.Placeholders(len(delivered))+`) AND status = 'pending' AND claimer = ?`, args...); err != nil {
 				return fmt.Errorf("mark delivered: %w", err)
 			}
 		}
@@ -1109,13 +1109,6 @@ func (m DrainMetrics) error(pipe, op string, err error) {
 	if m.Error != nil {
 		m.Error(pipe, op, err)
 	}
-}
-
-func placeholders(n int) string {
-	if n <= 0 {
-		return ""
-	}
-	return strings.Repeat("?,", n-1) + "?"
 }
 
 // truncate shortens s to about n bytes, keeping it valid UTF-8 (the column

@@ -207,7 +207,7 @@ ORDER BY next_attempt_at LIMIT ? FOR UPDATE`, pipe, status, j.cfg.Retention.Micr
 	if len(ids) == 0 {
 		return 0, 0, nil
 	}
-	in := placeholders(len(ids))
+	in := state.Placeholders(len(ids))
 	res, err := tx.ExecContext(ctx, `DELETE FROM `+j.attempts+` WHERE outbox_id IN (`+in+`)`, ids...)
 	if err != nil {
 		return 0, 0, err

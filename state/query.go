@@ -3,6 +3,7 @@ package state
 import (
 	"context"
 	"database/sql"
+	"strings"
 )
 
 // Strings runs a query whose rows are one string each and returns them in
@@ -22,4 +23,12 @@ func Strings(ctx context.Context, db *sql.DB, query string, args ...any) ([]stri
 		out = append(out, s)
 	}
 	return out, rows.Err()
+}
+
+// Placeholders is "?,?,…,?" for n arguments ("" for none).
+func Placeholders(n int) string {
+	if n <= 0 {
+		return ""
+	}
+	return strings.Repeat("?,", n-1) + "?"
 }
