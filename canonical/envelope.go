@@ -155,15 +155,7 @@ func UnmarshalEnvelope(b []byte) (*Change, string, error) {
 // (a table without a primary or NOT NULL unique key). Key values must be
 // canonical values; one that cannot be encoded (which binlog's decoder never
 // produces) yields "".
-func KeyJSON(key Row) string {
-	e := getEncoder()
-	defer putEncoder(e)
-	b, err := e.object(make([]byte, 0, 64), key, 0)
-	if err != nil {
-		return ""
-	}
-	return string(b)
-}
+func KeyJSON(key Row) string { return KeyJSONOf(&Change{Key: key}) }
 
 // KeyJSONOf is KeyJSON of a change's key, in either of its forms (Key or
 // KeyCols).
@@ -177,18 +169,6 @@ func KeyJSONOf(c *Change) string {
 	return string(b)
 }
 
-// DigestChange is Digest of a change: its key (either form), After as next
-// and Before as prev.
-func DigestChange(pipe string, c *Change) string {
-	e := getEncoder()
-	defer putEncoder(e)
-	b, err := e.key(make([]byte, 0, 64), c)
-	if err != nil {
-		return ""
-	}
-	return digestOf(pipe, c.Op, b, c.After, c.Before)
-}
-
 // Digest is the change digest of DESIGN.md's digest mode: the hex SHA-256 of
 // the canonical JSON of {"key":key,"next":next,"op":op,"pipe":pipe,
 // "prev":prev}, where next is the row after the change and prev the row
@@ -197,16 +177,13 @@ func DigestChange(pipe string, c *Change) string {
 // one that cannot be encoded yields "" (binlog's decoder never produces
 // such values, and MarshalEnvelope reports them as errors).
 func Digest(pipe string, op Op, key, next, prev Row) string {
-	k := KeyJSON(key)
-	if k == "" {
-		return ""
-	}
-	return digestOf(pipe, op, []byte(k), next, prev)
+	return DigestChange(pipe, &Change{Op: op, Key: key, After: next, Before: prev})
 }
 
-// digestOf is Digest with the key already encoded.
-func digestOf(pipe string, op Op, key []byte, next, prev Row) string {
-	b, err := appendDigestInput(make([]byte, 0, 256), pipe, op, key, next, prev)
+// DigestChange is Digest of a change: its key (either form), After as next
+// and Before as prev.
+func DigestChange(pipe string, c *Change) string {
+	b, err := appendDigestInput(make([]byte, 0, 256), pipe, c)
 	if err != nil {
 		return ""
 	}
@@ -217,20 +194,19 @@ func digestOf(pipe string, op Op, key []byte, next, prev Row) string {
 // AppendDigestInput appends the document Digest hashes to dst; exported so
 // tests and tools can show what a digest covers.
 func AppendDigestInput(dst []byte, pipe string, op Op, key, next, prev Row) ([]byte, error) {
-	k := KeyJSON(key)
-	if k == "" {
-		return dst, errors.New("encode key: not canonical values")
-	}
-	return appendDigestInput(dst, pipe, op, []byte(k), next, prev)
+	return appendDigestInput(dst, pipe, &Change{Op: op, Key: key, After: next, Before: prev})
 }
 
-func appendDigestInput(dst []byte, pipe string, op Op, key []byte, next, prev Row) ([]byte, error) {
+func appendDigestInput(dst []byte, pipe string, c *Change) ([]byte, error) {
 	e := getEncoder()
 	defer putEncoder(e)
 	orig := dst
 	var err error
 	dst = append(dst, `{"key":`...)
-	dst = append(dst, key...)
+	if dst, err = e.key(dst, c); err != nil {
+		return orig, fmt.Errorf("encode key: %w", err)
+	}
+	next, op, prev := c.After, c.Op, c.Before
 	dst = append(dst, `,"next":`...)
 	if dst, err = e.object(dst, next, 0); err != nil {
 		return orig, fmt.Errorf("encode next: %w", err)
