@@ -9,13 +9,10 @@ import (
 	"testing"
 	"time"
 
-	gomysql "github.com/go-mysql-org/go-mysql/mysql"
-	"github.com/go-mysql-org/go-mysql/replication"
 	"go.uber.org/zap"
 
 	"github.com/cdcout/cdcout/canonical"
 	"github.com/cdcout/cdcout/internal/gctune"
-	"github.com/cdcout/cdcout/internal/logbridge"
 	"github.com/cdcout/cdcout/internal/mysqltest"
 )
 
@@ -74,7 +71,7 @@ func BenchmarkStreamVsRaw(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		for r := 0; r < rounds; r++ {
 			c0 := mysqltest.OwnCPUTime()
-			raw := benchRaw(b, srv, db, from, rows)
+			raw := srv.RawReadRate(b, db, from, rows)
 			c1 := mysqltest.OwnCPUTime()
 			stream := benchStream(b, srv, db, from, rows)
 			c2 := mysqltest.OwnCPUTime()
@@ -94,43 +91,6 @@ func BenchmarkStreamVsRaw(b *testing.B) {
 	b.ReportMetric(float64(rawCPU.Nanoseconds())/1000/float64(rows), "raw_cpu_us/row")
 	b.ReportMetric(float64(streamCPU.Nanoseconds())/1000/float64(rows), "stream_cpu_us/row")
 	b.Logf("rows=%d raw=%.0f rows/s stream+canonical=%.0f rows/s ratio=%.2f", rows, rawRate, streamRate, streamRate/rawRate)
-}
-
-func benchRaw(b *testing.B, srv *mysqltest.Server, db, from string, rows int) float64 {
-	b.Helper()
-	gset, err := gomysql.ParseMariadbGTIDSet(from)
-	if err != nil {
-		b.Fatal(err)
-	}
-	syncer := replication.NewBinlogSyncer(replication.BinlogSyncerConfig{
-		ServerID:                nextServerID(),
-		Flavor:                  gomysql.MariaDBFlavor,
-		Host:                    srv.Host,
-		Port:                    uint16(srv.Port),
-		User:                    srv.User,
-		Password:                srv.Password,
-		TimestampStringLocation: time.UTC,
-		Logger:                  logbridge.New(zap.NewNop()),
-	})
-	defer syncer.Close()
-	t0 := time.Now()
-	streamer, err := syncer.StartSyncGTID(gset)
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	n := 0
-	for n < rows {
-		ev, err := streamer.GetEvent(ctx)
-		if err != nil {
-			b.Fatalf("raw read after %d rows: %v", n, err)
-		}
-		if re, ok := ev.Event.(*replication.RowsEvent); ok && string(re.Table.Schema) == db {
-			n += len(re.Rows)
-		}
-	}
-	return float64(n) / time.Since(t0).Seconds()
 }
 
 func benchStream(b *testing.B, srv *mysqltest.Server, db, from string, rows int) float64 {

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -18,11 +17,6 @@ import (
 	"testing"
 	"time"
 
-	gomysql "github.com/go-mysql-org/go-mysql/mysql"
-	"github.com/go-mysql-org/go-mysql/replication"
-	"go.uber.org/zap"
-
-	"github.com/cdcout/cdcout/internal/logbridge"
 	"github.com/cdcout/cdcout/internal/mysqltest"
 )
 
@@ -139,52 +133,6 @@ func waitLeader(b testing.TB, p *proc, srv *mysqltest.Server, stateDB, instance 
 	})
 }
 
-// rawReadRate reads the binlog from `from` with a bare go-mysql
-// BinlogSyncer until it has seen want row changes of database dbName, and
-// returns changes/s: the ceiling any binlog reader in Go has here.
-func rawReadRate(b testing.TB, srv *mysqltest.Server, dbName, from string, want int) float64 {
-	gset, err := gomysql.ParseMariadbGTIDSet(from)
-	if err != nil {
-		b.Fatal(err)
-	}
-	syncer := replication.NewBinlogSyncer(replication.BinlogSyncerConfig{
-		ServerID:                uint32(2_000_000_000 + time.Now().UnixNano()%100_000_000),
-		Flavor:                  gomysql.MariaDBFlavor,
-		Host:                    srv.Host,
-		Port:                    uint16(srv.Port),
-		User:                    srv.User,
-		Password:                srv.Password,
-		TimestampStringLocation: time.UTC,
-		Logger:                  logbridge.New(zap.NewNop()),
-	})
-	defer syncer.Close()
-	t0 := time.Now()
-	streamer, err := syncer.StartSyncGTID(gset)
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	n := 0
-	for n < want {
-		ev, err := streamer.GetEvent(ctx)
-		if err != nil {
-			b.Fatalf("raw read after %d changes: %v", n, err)
-		}
-		re, ok := ev.Event.(*replication.RowsEvent)
-		if !ok || string(re.Table.Schema) != dbName {
-			continue
-		}
-		switch ev.Header.EventType {
-		case replication.UPDATE_ROWS_EVENTv0, replication.UPDATE_ROWS_EVENTv1, replication.UPDATE_ROWS_EVENTv2:
-			n += len(re.Rows) / 2 // before and after image per change
-		default:
-			n += len(re.Rows)
-		}
-	}
-	return float64(n) / time.Since(t0).Seconds()
-}
-
 func benchRun(b testing.TB, srv *mysqltest.Server, stateDB, instance string, extra ...string) (*proc, *logFile) {
 	log := newLogFile(b, "bench-"+instance)
 	args := append([]string{"run", "--dsn", srv.DSN, "--state-db", stateDB, "--instance", instance,
@@ -262,7 +210,7 @@ func BenchmarkEndToEndBinary(b *testing.B) {
 		if code := p.stop(30 * time.Second); code != 0 {
 			b.Fatalf("cdcout exit code %d after SIGTERM", code)
 		}
-		raw := rawReadRate(b, srv, src, from, total)
+		raw := srv.RawReadRate(b, src, from, total)
 		if dbOK {
 			b.ReportMetric(float64((db1-db0).Microseconds())/float64(total), "db_cpu_us/change")
 		}

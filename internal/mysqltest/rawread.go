@@ -1,0 +1,67 @@
+package mysqltest
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	gomysql "github.com/go-mysql-org/go-mysql/mysql"
+	"github.com/go-mysql-org/go-mysql/replication"
+	"go.uber.org/zap"
+
+	"github.com/cdcout/cdcout/internal/logbridge"
+)
+
+// rawReaderIDs gives every raw reader of the process its own replication
+// server id, far from the ids tests and replicas use.
+var rawReaderIDs atomic.Uint32
+
+// RawReadRate reads the binlog from the MariaDB GTID position from with a
+// bare go-mysql BinlogSyncer (rows parsed, nothing else) until it has seen
+// want row changes of database db (an update's two images count once), and
+// returns changes/s: the ceiling any binlog reader in Go has here, for
+// benchmarks to compare against.
+func (s *Server) RawReadRate(tb testing.TB, db, from string, want int) float64 {
+	tb.Helper()
+	gset, err := gomysql.ParseMariadbGTIDSet(from)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	syncer := replication.NewBinlogSyncer(replication.BinlogSyncerConfig{
+		ServerID:                2_000_000_000 + rawReaderIDs.Add(1),
+		Flavor:                  gomysql.MariaDBFlavor,
+		Host:                    s.Host,
+		Port:                    uint16(s.Port),
+		User:                    s.User,
+		Password:                s.Password,
+		TimestampStringLocation: time.UTC,
+		Logger:                  logbridge.New(zap.NewNop()),
+	})
+	defer syncer.Close()
+	t0 := time.Now()
+	streamer, err := syncer.StartSyncGTID(gset)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	n := 0
+	for n < want {
+		ev, err := streamer.GetEvent(ctx)
+		if err != nil {
+			tb.Fatalf("raw read after %d changes: %v", n, err)
+		}
+		re, ok := ev.Event.(*replication.RowsEvent)
+		if !ok || string(re.Table.Schema) != db {
+			continue
+		}
+		switch ev.Header.EventType {
+		case replication.UPDATE_ROWS_EVENTv0, replication.UPDATE_ROWS_EVENTv1, replication.UPDATE_ROWS_EVENTv2:
+			n += len(re.Rows) / 2 // before and after image per change
+		default:
+			n += len(re.Rows)
+		}
+	}
+	return float64(n) / time.Since(t0).Seconds()
+}
