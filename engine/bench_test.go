@@ -19,7 +19,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/cdcout/cdcout/config"
-	"github.com/cdcout/cdcout/internal/mysqltest"
 )
 
 // BenchmarkEndToEnd measures changes/s from the first commit to the last
@@ -31,41 +30,20 @@ func BenchmarkEndToEnd(b *testing.B) {
 	if v, err := strconv.Atoi(os.Getenv("CDCOUT_BENCH_ROWS")); err == nil && v > 0 {
 		n = v
 	}
-	srv := mysqltest.Shared(b)
 	for i := 0; i < b.N; i++ {
-		src := srv.CreateDB(b, "bench_src")
-		stateDB := srv.CreateDB(b, "bench_state")
-		srv.Exec(b, "CREATE TABLE `"+src+"`.t (id INT PRIMARY KEY, v INT, pad VARCHAR(64))")
-		db := srv.Open(b)
-		var from string
-		if err := db.QueryRow("SELECT @@gtid_binlog_pos").Scan(&from); err != nil {
-			b.Fatal(err)
-		}
 		var got atomic.Int64
 		hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			_, _ = io.Copy(io.Discard, r.Body)
 			got.Add(1)
 		}))
-		cfg := config.Default()
-		cfg.DSN = config.DSN(srv.DSN)
-		cfg.StateDB = stateDB
-		cfg.Instance = "bench"
-		cfg.From = from
-		cfg.HTTPAddr = "off"
-		cfg.Sinks = []config.Sink{
-			{Name: "hook", URL: hook.URL, BatchSize: 200, Concurrency: 8},
-			{Name: "file", URL: "file://" + filepath.Join(b.TempDir(), "out.jsonl"), BatchSize: 500},
-		}
-		if _, err := reresolve(cfg); err != nil {
-			b.Fatal(err)
-		}
-		e, err := New(cfg, zap.NewNop())
-		if err != nil {
-			b.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- e.Run(ctx) }()
+		s := newSource(b, "bench", "id INT PRIMARY KEY, v INT, pad VARCHAR(64)", func(cfg *config.Config) {
+			cfg.Sinks = []config.Sink{
+				{Name: "hook", URL: hook.URL, BatchSize: 200, Concurrency: 8},
+				{Name: "file", URL: "file://" + filepath.Join(b.TempDir(), "out.jsonl"), BatchSize: 500},
+			}
+		})
+		db, src, stateDB := s.db, s.src, s.stateDB
+		e, cancel, done := startEngine(b, s.cfg)
 
 		start := time.Now()
 		const chunk = 1000
@@ -138,16 +116,7 @@ func BenchmarkLatency(b *testing.B) {
 	if v, err := strconv.Atoi(os.Getenv("CDCOUT_BENCH_SECONDS")); err == nil && v > 0 {
 		secs = v
 	}
-	srv := mysqltest.Shared(b)
 	for i := 0; i < b.N; i++ {
-		src := srv.CreateDB(b, "lat_src")
-		stateDB := srv.CreateDB(b, "lat_state")
-		srv.Exec(b, "CREATE TABLE `"+src+"`.t (id BIGINT PRIMARY KEY)")
-		db := srv.Open(b)
-		var from string
-		if err := db.QueryRow("SELECT @@gtid_binlog_pos").Scan(&from); err != nil {
-			b.Fatal(err)
-		}
 		total := rate * secs
 		committed := make([]atomic.Int64, total) // unix ns of each id's commit
 		lat := make(chan time.Duration, total)
@@ -161,23 +130,11 @@ func BenchmarkLatency(b *testing.B) {
 				}
 			}
 		}))
-		cfg := config.Default()
-		cfg.DSN = config.DSN(srv.DSN)
-		cfg.StateDB = stateDB
-		cfg.Instance = "lat"
-		cfg.From = from
-		cfg.HTTPAddr = "off"
-		cfg.Sinks = []config.Sink{{Name: "hook", URL: hook.URL}}
-		if _, err := reresolve(cfg); err != nil {
-			b.Fatal(err)
-		}
-		e, err := New(cfg, zap.NewNop())
-		if err != nil {
-			b.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- e.Run(ctx) }()
+		s := newSource(b, "lat", "id BIGINT PRIMARY KEY", func(cfg *config.Config) {
+			cfg.Sinks = []config.Sink{{Name: "hook", URL: hook.URL}}
+		})
+		db, src := s.db, s.src
+		_, cancel, done := startEngine(b, s.cfg)
 
 		// 100 transactions a second, rate/100 rows each.
 		per := max(rate/100, 1)
@@ -237,33 +194,12 @@ func BenchmarkHugeTransaction(b *testing.B) {
 	if v, err := strconv.Atoi(os.Getenv("CDCOUT_BENCH_ROWS")); err == nil && v > 0 {
 		n = v
 	}
-	srv := mysqltest.Shared(b)
 	for i := 0; i < b.N; i++ {
-		src := srv.CreateDB(b, "huge_src")
-		stateDB := srv.CreateDB(b, "huge_state")
-		srv.Exec(b, "CREATE TABLE `"+src+"`.t (id BIGINT PRIMARY KEY, pad VARCHAR(100))")
-		db := srv.Open(b)
-		var from string
-		if err := db.QueryRow("SELECT @@gtid_binlog_pos").Scan(&from); err != nil {
-			b.Fatal(err)
-		}
-		cfg := config.Default()
-		cfg.DSN = config.DSN(srv.DSN)
-		cfg.StateDB = stateDB
-		cfg.Instance = "huge"
-		cfg.From = from
-		cfg.HTTPAddr = "off"
-		cfg.Sinks = []config.Sink{{Name: "out", URL: "file://" + filepath.Join(b.TempDir(), "o.jsonl")}}
-		if _, err := reresolve(cfg); err != nil {
-			b.Fatal(err)
-		}
-		e, err := New(cfg, zap.NewNop())
-		if err != nil {
-			b.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- e.Run(ctx) }()
+		s := newSource(b, "huge", "id BIGINT PRIMARY KEY, pad VARCHAR(100)", func(cfg *config.Config) {
+			cfg.Sinks = []config.Sink{{Name: "out", URL: "file://" + filepath.Join(b.TempDir(), "o.jsonl")}}
+		})
+		db, src, stateDB := s.db, s.src, s.stateDB
+		e, cancel, done := startEngine(b, s.cfg)
 		start := time.Now()
 		if _, err := db.Exec(fmt.Sprintf("INSERT INTO `%s`.t SELECT seq, REPEAT('x', 100) FROM `%s`.seq_1_to_%d", src, src, n)); err != nil {
 			b.Fatal(err)
@@ -290,6 +226,20 @@ func BenchmarkHugeTransaction(b *testing.B) {
 		b.ReportMetric(float64(st.MaxBuffered), "max_buffered_rows")
 		b.ReportMetric(float64(n)/elapsed.Seconds(), "rows/s")
 	}
+}
+
+// startEngine runs an engine of cfg in the background (silent); cancel
+// stops it and done yields Run's result.
+func startEngine(b *testing.B, cfg *config.Config) (*Engine, context.CancelFunc, <-chan error) {
+	b.Helper()
+	e, err := New(cfg, zap.NewNop())
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	return e, cancel, done
 }
 
 // peakRSSMB is the process's VmHWM in MB (0 where /proc is missing).

@@ -367,45 +367,63 @@ func reresolve(c *config.Config) (*config.Config, error) {
 	return c, c.Validate()
 }
 
-// hooked is a source database with a table t (id INT PRIMARY KEY, v INT),
-// a state database, a webhook receiver, and a config of instance that reads
-// the source from its current position into the receiver.
-type hooked struct {
+// source is a source database with a table t, a state database, and a
+// config of an instance that reads the source from its current position.
+type source struct {
 	srv          *mysqltest.Server
 	db           *sql.DB
 	src, stateDB string
-	rcv          *receiver
 	cfg          *config.Config
+}
+
+// newSource creates t with the given columns; mod (may be nil) completes the
+// config (sinks above all) before it is validated.
+func newSource(tb testing.TB, instance, columns string, mod func(*config.Config)) source {
+	tb.Helper()
+	s := source{srv: mysqltest.Shared(tb)}
+	s.src = s.srv.CreateDB(tb, instance+"_src")
+	s.stateDB = s.srv.CreateDB(tb, instance+"_state")
+	s.srv.Exec(tb, "CREATE TABLE `"+s.src+"`.t ("+columns+")")
+	s.db = s.srv.Open(tb)
+	var from string
+	if err := s.db.QueryRow("SELECT @@gtid_binlog_pos").Scan(&from); err != nil {
+		tb.Fatal(err)
+	}
+	s.cfg = config.Default()
+	s.cfg.DSN = config.DSN(s.srv.DSN)
+	s.cfg.StateDB = s.stateDB
+	s.cfg.Instance = instance
+	s.cfg.ReplicaID = "r1"
+	s.cfg.From = from
+	s.cfg.Tables = []string{s.src + ".*"}
+	s.cfg.HTTPAddr = "off"
+	if mod != nil {
+		mod(s.cfg)
+	}
+	if _, err := reresolve(s.cfg); err != nil {
+		tb.Fatal(err)
+	}
+	return s
+}
+
+// hooked is a source (t: id INT PRIMARY KEY, v INT) delivered to a webhook
+// receiver in the given identity mode.
+type hooked struct {
+	source
+	rcv *receiver
 }
 
 func newHooked(t *testing.T, instance, mode string, mod func(*config.Config)) hooked {
 	t.Helper()
-	h := hooked{srv: mysqltest.Shared(t), rcv: newReceiver(t)}
-	h.src = h.srv.CreateDB(t, instance+"_src")
-	h.stateDB = h.srv.CreateDB(t, instance+"_state")
-	h.srv.Exec(t, "CREATE TABLE `"+h.src+"`.t (id INT PRIMARY KEY, v INT)")
-	h.db = h.srv.Open(t)
-	var from string
-	if err := h.db.QueryRow("SELECT @@gtid_binlog_pos").Scan(&from); err != nil {
-		t.Fatal(err)
-	}
-	h.cfg = config.Default()
-	h.cfg.DSN = config.DSN(h.srv.DSN)
-	h.cfg.StateDB = h.stateDB
-	h.cfg.Instance = instance
-	h.cfg.ReplicaID = "r1"
-	h.cfg.From = from
-	h.cfg.ChangeIdentity = mode
-	h.cfg.Tables = []string{h.src + ".*"}
-	h.cfg.HTTPAddr = "off"
-	h.cfg.Sinks = []config.Sink{{Name: "hook", URL: h.rcv.srv.URL}}
-	if mod != nil {
-		mod(h.cfg)
-	}
-	if _, err := reresolve(h.cfg); err != nil {
-		t.Fatal(err)
-	}
-	return h
+	rcv := newReceiver(t)
+	s := newSource(t, instance, "id INT PRIMARY KEY, v INT", func(cfg *config.Config) {
+		cfg.ChangeIdentity = mode
+		cfg.Sinks = []config.Sink{{Name: "hook", URL: rcv.srv.URL}}
+		if mod != nil {
+			mod(cfg)
+		}
+	})
+	return hooked{source: s, rcv: rcv}
 }
 
 // TestLeaseStolen takes the enqueue lease away from a running engine (as a
