@@ -149,12 +149,20 @@ func StartServer(opts Options) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{Host: "127.0.0.1", User: "root", opts: opts, dataDir: dir, owned: true}
+	// Each server has a temporary directory of its own. Bootstraps that
+	// share /tmp collide on their temporary tables' file names when test
+	// packages start servers at the same time ("Unknown table
+	// 'mysql.tmp_user_nopasswd'", install exits 1).
+	if err := os.Mkdir(filepath.Join(dir, "tmp"), 0o700); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
 	install := exec.Command("mariadb-install-db", "--no-defaults",
-		"--datadir="+filepath.Join(dir, "data"), "--user="+currentUser(),
-		"--auth-root-authentication-method=normal", "--skip-test-db")
+		"--datadir="+filepath.Join(dir, "data"), "--tmpdir="+filepath.Join(dir, "tmp"),
+		"--user="+currentUser(), "--auth-root-authentication-method=normal", "--skip-test-db")
 	if out, err := install.CombinedOutput(); err != nil {
 		os.RemoveAll(dir)
-		return nil, fmt.Errorf("mariadb-install-db: %w: %s", err, lastLines(string(out), 5))
+		return nil, fmt.Errorf("mariadb-install-db: %w: %s", err, errorLines(string(out), 5))
 	}
 	var lastErr error
 	for attempt := 0; attempt < 3; attempt++ {
@@ -184,6 +192,7 @@ func (s *Server) launch() error {
 	args := []string{
 		"--no-defaults",
 		"--datadir=" + filepath.Join(s.dataDir, "data"),
+		"--tmpdir=" + filepath.Join(s.dataDir, "tmp"),
 		"--socket=" + filepath.Join(s.dataDir, "mysqld.sock"),
 		"--pid-file=" + filepath.Join(s.dataDir, "mysqld.pid"),
 		"--log-error=" + filepath.Join(s.dataDir, "error.log"),
@@ -442,6 +451,25 @@ func currentUser() string {
 		return "root"
 	}
 	return strconv.Itoa(os.Geteuid())
+}
+
+// errorLines is the output's ERROR and Warning lines (the cause; the last
+// lines of a failed bootstrap are only its advice on filing a bug), or its
+// last n lines when it has none.
+func errorLines(s string, n int) string {
+	var found []string
+	for _, line := range strings.Split(s, "\n") {
+		if strings.Contains(line, "ERROR") || strings.Contains(line, "[Warning]") {
+			found = append(found, strings.TrimSpace(line))
+		}
+	}
+	if len(found) == 0 {
+		return lastLines(s, n)
+	}
+	if len(found) > n {
+		found = found[:n]
+	}
+	return strings.Join(found, " | ")
 }
 
 func lastLines(s string, n int) string {
