@@ -93,11 +93,15 @@ func BenchmarkBackfill(b *testing.B) {
 		if _, err := r.Prepare(context.Background(), backfill.Spec{Table: src + ".t", Sinks: []string{"out"}, ChunkSize: chunk, Instance: "bench"}); err != nil {
 			b.Fatal(err)
 		}
+		db0, _ := srv.CPUTime()
+		own0 := mysqltest.OwnCPUTime()
 		t1 := time.Now()
 		if err := r.Run(context.Background()); err != nil {
 			b.Fatal(err)
 		}
 		took := time.Since(t1)
+		db1, dbOK := srv.CPUTime()
+		own := mysqltest.OwnCPUTime() - own0
 		st := e.Stats()
 		b.Logf("engine: %d rows in %d batches, %s in enqueue transactions", st.RowsWritten, st.Batches, st.EnqueueTime.Round(time.Millisecond))
 		releaseHeld()
@@ -115,6 +119,11 @@ func BenchmarkBackfill(b *testing.B) {
 		rate := float64(n) / took.Seconds()
 		b.ReportMetric(rate, "rows/s")
 		b.ReportMetric(selectRate, "select-rows/s")
+		// CPU per row does not move with other load the way rates do.
+		b.ReportMetric(float64(own.Microseconds())/float64(n), "process_cpu_us/row")
+		if dbOK {
+			b.ReportMetric(float64((db1-db0).Microseconds())/float64(n), "db_cpu_us/row")
+		}
 		b.Logf("%d rows, chunk %d: backfill enqueued %.0f rows/s (%s); plain SELECT %.0f rows/s", n, chunk, rate, took.Round(time.Millisecond), selectRate)
 	}
 }

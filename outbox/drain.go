@@ -104,10 +104,11 @@ type DrainerConfig struct {
 // outcome. Within a pipe, rows of one key are delivered in commit order and
 // a failing row delays only its own key (DESIGN.md, Invariant 5).
 type Drainer struct {
-	cfg     DrainerConfig
-	claimer int64 // ClaimerID(cfg.ClaimedBy)
-	outbox  string
-	attempt string
+	cfg      DrainerConfig
+	claimer  int64 // ClaimerID(cfg.ClaimedBy)
+	outbox   string
+	segments string
+	attempt  string
 	leases  string
 	backoff Backoff
 	logger  *zap.Logger
@@ -160,9 +161,10 @@ func NewDrainer(cfg DrainerConfig) (*Drainer, error) {
 	d := &Drainer{
 		cfg:     cfg,
 		claimer: ClaimerID(cfg.ClaimedBy),
-		outbox:  state.Table(cfg.Schema, "outbox"),
-		attempt: state.Table(cfg.Schema, "attempts"),
-		leases:  state.Table(cfg.Schema, "leases"),
+		outbox:   state.Table(cfg.Schema, "outbox"),
+		segments: state.Table(cfg.Schema, "segments"),
+		attempt:  state.Table(cfg.Schema, "attempts"),
+		leases:   state.Table(cfg.Schema, "leases"),
 		backoff: Backoff{Base: cfg.BackoffBase, Cap: cfg.BackoffCap},
 		logger:  cfg.Logger.Named("drain"),
 	}
@@ -193,7 +195,8 @@ func NewDrainer(cfg DrainerConfig) (*Drainer, error) {
 		}
 		d.pipes = append(d.pipes, &pipeDrainer{
 			d: d, name: name, cfg: pc,
-			wake:     []chan struct{}{make(chan struct{}, 1), make(chan struct{}, 1)},
+			// One wake channel per claimer, the last for segments.
+			wake:     []chan struct{}{make(chan struct{}, 1), make(chan struct{}, 1), make(chan struct{}, 1)},
 			log:      d.logger.With(zap.String("pipe", name)),
 			inflight: map[string]bool{},
 
@@ -246,6 +249,16 @@ func (d *Drainer) DrainOnce(ctx context.Context) (int, error) {
 		errs []error
 	)
 	for _, p := range d.pipes {
+		for {
+			n, err := p.drainSegment(ctx)
+			total += n
+			if err != nil && !errors.Is(err, errNoLease) {
+				errs = append(errs, err)
+			}
+			if err != nil || n == 0 {
+				break
+			}
+		}
 		var (
 			jobs []job
 			err  error
@@ -318,6 +331,11 @@ func (p *pipeDrainer) run(ctx context.Context) {
 	// each owning half of the key space (by key_hash): keys never cross
 	// claimers, so per-key order is each claimer's own affair.
 	var cw sync.WaitGroup
+	cw.Add(1)
+	go func() {
+		defer cw.Done()
+		p.segmentLoop(ctx, p.wake[len(claimParts)])
+	}()
 	for i, part := range claimParts {
 		cw.Add(1)
 		go func() {
@@ -415,6 +433,40 @@ func (p *pipeDrainer) claimLoop(ctx context.Context, i int, part keyRange, work 
 }
 
 var errNoLease = errors.New("drain lease not held")
+
+// segmentLoop delivers the pipe's segments one after the other, and waits
+// for a wake-up or a poll when there is none.
+func (p *pipeDrainer) segmentLoop(ctx context.Context, wake <-chan struct{}) {
+	idle := idleMin
+	timer := time.NewTimer(idle)
+	defer timer.Stop()
+	failing := false
+	for ctx.Err() == nil {
+		n, err := p.drainSegment(ctx)
+		switch {
+		case err == nil && n > 0:
+			idle, failing = idleMin, false
+			continue
+		case err == nil:
+			failing = false
+		case !errors.Is(err, errNoLease) && ctx.Err() == nil:
+			if !failing {
+				p.log.Warn("drain segments", zap.Error(err))
+			}
+			failing = true
+			p.d.cfg.Metrics.error(p.name, "claim", err)
+			idle = idleMax
+		}
+		timer.Reset(idle)
+		select {
+		case <-ctx.Done():
+		case <-wake:
+			idle = idleMin
+		case <-timer.C:
+			idle = min(idle*2, idleMax)
+		}
+	}
+}
 
 // notBlocked keeps a row only when it is the oldest undelivered row of its
 // key: no earlier row of the same (pipe, key_hash) is pending (claimed or

@@ -276,7 +276,7 @@ func (s *Store) enqueueOnce(ctx context.Context, claimedBy string, fence Fence, 
 			res.OthersClaims++
 		}
 	}
-	if err := s.insertRows(ctx, tx, ours); err != nil {
+	if err := s.insertSegments(ctx, tx, ours); err != nil {
 		return EnqueueResult{}, err
 	}
 	for _, it := range ours {
@@ -405,47 +405,57 @@ func (s *Store) readBackClaims(ctx context.Context, tx *sql.Tx, claimedBy string
 	return nil
 }
 
-const outboxColumns = " (id, pipe, sink, change_key, db, tbl, op, row_key, key_hash, commit_ts, payload) VALUES "
-
-// insertRows writes the outbox rows of ours, in order, in statements bounded
-// by row count and payload bytes.
-func (s *Store) insertRows(ctx context.Context, tx *sql.Tx, ours []*pendingRow) error {
-	var q strings.Builder
-	args := make([]any, 0, 11*min(len(ours), maxRowsPerStatement))
-	rowsInStmt, bytesInStmt := 0, 0
-	flush := func() error {
-		if rowsInStmt == 0 {
+// insertSegments writes the records of ours as segments: per pipe, in
+// item order, segments of at most maxSegmentRecords records and
+// maxSegmentBytes bytes, each one row and one statement. A segment's id is
+// its first record's, so segments of a pipe sort in commit order.
+func (s *Store) insertSegments(ctx context.Context, tx *sql.Tx, ours []*pendingRow) error {
+	var pipes []string
+	byPipe := map[string][]*pendingRow{}
+	for _, it := range ours {
+		if _, ok := byPipe[it.Pipe]; !ok {
+			pipes = append(pipes, it.Pipe)
+		}
+		byPipe[it.Pipe] = append(byPipe[it.Pipe], it)
+	}
+	var (
+		recs []*segRecord
+		size int
+		buf  []byte
+	)
+	flush := func(pipe, sink string) error {
+		if len(recs) == 0 {
 			return nil
 		}
-		if _, err := tx.ExecContext(ctx, q.String(), args...); err != nil {
-			return fmt.Errorf("enqueue: insert outbox rows: %w", err)
+		buf = appendSegment(buf[:0], recs)
+		if _, err := tx.ExecContext(ctx, "INSERT INTO "+s.segments+
+			" (id, pipe, sink, records, last_id, first_commit_ts, payload) VALUES (?,?,?,?,?,?,?)",
+			recs[0].id, pipe, sink, len(recs), recs[len(recs)-1].id, recs[0].commitTS, buf); err != nil {
+			return fmt.Errorf("enqueue: insert segment of %d records for pipe %s: %w", len(recs), pipe, err)
 		}
-		q.Reset()
-		args = args[:0]
-		rowsInStmt, bytesInStmt = 0, 0
+		recs, size = recs[:0], 0
 		return nil
 	}
-	for _, it := range ours {
-		payload, err := canonical.MarshalEnvelope(&it.change, it.id)
-		if err != nil {
-			return fmt.Errorf("enqueue: encode change %s for pipe %s: %w", it.ChangeKey, it.Pipe, err)
-		}
-		size := len(payload) + len(it.rowKey)
-		if rowsInStmt > 0 && (rowsInStmt >= maxRowsPerStatement || bytesInStmt+size > maxBytesPerStatement) {
-			if err := flush(); err != nil {
-				return err
+	for _, pipe := range pipes {
+		sink := byPipe[pipe][0].Sink
+		for _, it := range byPipe[pipe] {
+			payload, err := canonical.MarshalEnvelope(&it.change, it.id)
+			if err != nil {
+				return fmt.Errorf("enqueue: encode change %s for pipe %s: %w", it.ChangeKey, it.Pipe, err)
 			}
+			r := &segRecord{id: it.id, changeKey: it.ChangeKey, db: it.change.Source.DB, tbl: it.change.Source.Table,
+				op: string(it.change.Op), rowKey: it.rowKey, keyHash: it.keyHash, commitTS: it.commitTS, payload: payload}
+			if len(recs) > 0 && (len(recs) >= maxSegmentRecords || size+r.size() > maxSegmentBytes) {
+				if err := flush(pipe, sink); err != nil {
+					return err
+				}
+			}
+			recs = append(recs, r)
+			size += r.size()
 		}
-		if rowsInStmt == 0 {
-			q.WriteString("INSERT INTO " + s.outbox + outboxColumns)
-		} else {
-			q.WriteByte(',')
+		if err := flush(pipe, sink); err != nil {
+			return err
 		}
-		q.WriteString("(?,?,?,?,?,?,?,?,?,?,?)")
-		args = append(args, it.id, it.Pipe, it.Sink, it.ChangeKey, it.change.Source.DB, it.change.Source.Table,
-			string(it.change.Op), it.rowKey, it.keyHash, it.commitTS, payload)
-		rowsInStmt++
-		bytesInStmt += size
 	}
-	return flush()
+	return nil
 }

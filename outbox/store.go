@@ -30,7 +30,7 @@ type Store struct {
 	schema string
 	logger *zap.Logger
 
-	outbox, claims, checkpoints, leases string
+	outbox, segments, claims, checkpoints, leases string
 }
 
 // NewStore returns a Store over the state database schema. The schema name
@@ -48,6 +48,7 @@ func NewStore(db *sql.DB, schema string, logger *zap.Logger) *Store {
 		schema:      schema,
 		logger:      logger.Named("outbox"),
 		outbox:      state.Table(schema, "outbox"),
+		segments:    state.Table(schema, "segments"),
 		claims:      state.Table(schema, "claims"),
 		checkpoints: state.Table(schema, "checkpoints"),
 		leases:      state.Table(schema, "leases"),
@@ -59,9 +60,16 @@ func NewStore(db *sql.DB, schema string, logger *zap.Logger) *Store {
 // enqueue lease: the previous leader's clock may be ahead of ours, and an id
 // smaller than an earlier change's would break per-key order.
 func (s *Store) RaiseIDFloor(ctx context.Context) error {
+	// Segments of one enqueue transaction interleave (one per pipe), so the
+	// newest record id is the largest last_id among the newest segments;
+	// one transaction writes far fewer than 1,000 of them.
 	var maxID sql.NullString
-	if err := s.db.QueryRowContext(ctx, "SELECT MAX(id) FROM "+s.outbox).Scan(&maxID); err != nil {
+	if err := s.db.QueryRowContext(ctx, "SELECT GREATEST(COALESCE((SELECT MAX(id) FROM "+s.outbox+"), ''),"+
+		" COALESCE((SELECT MAX(last_id) FROM (SELECT last_id FROM "+s.segments+" ORDER BY id DESC LIMIT 1000) n), ''))").Scan(&maxID); err != nil {
 		return fmt.Errorf("read newest outbox id: %w", err)
+	}
+	if maxID.String == "" {
+		return nil
 	}
 	if !maxID.Valid {
 		return nil

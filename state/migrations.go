@@ -134,4 +134,34 @@ var migrations = []migration{
 )` + tableOptions,
 		}
 	}},
+	{version: 3, name: "outbox segments", stmts: func(s string) []string {
+		// A segment is one enqueue transaction's records for one pipe, in
+		// commit order, in one row: the drainer claims, delivers and
+		// records it with two updates, where rows of the outbox cost an
+		// insert and two index-moving updates per record (measured: 40 µs
+		// of database CPU per record as outbox rows, 4 µs in segments of
+		// 1,000). A pipe's segments are delivered oldest first, one at a
+		// time; a record that fails leaves its segment as an outbox row
+		// (and so do the later records of its key), so the outbox is the
+		// slow path of retries and dead letters. next_attempt_at is the
+		// claim's expiry while pending and the time it was done after.
+		return []string{
+			`CREATE TABLE IF NOT EXISTS ` + Table(s, "segments") + ` (
+  id CHAR(36) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  pipe VARCHAR(255) NOT NULL,
+  sink VARCHAR(128) NOT NULL,
+  status ENUM('pending','done') NOT NULL DEFAULT 'pending',
+  records INT NOT NULL,
+  last_id CHAR(36) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  claimer BIGINT NOT NULL DEFAULT 0,
+  attempts INT NOT NULL DEFAULT 0,
+  next_attempt_at DATETIME(6) NOT NULL DEFAULT NOW(6),
+  first_commit_ts DATETIME(6) NOT NULL,
+  created_at DATETIME(6) NOT NULL DEFAULT NOW(6),
+  payload LONGBLOB NOT NULL,
+  PRIMARY KEY (id),
+  KEY fifo (pipe, status, id)
+)` + tableOptions,
+		}
+	}},
 }

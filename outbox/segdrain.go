@@ -1,0 +1,459 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/cdcout/cdcout/lease"
+	"github.com/cdcout/cdcout/sink"
+	"github.com/cdcout/cdcout/state"
+)
+
+// Segments are the fast path of delivery; outbox rows the slow one.
+//
+// A pipe's segments are delivered oldest first, one at a time, by whoever
+// claims the oldest pending segment (claims lapse and are fenced like row
+// claims). Within a segment, records of different keys go out
+// concurrently, a key's records in order. A record leaves its segment and
+// becomes an outbox row when
+//
+//   - its key has a pending outbox row (an earlier record of the key is
+//     being retried there: the later ones queue behind it),
+//   - it fails (the row carries the attempt and is retried with backoff or
+//     dead-lettered, as any row), or an earlier record of its key in the
+//     segment failed,
+//   - the delivery of the segment stops early (shutdown, lost lease, half
+//     the claim lease spent): the rest is handed to the row drainer.
+//
+// The segment is then done, in the transaction that inserts those rows, so
+// no record is lost or written twice. Per-key order holds because every
+// outbox row is older than the oldest pending segment: rows come only from
+// segments that are done.
+
+// segment is one claimed segment.
+type segment struct {
+	id        string
+	sink      string
+	attempt   int
+	recs      []segRecord
+	claimedAt time.Time
+}
+
+// leftRecord is a record that leaves its segment as an outbox row.
+type leftRecord struct {
+	rec     *segRecord
+	attempt int    // attempts the row starts with: 0 for records not tried
+	status  string // pending or dead
+	delay   time.Duration
+	errText string
+}
+
+// drainSegment claims the pipe's oldest pending segment, delivers it and
+// records the outcome. n is the number of records attempted; 0 with a nil
+// error means there was no segment to take.
+func (p *pipeDrainer) drainSegment(ctx context.Context) (int, error) {
+	seg, err := p.claimSegment(ctx)
+	if err != nil || seg == nil {
+		return 0, err
+	}
+	// From the claim on, the segment is finished even during a stop: what
+	// is not delivered by then leaves it as outbox rows.
+	wctx := context.WithoutCancel(ctx)
+	blocked, err := p.openKeys(wctx)
+	if err != nil {
+		p.releaseSegment(wctx, seg.id)
+		return 0, fmt.Errorf("segment %s of %s: read keys with pending rows: %w", seg.id, p.name, err)
+	}
+	left, delivered, attempted := p.deliverSegment(ctx, seg, blocked)
+	if err := p.recordSegment(wctx, seg, left, delivered); err != nil {
+		return attempted, err
+	}
+	if len(left) > 0 {
+		p.poke() // rows for the row drainer
+	}
+	return attempted, nil
+}
+
+// claimSegment claims the oldest pending segment of the pipe, if it is due
+// (unclaimed, or its claim lapsed). Segments are delivered strictly in
+// order, so a newer one is never taken while an older one is claimed.
+func (p *pipeDrainer) claimSegment(ctx context.Context) (*segment, error) {
+	d := p.d
+	var (
+		l      lease.Lease
+		fenced bool
+	)
+	if d.cfg.Leases != nil {
+		var ok bool
+		l, ok = d.cfg.Leases(p.name)
+		if !ok || !l.Valid(time.Now()) {
+			return nil, errNoLease
+		}
+		fenced = true
+	}
+	var id string
+	err := d.cfg.DB.QueryRowContext(ctx, `SELECT id FROM `+d.segments+`
+WHERE pipe = ? AND status = 'pending' ORDER BY id LIMIT 1`, p.name).Scan(&id)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("claim segment of %s: %w", p.name, err)
+	}
+	set := `SET s.claimer = ?, s.attempts = s.attempts + 1, s.next_attempt_at = NOW(6) + INTERVAL ? MICROSECOND`
+	due := `s.id = ? AND s.status = 'pending' AND (s.claimer = 0 OR s.next_attempt_at <= NOW(6))`
+	var (
+		q    string
+		args []any
+	)
+	if fenced {
+		q = `UPDATE ` + d.segments + ` s JOIN ` + d.leases + ` l ON l.name = ? ` + set + `
+WHERE ` + due + ` AND l.holder = ? AND l.epoch = ? AND l.expires_at > NOW(6)`
+		args = []any{l.Name, d.claimer, d.cfg.ClaimLease.Microseconds(), id, l.Holder, l.Epoch}
+	} else {
+		q = `UPDATE ` + d.segments + ` s ` + set + ` WHERE ` + due
+		args = []any{d.claimer, d.cfg.ClaimLease.Microseconds(), id}
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	res, err := d.cfg.DB.ExecContext(cctx, q, args...)
+	if err != nil {
+		p.releaseSegment(cctx, id)
+		return nil, fmt.Errorf("claim segment %s of %s: %w", id, p.name, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return nil, nil // claimed by another drainer, or our lease is gone
+	}
+	seg := &segment{id: id, claimedAt: time.Now()}
+	var payload []byte
+	if err := d.cfg.DB.QueryRowContext(cctx, `SELECT sink, attempts, payload FROM `+d.segments+`
+WHERE id = ? AND status = 'pending' AND claimer = ?`, id, d.claimer).Scan(&seg.sink, &seg.attempt, &payload); err != nil {
+		p.releaseSegment(cctx, id)
+		return nil, fmt.Errorf("read segment %s of %s: %w", id, p.name, err)
+	}
+	if seg.recs, err = parseSegment(payload); err != nil {
+		// Not something a retry fixes, and not something to skip: the
+		// pipe stops here, loudly, until an operator looks.
+		p.releaseSegment(cctx, id)
+		return nil, fmt.Errorf("segment %s of %s: %w", id, p.name, err)
+	}
+	return seg, nil
+}
+
+// releaseSegment gives up our claim of a segment we did not deliver.
+func (p *pipeDrainer) releaseSegment(ctx context.Context, id string) {
+	d := p.d
+	if _, err := d.cfg.DB.ExecContext(ctx, `UPDATE `+d.segments+`
+SET claimer = 0, next_attempt_at = NOW(6), attempts = GREATEST(attempts - 1, 0)
+WHERE id = ? AND status = 'pending' AND claimer = ?`, id, d.claimer); err != nil {
+		p.log.Warn("release segment claim; it lapses after the claim lease", zap.String("segment", id), zap.Error(err))
+	}
+}
+
+// openKeys returns the key hashes of the pipe's pending outbox rows: their
+// keys' records in a segment queue behind them. Pending rows are few (the
+// retries and the released), and the due index covers the read.
+func (p *pipeDrainer) openKeys(ctx context.Context) (map[string]bool, error) {
+	keys, err := state.Strings(ctx, p.d.cfg.DB, `SELECT DISTINCT key_hash FROM `+p.d.outbox+` FORCE INDEX (due)
+WHERE pipe = ? AND status = 'pending'`, p.name)
+	if err != nil {
+		return nil, err
+	}
+	m := make(map[string]bool, len(keys))
+	for _, k := range keys {
+		m[k] = true
+	}
+	return m, nil
+}
+
+// deliverSegment delivers seg's records in rounds: each round sends the
+// next record of every key still going, in calls of at most BatchSize
+// records (distinct keys) with at most Concurrency calls at once. It
+// returns the records that leave the segment, the delivered ones and the
+// number attempted.
+func (p *pipeDrainer) deliverSegment(stop context.Context, seg *segment, blocked map[string]bool) (left []leftRecord, delivered []*segRecord, attempted int) {
+	ctx := context.WithoutCancel(stop)
+	// Lanes: each key's records in order.
+	var order []string
+	lanes := map[string][]*segRecord{}
+	for i := range seg.recs {
+		r := &seg.recs[i]
+		if blocked[r.keyHash] {
+			left = append(left, leftRecord{rec: r, status: "pending"})
+			continue
+		}
+		if _, ok := lanes[r.keyHash]; !ok {
+			order = append(order, r.keyHash)
+		}
+		lanes[r.keyHash] = append(lanes[r.keyHash], r)
+	}
+	failed := map[string]bool{}
+	for len(order) > 0 {
+		if stop.Err() != nil || time.Since(seg.claimedAt) > p.d.cfg.ClaimLease/2 || !p.leaseHeld() {
+			break
+		}
+		round := make([]Record, 0, len(order))
+		roundRecs := make([]*segRecord, 0, len(order))
+		next := order[:0]
+		for _, k := range order {
+			lane := lanes[k]
+			roundRecs = append(roundRecs, lane[0])
+			round = append(round, lane[0].record(p.name, seg.sink, seg.attempt))
+			if lanes[k] = lane[1:]; len(lane) > 1 {
+				next = append(next, k)
+			} else {
+				delete(lanes, k)
+			}
+		}
+		order = next
+		attempted += len(round)
+		errs := p.deliverConcurrently(ctx, round)
+		for i, r := range roundRecs {
+			if errs[i] == nil {
+				delivered = append(delivered, r)
+				continue
+			}
+			failed[r.keyHash] = true
+			left = append(left, p.failedRecord(r, seg.attempt, errs[i]))
+		}
+		// A failed key's later records leave the segment untried, behind
+		// the failed one.
+		if len(failed) > 0 {
+			next := order[:0]
+			for _, k := range order {
+				if !failed[k] {
+					next = append(next, k)
+					continue
+				}
+				for _, r := range lanes[k] {
+					left = append(left, leftRecord{rec: r, status: "pending"})
+				}
+				delete(lanes, k)
+			}
+			order = next
+		}
+	}
+	// Stopped early: the rest goes to the row drainer.
+	for _, k := range order {
+		for _, r := range lanes[k] {
+			left = append(left, leftRecord{rec: r, status: "pending"})
+		}
+	}
+	return left, delivered, attempted
+}
+
+// deliverConcurrently sends recs (distinct keys) in calls of at most
+// BatchSize, at most Concurrency at once, and returns one error per record.
+func (p *pipeDrainer) deliverConcurrently(ctx context.Context, recs []Record) []error {
+	errs := make([]error, len(recs))
+	sem := make(chan struct{}, p.cfg.Concurrency)
+	var wg sync.WaitGroup
+	for start := 0; start < len(recs); start += p.cfg.BatchSize {
+		end := min(start+p.cfg.BatchSize, len(recs))
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			copy(errs[start:end], p.deliverTimed(ctx, recs[start:end]))
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+// deliverTimed is one Deliver call bounded by the pipe's timeout.
+func (p *pipeDrainer) deliverTimed(ctx context.Context, recs []Record) []error {
+	dctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
+	defer cancel()
+	start := time.Now()
+	errs := p.deliver(dctx, recs)
+	if dctx.Err() != nil {
+		for i, err := range errs {
+			if err != nil && errors.Is(err, context.DeadlineExceeded) {
+				errs[i] = fmt.Errorf("delivery timed out after %v: %w", p.cfg.Timeout, err)
+			}
+		}
+	}
+	p.d.cfg.Metrics.batch(p.name, len(recs), time.Since(start))
+	return errs
+}
+
+// failedRecord is the row a failed record becomes: retried after its
+// backoff, or dead.
+func (p *pipeDrainer) failedRecord(r *segRecord, attempt int, err error) leftRecord {
+	l := leftRecord{rec: r, attempt: attempt, status: "pending", errText: truncate(err.Error(), maxErrorLen)}
+	switch {
+	case sink.IsPermanent(err):
+		l.status = "dead"
+	case attempt >= p.cfg.MaxAttempts:
+		l.status = "dead"
+		l.errText = truncate(fmt.Sprintf("gave up after %d attempts: %s", attempt, l.errText), maxErrorLen)
+	default:
+		if ra, ok := sink.RetryAfterOf(err); ok && ra >= 0 {
+			l.delay = ra
+		} else {
+			l.delay = p.d.backoff.Delay(attempt)
+		}
+	}
+	return l
+}
+
+// recordSegment marks the segment done and writes the records that left it
+// as outbox rows, in one transaction, conditional on our claim: if it
+// lapsed and another drainer took the segment, that drainer records it.
+func (p *pipeDrainer) recordSegment(ctx context.Context, seg *segment, left []leftRecord, delivered []*segRecord) error {
+	d := p.d
+	write := func() (bool, error) {
+		tx, err := d.cfg.DB.BeginTx(ctx, nil)
+		if err != nil {
+			return false, err
+		}
+		defer tx.Rollback()
+		res, err := tx.ExecContext(ctx, `UPDATE `+d.segments+` SET status = 'done', next_attempt_at = NOW(6)
+WHERE id = ? AND status = 'pending' AND claimer = ?`, seg.id, d.claimer)
+		if err != nil {
+			return false, fmt.Errorf("mark segment done: %w", err)
+		}
+		if n, _ := res.RowsAffected(); n == 0 {
+			return false, nil
+		}
+		if err := p.insertLeft(ctx, tx, seg, left); err != nil {
+			return false, err
+		}
+		return true, tx.Commit()
+	}
+	var (
+		ok  bool
+		err error
+	)
+	deadline := time.Now().Add(outcomeRetryFor)
+	pause := 100 * time.Millisecond
+	for {
+		if ok, err = write(); err == nil {
+			break
+		}
+		d.cfg.Metrics.error(p.name, "record", err)
+		if time.Now().After(deadline) {
+			return fmt.Errorf("record segment %s of %s (left to its claim lease): %w", seg.id, p.name, err)
+		}
+		p.log.Warn("record segment outcome, retrying", zap.Error(err))
+		time.Sleep(pause)
+		pause = min(pause*2, 5*time.Second)
+	}
+	if !ok {
+		p.log.Warn("segment claim lapsed before its outcome was written; another drainer has it",
+			zap.String("segment", seg.id))
+		return nil
+	}
+	if n := len(delivered); n > 0 {
+		d.cfg.Metrics.delivered(p.name, n)
+		if d.cfg.Metrics.Latency != nil {
+			now := time.Now()
+			for _, r := range delivered {
+				d.cfg.Metrics.Latency(p.name, now.Sub(r.commitTS))
+			}
+		}
+	}
+	var nRetry, nDead int
+	minDelay := time.Duration(-1)
+	for _, l := range left {
+		switch {
+		case l.status == "dead":
+			nDead++
+			p.log.Error("dead-lettered", zap.String("id", l.rec.id), zap.Int("attempt", l.attempt), zap.String("error", l.errText))
+		case l.errText != "":
+			nRetry++
+			if minDelay < 0 || l.delay < minDelay {
+				minDelay = l.delay
+			}
+		}
+	}
+	if nRetry > 0 {
+		d.cfg.Metrics.retried(p.name, nRetry)
+		p.log.Warn("delivery failed, will retry", zap.Int("rows", nRetry), zap.String("segment", seg.id))
+	}
+	if nDead > 0 {
+		d.cfg.Metrics.dead(p.name, nDead)
+	}
+	if minDelay >= 0 {
+		due := time.Now().Add(minDelay + 5*time.Millisecond)
+		p.mu.Lock()
+		if due.Before(p.nextDue) || !p.nextDue.After(time.Now()) {
+			p.nextDue = due
+		}
+		p.mu.Unlock()
+	}
+	return nil
+}
+
+// insertLeft writes the records that left a segment as outbox rows, and
+// the attempt log of the failed ones.
+func (p *pipeDrainer) insertLeft(ctx context.Context, tx *sql.Tx, seg *segment, left []leftRecord) error {
+	d := p.d
+	var (
+		q     strings.Builder
+		args  []any
+		logQ  strings.Builder
+		lArgs []any
+		n     int
+		size  int
+	)
+	flush := func() error {
+		if n == 0 {
+			return nil
+		}
+		if _, err := tx.ExecContext(ctx, q.String(), args...); err != nil {
+			return fmt.Errorf("move records of segment %s to the outbox: %w", seg.id, err)
+		}
+		q.Reset()
+		args, n, size = args[:0], 0, 0
+		return nil
+	}
+	for _, l := range left {
+		r := l.rec
+		if n > 0 && (n >= maxRowsPerStatement || size+r.size() > maxBytesPerStatement) {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+		if n == 0 {
+			q.WriteString("INSERT INTO " + d.outbox + " (id, pipe, sink, change_key, db, tbl, op, row_key, key_hash, commit_ts, payload," +
+				" status, attempts, next_attempt_at, last_error, last_error_at) VALUES ")
+		} else {
+			q.WriteByte(',')
+		}
+		var errText, errAt any
+		if l.errText != "" {
+			errText, errAt = l.errText, time.Now().UTC()
+		}
+		q.WriteString("(?,?,?,?,?,?,?,?,?,?,?,?,?,NOW(6) + INTERVAL ? MICROSECOND,?,?)")
+		args = append(args, r.id, p.name, seg.sink, r.changeKey, r.db, r.tbl, r.op, r.rowKey, r.keyHash, r.commitTS, r.payload,
+			l.status, l.attempt, l.delay.Microseconds(), errText, errAt)
+		n++
+		size += r.size()
+		if l.errText != "" {
+			if len(lArgs) > 0 {
+				logQ.WriteByte(',')
+			}
+			logQ.WriteString("(?, ?, NOW(6), 0, ?)")
+			lArgs = append(lArgs, r.id, l.attempt, l.errText)
+		}
+	}
+	if err := flush(); err != nil {
+		return err
+	}
+	if len(lArgs) > 0 {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO `+d.attempt+` (outbox_id, n, at, duration_us, error) VALUES `+logQ.String()+
+			` ON DUPLICATE KEY UPDATE at = VALUES(at), duration_us = VALUES(duration_us), error = VALUES(error)`, lArgs...); err != nil {
+			return fmt.Errorf("log attempts: %w", err)
+		}
+	}
+	return nil
+}
