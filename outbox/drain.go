@@ -109,10 +109,10 @@ type Drainer struct {
 	outbox   string
 	segments string
 	attempt  string
-	leases  string
-	backoff Backoff
-	logger  *zap.Logger
-	pipes   []*pipeDrainer
+	leases   string
+	backoff  Backoff
+	logger   *zap.Logger
+	pipes    []*pipeDrainer
 }
 
 type pipeDrainer struct {
@@ -159,14 +159,14 @@ func NewDrainer(cfg DrainerConfig) (*Drainer, error) {
 		cfg.Logger = zap.NewNop()
 	}
 	d := &Drainer{
-		cfg:     cfg,
-		claimer: ClaimerID(cfg.ClaimedBy),
+		cfg:      cfg,
+		claimer:  ClaimerID(cfg.ClaimedBy),
 		outbox:   state.Table(cfg.Schema, "outbox"),
 		segments: state.Table(cfg.Schema, "segments"),
 		attempt:  state.Table(cfg.Schema, "attempts"),
 		leases:   state.Table(cfg.Schema, "leases"),
-		backoff: Backoff{Base: cfg.BackoffBase, Cap: cfg.BackoffCap},
-		logger:  cfg.Logger.Named("drain"),
+		backoff:  Backoff{Base: cfg.BackoffBase, Cap: cfg.BackoffCap},
+		logger:   cfg.Logger.Named("drain"),
 	}
 	names := make([]string, 0, len(cfg.Pipes))
 	for name := range cfg.Pipes {
