@@ -49,50 +49,66 @@ func TestEnqueueWritesRowsClaimsAndCheckpoint(t *testing.T) {
 		t.Fatalf("Pipes = %s, want %s", got, want)
 	}
 
-	rows, err := db.Query("SELECT o.id, o.pipe, o.sink, o.change_key, o.db, o.tbl, o.op, o.row_key, o.key_hash, o.status, o.attempts, o.payload, c.outbox_id, c.claimed_by, c.digest" +
-		" FROM " + state.Table(schema, "outbox") + " o JOIN " + state.Table(schema, "claims") + " c ON c.pipe = o.pipe AND c.change_key = o.change_key ORDER BY o.id")
-	if err != nil {
-		t.Fatal(err)
+	recs := records(t, db, schema)
+	claims := claimsOf(t, db, schema)
+	if len(recs) != len(items) {
+		t.Fatalf("%d records, want %d", len(recs), len(items))
 	}
-	defer rows.Close()
-	n := 0
-	for rows.Next() {
-		var id, pipe, sink, key, dbName, tbl, op, rowKey, keyHash, status, claimID, claimedBy, digest string
-		var attempts int
-		var payload []byte
-		if err := rows.Scan(&id, &pipe, &sink, &key, &dbName, &tbl, &op, &rowKey, &keyHash, &status, &attempts, &payload, &claimID, &claimedBy, &digest); err != nil {
-			t.Fatal(err)
-		}
-		want := items[n] // ORDER BY id is item order
-		if pipe != want.Pipe || key != want.ChangeKey || sink != sinkOf(want.Pipe) || dbName != "app" || tbl != "users" || op != string(want.Change.Op) {
-			t.Fatalf("row %d = %s %s %s %s.%s %s, want item %+v", n, pipe, key, sink, dbName, tbl, op, want)
-		}
-		if wantKey := canonical.KeyJSON(want.Change.Key); rowKey != wantKey {
-			t.Fatalf("row %d row_key = %s, want %s", n, rowKey, wantKey)
-		}
-		if len(keyHash) != 64 || status != "pending" || attempts != 0 {
-			t.Fatalf("row %d key_hash %q status %s attempts %d", n, keyHash, status, attempts)
-		}
-		if claimID != id || claimedBy != "r1" || digest != want.Digest {
-			t.Fatalf("row %d claim = %s %s %s, want %s r1 %s", n, claimID, claimedBy, digest, id, want.Digest)
-		}
-		c, envID, err := canonical.UnmarshalEnvelope(payload)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if envID != id || c.ChangeKey != key || c.Op != want.Change.Op || c.Source.GTID != want.Change.Source.GTID {
-			t.Fatalf("row %d envelope id %s change_key %s op %s, want %s %s %s", n, envID, c.ChangeKey, c.Op, id, key, want.Change.Op)
-		}
-		n++
+	// Records are in segments, one per pipe, in item order within each.
+	byPipe := map[string][]StoredRecord{}
+	for _, r := range recs {
+		byPipe[r.Pipe] = append(byPipe[r.Pipe], r)
 	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
+	keyless := 0
+	for _, pipe := range pipes {
+		var want []Pending
+		for _, it := range items {
+			if it.Pipe == pipe {
+				want = append(want, it)
+			}
+		}
+		got := byPipe[pipe]
+		if len(got) != len(want) {
+			t.Fatalf("pipe %s: %d records, want %d", pipe, len(got), len(want))
+		}
+		for n, r := range got {
+			w := want[n]
+			if r.ChangeKey != w.ChangeKey || r.Sink != sinkOf(pipe) || r.DB != "app" || r.Table != "users" || r.Op != string(w.Change.Op) {
+				t.Fatalf("pipe %s record %d = %+v, want item %+v", pipe, n, r, w)
+			}
+			if r.InSegment == "" || r.Status != "pending" {
+				t.Fatalf("pipe %s record %d: segment %q status %s, want a pending segment's record", pipe, n, r.InSegment, r.Status)
+			}
+			if wantKey := canonical.KeyJSON(w.Change.Key); r.Key != wantKey {
+				t.Fatalf("record %d row_key = %s, want %s", n, r.Key, wantKey)
+			}
+			if r.Key == "null" {
+				keyless++
+			}
+			c := claims[[2]string{pipe, r.ChangeKey}]
+			if c.outboxID != r.ID || c.claimedBy != "r1" || c.digest != w.Digest {
+				t.Fatalf("record %d claim = %+v, want %s r1 %s", n, c, r.ID, w.Digest)
+			}
+			ch, envID, err := canonical.UnmarshalEnvelope(r.Payload)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if envID != r.ID || ch.ChangeKey != r.ChangeKey || ch.Op != w.Change.Op || ch.Source.GTID != w.Change.Source.GTID {
+				t.Fatalf("record %d envelope id %s change_key %s op %s, want %s %s %s", n, envID, ch.ChangeKey, ch.Op, r.ID, r.ChangeKey, w.Change.Op)
+			}
+			if n > 0 && r.ID <= got[n-1].ID {
+				t.Fatalf("pipe %s: record ids out of order: %s after %s", pipe, r.ID, got[n-1].ID)
+			}
+		}
 	}
-	if n != len(items) {
-		t.Fatalf("%d rows joined to claims, want %d", n, len(items))
+	if keyless != 1 {
+		t.Fatalf("keyless records = %d, want 1", keyless)
 	}
-	if rk := count(t, db, "SELECT COUNT(*) FROM "+state.Table(schema, "outbox")+" WHERE row_key = 'null'"); rk != 1 {
-		t.Fatalf("keyless rows = %d, want 1", rk)
+	if segs := count(t, db, "SELECT COUNT(*) FROM "+state.Table(schema, "segments")); segs != len(pipes) {
+		t.Fatalf("%d segments, want one per pipe (%d)", segs, len(pipes))
+	}
+	if rows := count(t, db, "SELECT COUNT(*) FROM "+state.Table(schema, "outbox")); rows != 0 {
+		t.Fatalf("%d outbox rows, want none (records are in segments)", rows)
 	}
 	pos, err := s.LoadCheckpoint(ctx, "enqueue/a")
 	if err != nil || pos == nil || *pos != cp.Pos {
@@ -125,8 +141,8 @@ func TestEnqueueReplayWritesNothingNew(t *testing.T) {
 	if res.Inserted != 0 || res.AlreadyOurs != 50 || len(res.Pipes) != 0 {
 		t.Fatalf("second replay = %+v, want 0 inserted", res)
 	}
-	if got := count(t, db, "SELECT COUNT(*) FROM "+state.Table(schema, "outbox")); got != 50 {
-		t.Fatalf("outbox rows = %d, want 50", got)
+	if got := len(records(t, db, schema)); got != 50 {
+		t.Fatalf("outbox records = %d, want 50", got)
 	}
 	// The same change twice in one batch is one row.
 	dup := gtidItem("a:app.users:hook", 2, 0)
@@ -187,16 +203,27 @@ func TestEnqueueRacingReplicasOneRowEach(t *testing.T) {
 			t.Fatalf("replica %d: %+v", r, res)
 		}
 	}
-	if got := count(t, db, "SELECT COUNT(*) FROM "+state.Table(schema, "outbox")); got != n {
-		t.Fatalf("outbox rows = %d, want %d", got, n)
+	recs := records(t, db, schema)
+	if len(recs) != n {
+		t.Fatalf("outbox records = %d, want %d", len(recs), n)
 	}
-	if got := count(t, db, "SELECT COUNT(*) FROM (SELECT 1 FROM "+state.Table(schema, "outbox")+" GROUP BY pipe, change_key HAVING COUNT(*) > 1) d"); got != 0 {
-		t.Fatalf("%d (pipe, change_key) with more than one row", got)
+	byKey := map[[2]string]StoredRecord{}
+	for _, r := range recs {
+		k := [2]string{r.Pipe, r.ChangeKey}
+		if _, dup := byKey[k]; dup {
+			t.Fatalf("(%s, %s) has more than one record", r.Pipe, r.ChangeKey)
+		}
+		byKey[k] = r
 	}
-	// Every row belongs to the replica whose claim won.
-	if got := count(t, db, "SELECT COUNT(*) FROM "+state.Table(schema, "claims")+" c LEFT JOIN "+state.Table(schema, "outbox")+
-		" o ON o.id = c.outbox_id AND o.pipe = c.pipe AND o.change_key = c.change_key WHERE o.id IS NULL"); got != 0 {
-		t.Fatalf("%d claims without their row", got)
+	// Every record belongs to the replica whose claim won.
+	claims := claimsOf(t, db, schema)
+	if len(claims) != n {
+		t.Fatalf("%d claims, want %d", len(claims), n)
+	}
+	for k, c := range claims {
+		if r, ok := byKey[k]; !ok || r.ID != c.outboxID {
+			t.Fatalf("claim %v (outbox id %s, by %s) without its record", k, c.outboxID, c.claimedBy)
+		}
 	}
 }
 
@@ -223,16 +250,12 @@ func TestEnqueueReentrantClaim(t *testing.T) {
 	if res.Inserted != 1 || res.OthersClaims != 1 || res.AlreadyOurs != 0 {
 		t.Fatalf("result = %+v, want 1 inserted, 1 others'", res)
 	}
-	var id, linked string
-	if err := db.QueryRow("SELECT o.id, c.outbox_id FROM "+state.Table(schema, "outbox")+" o JOIN "+state.Table(schema, "claims")+
-		" c ON c.pipe = o.pipe AND c.change_key = o.change_key WHERE o.change_key = ?", mine.ChangeKey).Scan(&id, &linked); err != nil {
-		t.Fatalf("row for the re-entrant claim: %v", err)
+	recs := records(t, db, schema)
+	if len(recs) != 1 || recs[0].ChangeKey != mine.ChangeKey {
+		t.Fatalf("records = %+v, want only the re-entrant claim's (none for another replica's claim)", recs)
 	}
-	if id != linked {
-		t.Fatalf("claim links %s, row is %s", linked, id)
-	}
-	if got := count(t, db, "SELECT COUNT(*) FROM "+state.Table(schema, "outbox")+" WHERE change_key = ?", theirs.ChangeKey); got != 0 {
-		t.Fatalf("wrote a row for another replica's claim")
+	if linked := claimsOf(t, db, schema)[[2]string{mine.Pipe, mine.ChangeKey}].outboxID; linked != recs[0].ID {
+		t.Fatalf("claim links %s, record is %s", linked, recs[0].ID)
 	}
 	// Finished once, it is not written again.
 	res, err = s.Enqueue(ctx, "me", Fence{}, []Pending{mine}, nil)
@@ -255,7 +278,7 @@ func TestEnqueueFencedCommitsNothing(t *testing.T) {
 	cp := &Checkpoint{Source: "enqueue/a", Pos: binlog.Position{Flavor: "mariadb", GTIDSet: "0-1-3"}}
 	empty := func(when string) {
 		t.Helper()
-		for _, tbl := range []string{"claims", "outbox", "checkpoints"} {
+		for _, tbl := range []string{"claims", "outbox", "segments", "checkpoints"} {
 			if got := count(t, db, "SELECT COUNT(*) FROM "+state.Table(schema, tbl)); got != 0 {
 				t.Fatalf("%s: %s has %d rows after a fenced enqueue", when, tbl, got)
 			}
@@ -408,28 +431,25 @@ func TestEnqueueLargeBatchChunked(t *testing.T) {
 	if res.Inserted != n {
 		t.Fatalf("inserted %d, want %d", res.Inserted, n)
 	}
-	// 20 claim statements + 20 row statements + the checkpoint.
-	if got := comInsert(t, s) - before; got < 2*n/maxRowsPerStatement || got > 2*n/maxRowsPerStatement+5 {
-		t.Fatalf("%d INSERT statements for %d items, want about %d", got, n, 2*n/maxRowsPerStatement)
+	// 20 claim statements + 10 segments + the checkpoint.
+	want := n/maxRowsPerStatement + n/maxSegmentRecords
+	if got := comInsert(t, s) - before; got < want || got > want+5 {
+		t.Fatalf("%d INSERT statements for %d items, want about %d", got, n, want)
 	}
-	rows, err := db.Query("SELECT change_key FROM " + state.Table(schema, "outbox") + " ORDER BY id")
-	if err != nil {
-		t.Fatal(err)
+	if segs := count(t, db, "SELECT COUNT(*) FROM "+state.Table(schema, "segments")); segs != n/maxSegmentRecords {
+		t.Fatalf("%d segments, want %d", segs, n/maxSegmentRecords)
 	}
-	defer rows.Close()
-	i := 0
-	for rows.Next() {
-		var k string
-		if err := rows.Scan(&k); err != nil {
-			t.Fatal(err)
+	recs := records(t, db, schema)
+	for i, r := range recs {
+		if r.ChangeKey != items[i].ChangeKey {
+			t.Fatalf("record %d in id order is %s, want %s: ids do not follow item order", i, r.ChangeKey, items[i].ChangeKey)
 		}
-		if k != items[i].ChangeKey {
-			t.Fatalf("row %d in id order is %s, want %s: ids do not follow item order", i, k, items[i].ChangeKey)
+		if i > 0 && r.ID <= recs[i-1].ID {
+			t.Fatalf("record %d id %s not after %s", i, r.ID, recs[i-1].ID)
 		}
-		i++
 	}
-	if i != n {
-		t.Fatalf("%d rows, want %d", i, n)
+	if len(recs) != n {
+		t.Fatalf("%d records, want %d", len(recs), n)
 	}
 }
 
@@ -470,8 +490,18 @@ func TestEnqueueSplitsByBytes(t *testing.T) {
 	if res.Inserted != len(items) {
 		t.Fatalf("inserted %d, want %d", res.Inserted, len(items))
 	}
-	if got := count(t, db, "SELECT COUNT(*) FROM "+state.Table(schema, "outbox")+" WHERE LENGTH(payload) > ?", len(big)); got != len(items) {
-		t.Fatalf("%d full payloads, want %d", got, len(items))
+	full := 0
+	for _, r := range records(t, db, schema) {
+		if len(r.Payload) > len(big) {
+			full++
+		}
+	}
+	if full != len(items) {
+		t.Fatalf("%d full payloads, want %d", full, len(items))
+	}
+	// 20 MiB cannot be one segment under an 8 MiB packet limit.
+	if segs := count(t, db, "SELECT COUNT(*) FROM "+state.Table(schema, "segments")); segs < 5 {
+		t.Fatalf("%d segments for 20 MiB, want them split by bytes (at least 5)", segs)
 	}
 }
 
@@ -507,4 +537,39 @@ func BenchmarkEnqueue(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "rows/s")
+}
+
+// records is ReadRecords of the whole state database.
+func records(tb testing.TB, db *sql.DB, schema string) []StoredRecord {
+	tb.Helper()
+	recs, err := ReadRecords(context.Background(), db, schema, "%")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return recs
+}
+
+type claimRow struct{ claimedBy, digest, outboxID string }
+
+// claimsOf reads every claim by (pipe, change_key).
+func claimsOf(tb testing.TB, db *sql.DB, schema string) map[[2]string]claimRow {
+	tb.Helper()
+	rows, err := db.Query("SELECT pipe, change_key, claimed_by, digest, COALESCE(outbox_id, '') FROM " + state.Table(schema, "claims"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[[2]string]claimRow{}
+	for rows.Next() {
+		var pipe, key string
+		var c claimRow
+		if err := rows.Scan(&pipe, &key, &c.claimedBy, &c.digest, &c.outboxID); err != nil {
+			tb.Fatal(err)
+		}
+		out[[2]string{pipe, key}] = c
+	}
+	if err := rows.Err(); err != nil {
+		tb.Fatal(err)
+	}
+	return out
 }

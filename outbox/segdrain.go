@@ -56,8 +56,8 @@ type leftRecord struct {
 }
 
 // drainSegment claims the pipe's oldest pending segment, delivers it and
-// records the outcome. n is the number of records attempted; 0 with a nil
-// error means there was no segment to take.
+// records the outcome. n is the number of records the segment held (sent,
+// or moved to rows); 0 with a nil error means there was no segment to take.
 func (p *pipeDrainer) drainSegment(ctx context.Context) (int, error) {
 	seg, err := p.claimSegment(ctx)
 	if err != nil || seg == nil {
@@ -71,14 +71,14 @@ func (p *pipeDrainer) drainSegment(ctx context.Context) (int, error) {
 		p.releaseSegment(wctx, seg.id)
 		return 0, fmt.Errorf("segment %s of %s: read keys with pending rows: %w", seg.id, p.name, err)
 	}
-	left, delivered, attempted := p.deliverSegment(ctx, seg, blocked)
+	left, delivered := p.deliverSegment(ctx, seg, blocked)
 	if err := p.recordSegment(wctx, seg, left, delivered); err != nil {
-		return attempted, err
+		return len(seg.recs), err
 	}
 	if len(left) > 0 {
 		p.poke() // rows for the row drainer
 	}
-	return attempted, nil
+	return len(seg.recs), nil
 }
 
 // claimSegment claims the oldest pending segment of the pipe, if it is due
@@ -176,10 +176,8 @@ WHERE pipe = ? AND status = 'pending'`, p.name)
 // deliverSegment delivers seg's records in rounds: each round sends the
 // next record of every key still going, in calls of at most BatchSize
 // records (distinct keys) with at most Concurrency calls at once. It
-// returns the records that leave the segment, the delivered ones and the
-// number attempted.
-func (p *pipeDrainer) deliverSegment(stop context.Context, seg *segment, blocked map[string]bool) (left []leftRecord, delivered []*segRecord, attempted int) {
-	ctx := context.WithoutCancel(stop)
+// returns the records that leave the segment and the delivered ones.
+func (p *pipeDrainer) deliverSegment(stop context.Context, seg *segment, blocked map[string]bool) (left []leftRecord, delivered []*segRecord) {
 	// Lanes: each key's records in order.
 	var order []string
 	lanes := map[string][]*segRecord{}
@@ -213,15 +211,18 @@ func (p *pipeDrainer) deliverSegment(stop context.Context, seg *segment, blocked
 			}
 		}
 		order = next
-		attempted += len(round)
-		errs := p.deliverConcurrently(ctx, round)
+		errs := p.deliverConcurrently(stop, round)
 		for i, r := range roundRecs {
-			if errs[i] == nil {
+			switch {
+			case errs[i] == nil:
 				delivered = append(delivered, r)
 				continue
+			case errors.Is(errs[i], errNotSent):
+				left = append(left, leftRecord{rec: r, status: "pending"})
+			default:
+				left = append(left, p.failedRecord(r, seg.attempt, errs[i]))
 			}
 			failed[r.keyHash] = true
-			left = append(left, p.failedRecord(r, seg.attempt, errs[i]))
 		}
 		// A failed key's later records leave the segment untried, behind
 		// the failed one.
@@ -246,18 +247,32 @@ func (p *pipeDrainer) deliverSegment(stop context.Context, seg *segment, blocked
 			left = append(left, leftRecord{rec: r, status: "pending"})
 		}
 	}
-	return left, delivered, attempted
+	return left, delivered
 }
+
+// errNotSent marks records of calls not started because the delivery is
+// stopping.
+var errNotSent = errors.New("not sent: the drainer is stopping")
 
 // deliverConcurrently sends recs (distinct keys) in calls of at most
 // BatchSize, at most Concurrency at once, and returns one error per record.
-func (p *pipeDrainer) deliverConcurrently(ctx context.Context, recs []Record) []error {
+// Once stop ends no further call starts (their records get errNotSent);
+// calls under way finish, bounded by the pipe's timeout.
+func (p *pipeDrainer) deliverConcurrently(stop context.Context, recs []Record) []error {
+	ctx := context.WithoutCancel(stop)
 	errs := make([]error, len(recs))
 	sem := make(chan struct{}, p.cfg.Concurrency)
 	var wg sync.WaitGroup
 	for start := 0; start < len(recs); start += p.cfg.BatchSize {
 		end := min(start+p.cfg.BatchSize, len(recs))
 		sem <- struct{}{}
+		if stop.Err() != nil {
+			<-sem
+			for i := start; i < end; i++ {
+				errs[i] = errNotSent
+			}
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()

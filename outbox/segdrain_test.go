@@ -1,0 +1,265 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/cdcout/cdcout/lease"
+	"github.com/cdcout/cdcout/sink"
+	"github.com/cdcout/cdcout/state"
+)
+
+// enqueueTxns enqueues txns transactions of keys changes each (key i of
+// every transaction is row id i) for pipe, one Enqueue (one segment) per
+// transaction, and returns the change keys per row key in commit order.
+func enqueueTxns(t *testing.T, st *testState, pipe string, txns, keys int) map[string][]string {
+	t.Helper()
+	s := NewStore(st.db, st.schema, zaptest.NewLogger(t))
+	order := map[string][]string{}
+	for txn := 1; txn <= txns; txn++ {
+		var items []Pending
+		for i := 0; i < keys; i++ {
+			it := gtidItem(pipe, txn, i)
+			items = append(items, it)
+			k := fmt.Sprintf(`{"id":%d}`, i)
+			order[k] = append(order[k], it.ChangeKey)
+		}
+		if _, err := s.Enqueue(context.Background(), "r1", Fence{}, items, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return order
+}
+
+// deliveryLog records successful deliveries per key, and fails records as
+// fail says.
+type deliveryLog struct {
+	mu       sync.Mutex
+	byKey    map[string][]string // key → change keys (from the ids' records) in delivery order
+	idToKey  map[string]string
+	attempts map[string]int
+	fail     func(r Record, attempt int) error
+}
+
+func (l *deliveryLog) sink() fakeSink {
+	return fakeSink{fn: func(_ context.Context, recs []Record) []error {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		errs := make([]error, len(recs))
+		seen := map[string]bool{}
+		for i, r := range recs {
+			if seen[r.Key] {
+				errs[i] = errors.New("two records of one key in one call")
+				continue
+			}
+			seen[r.Key] = true
+			l.attempts[r.ID]++
+			if l.fail != nil {
+				if err := l.fail(r, l.attempts[r.ID]); err != nil {
+					errs[i] = err
+					continue
+				}
+			}
+			l.byKey[r.Key] = append(l.byKey[r.Key], r.ID)
+		}
+		return errs
+	}}
+}
+
+func newDeliveryLog() *deliveryLog {
+	return &deliveryLog{byKey: map[string][]string{}, idToKey: map[string]string{}, attempts: map[string]int{}}
+}
+
+// A pipe's segments are delivered with every key in commit order, while
+// one key fails for a while and another's first record is dead-lettered:
+// the failing records and the later records of their keys leave their
+// segments as outbox rows, the rest of the segments are done, and every
+// record ends delivered exactly as often as it must, except the dead one.
+func TestSegmentsKeepKeyOrderAroundFailures(t *testing.T) {
+	st := newTestState(t)
+	const pipe = "a:app.users:seg"
+	order := enqueueTxns(t, st, pipe, 6, 30)
+	recs := records(t, st.db, st.schema)
+	idOf := map[string]string{}
+	for _, r := range recs {
+		idOf[r.ChangeKey] = r.ID
+	}
+	deadKey := `{"id":5}`
+	deadID := idOf[order[deadKey][0]]
+	log := newDeliveryLog()
+	log.fail = func(r Record, attempt int) error {
+		switch {
+		case r.Key == `{"id":3}` && attempt <= 2:
+			return errors.New("503 from the receiver")
+		case r.ID == deadID:
+			return sink.Permanent(errors.New("400 bad record"))
+		}
+		return nil
+	}
+	d := st.drainer(t, "d1", map[string]PipeConfig{pipe: {Sink: log.sink(), Concurrency: 4, BatchSize: 7}}, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.Run(ctx); close(done) }()
+	waitFor(t, "every record delivered or dead", func() bool {
+		for _, r := range records(t, st.db, st.schema) {
+			if r.Status == "pending" {
+				return false
+			}
+		}
+		return true
+	})
+	cancel()
+	<-done
+
+	for key, changeKeys := range order {
+		var want []string
+		for _, ck := range changeKeys {
+			if idOf[ck] != deadID {
+				want = append(want, idOf[ck])
+			}
+		}
+		if got := log.byKey[key]; fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("key %s delivered %v, want %v (commit order, once each)", key, got, want)
+		}
+	}
+	final := records(t, st.db, st.schema)
+	if len(final) != 6*30 {
+		t.Fatalf("%d records, want %d", len(final), 6*30)
+	}
+	rows := map[string]StoredRecord{}
+	for _, r := range final {
+		switch {
+		case r.ID == deadID:
+			if r.Status != "dead" || r.InSegment != "" {
+				t.Fatalf("dead-lettered record = %+v, want a dead outbox row", r)
+			}
+		case r.Status != "delivered":
+			t.Fatalf("record %s (key %s) is %s", r.ID, r.Key, r.Status)
+		}
+		if r.InSegment == "" {
+			rows[r.ID] = r
+		}
+	}
+	// Key 3 failed twice in the first segment: its records there and in
+	// every later segment delivered while its row was pending are rows.
+	if r, ok := rows[idOf[order[`{"id":3}`][0]]]; !ok || r.Status != "delivered" {
+		t.Fatalf("key 3's failing record is not a delivered row: %+v", r)
+	}
+	for id, r := range rows {
+		if r.Key != `{"id":3}` && r.Key != deadKey {
+			t.Fatalf("record %s of key %s became a row; only failing keys' records should", id, r.Key)
+		}
+	}
+	if n := st.count(t, "SELECT COUNT(*) FROM "+state.Table(st.schema, "segments")+" WHERE status <> 'done'"); n != 0 {
+		t.Fatalf("%d segments not done", n)
+	}
+	if n := st.count(t, "SELECT COUNT(*) FROM {attempts} WHERE outbox_id = ?", idOf[order[`{"id":3}`][0]]); n != 3 {
+		t.Fatalf("attempt log of the retried record has %d entries, want 3 (two failures, one success)", n)
+	}
+}
+
+// A segment claimed by a drainer that stops answering is taken by another
+// once the claim lapses; the first drainer's late outcome changes nothing.
+func TestSegmentClaimLapsesAndIsRetaken(t *testing.T) {
+	st := newTestState(t)
+	const pipe = "a:app.users:seg"
+	enqueueTxns(t, st, pipe, 1, 10)
+	mod := func(c *DrainerConfig) { c.ClaimLease = 300 * time.Millisecond }
+	pc := PipeConfig{Sink: okSink(), Timeout: 100 * time.Millisecond}
+	a := st.drainer(t, "a", map[string]PipeConfig{pipe: pc}, mod)
+	b := st.drainer(t, "b", map[string]PipeConfig{pipe: pc}, mod)
+	seg, err := a.pipes[0].claimSegment(context.Background())
+	if err != nil || seg == nil || len(seg.recs) != 10 {
+		t.Fatalf("claim = %+v, %v; want the 10-record segment", seg, err)
+	}
+	if n, err := b.DrainOnce(context.Background()); err != nil || n != 0 {
+		t.Fatalf("second drainer took %d records (%v) of a segment claimed by another", n, err)
+	}
+	time.Sleep(400 * time.Millisecond)
+	if n, err := b.DrainOnce(context.Background()); err != nil || n != 10 {
+		t.Fatalf("after the claim lapsed the second drainer delivered %d (%v), want 10", n, err)
+	}
+	// a's late outcome, with a record it thinks failed, matches nothing.
+	left := []leftRecord{{rec: &seg.recs[0], attempt: 1, status: "pending", errText: "late"}}
+	if err := a.pipes[0].recordSegment(context.Background(), seg, left, nil); err != nil {
+		t.Fatal(err)
+	}
+	if n := st.count(t, "SELECT COUNT(*) FROM {outbox}"); n != 0 {
+		t.Fatalf("the stale drainer wrote %d outbox rows", n)
+	}
+	for _, r := range records(t, st.db, st.schema) {
+		if r.Status != "delivered" {
+			t.Fatalf("record %s is %s", r.ID, r.Status)
+		}
+	}
+}
+
+// With drain leases, a segment is claimed only while the lease row in the
+// database names this drainer with the same epoch.
+func TestSegmentClaimFencedByDrainLease(t *testing.T) {
+	st := newTestState(t)
+	const pipe = "a:app.users:seg"
+	enqueueTxns(t, st, pipe, 1, 5)
+	held := lease.Lease{Name: "drain/" + pipe, Holder: "d1", Epoch: 3, LocalDeadline: time.Now().Add(time.Hour)}
+	mod := func(c *DrainerConfig) {
+		c.Leases = func(string) (lease.Lease, bool) { return held, true }
+	}
+	d := st.drainer(t, "d1", map[string]PipeConfig{pipe: {Sink: okSink()}}, mod)
+	grantLease(t, st.db, st.schema, held.Name, "d1", 4, time.Hour) // taken over: epoch 4
+	if n, err := d.DrainOnce(context.Background()); err != nil || n != 0 {
+		t.Fatalf("fenced-out drainer delivered %d (%v)", n, err)
+	}
+	grantLease(t, st.db, st.schema, held.Name, "d1", 3, time.Hour)
+	if n, err := d.DrainOnce(context.Background()); err != nil || n != 5 {
+		t.Fatalf("lease holder delivered %d (%v), want 5", n, err)
+	}
+}
+
+// A stop in the middle of a segment hands its undelivered records to the
+// row drainer: nothing is lost and nothing is delivered twice.
+func TestSegmentStopLeavesRestAsRows(t *testing.T) {
+	st := newTestState(t)
+	const pipe = "a:app.users:seg"
+	enqueueTxns(t, st, pipe, 1, 40)
+	ctx, cancel := context.WithCancel(context.Background())
+	var calls sync.Map
+	slow := fakeSink{fn: func(_ context.Context, recs []Record) []error {
+		for _, r := range recs {
+			if _, dup := calls.LoadOrStore(r.ID, true); dup {
+				panic("delivered twice: " + r.ID)
+			}
+		}
+		cancel() // stop after the first call
+		return make([]error, len(recs))
+	}}
+	d := st.drainer(t, "d1", map[string]PipeConfig{pipe: {Sink: slow, Concurrency: 1, BatchSize: 10}}, nil)
+	// Two rounds are needed at least: 40 keys, 10 per call, one call at a
+	// time, and the stop comes after the first call.
+	d.pipes[0].drainSegment(ctx)
+	rows := st.count(t, "SELECT COUNT(*) FROM {outbox} WHERE status = 'pending' AND attempts = 0")
+	if rows != 30 {
+		t.Fatalf("%d records left as rows, want 30 (40 minus the 10 of the one call before the stop)", rows)
+	}
+	d2 := st.drainer(t, "d2", map[string]PipeConfig{pipe: {Sink: fakeSink{fn: func(_ context.Context, recs []Record) []error {
+		for _, r := range recs {
+			if _, dup := calls.LoadOrStore(r.ID, true); dup {
+				panic("delivered twice: " + r.ID)
+			}
+		}
+		return make([]error, len(recs))
+	}}}}, nil)
+	drainUntil(t, d2, "all rows delivered", func() bool {
+		return st.count(t, "SELECT COUNT(*) FROM {outbox} WHERE status = 'pending'") == 0
+	})
+	n := 0
+	calls.Range(func(any, any) bool { n++; return true })
+	if n != 40 {
+		t.Fatalf("%d records delivered, want 40", n)
+	}
+}
