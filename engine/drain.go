@@ -61,10 +61,15 @@ func (d *drainers) discover(ctx context.Context) error {
 	return nil
 }
 
-// pendingPipes lists this instance's pipes with undelivered rows.
+// pendingPipes lists this instance's pipes with undelivered records: pending
+// outbox rows or pending segments. Each side is a range of its table's
+// (pipe, status, …) index.
 func (d *drainers) pendingPipes(ctx context.Context) ([]string, error) {
+	like := likePrefix(d.cfg.Instance + ":")
 	return state.Strings(ctx, d.db, "SELECT DISTINCT pipe FROM "+state.Table(d.cfg.StateDB, "outbox")+
-		" WHERE pipe LIKE ? AND status = 'pending'", likePrefix(d.cfg.Instance+":"))
+		" WHERE pipe LIKE ? AND status = 'pending'"+
+		" UNION SELECT DISTINCT pipe FROM "+state.Table(d.cfg.StateDB, "segments")+
+		" WHERE pipe LIKE ? AND status = 'pending'", like, like)
 }
 
 func likePrefix(p string) string {
@@ -152,11 +157,13 @@ func (d *drainers) stopClaiming() {
 	d.cancel()
 }
 
-// releaseOrphans returns rows this process claimed but never handed to a
-// sink (a claim whose read-back was cut off by the stop) to pending. It
-// must only run once every drainer has returned: then no delivery of ours
-// is in flight, and without it those rows would wait out the claim lease
-// (minutes) before another drainer may take them.
+// releaseOrphans returns rows and segments this process claimed but never
+// handed to a sink (a claim whose read-back was cut off by the stop) to
+// pending, and reports how many it released. It must only run once every
+// drainer has returned: then no delivery of ours is in flight, and without
+// it those rows would wait out the claim lease (minutes) before another
+// drainer may take them; a pipe's claimed segment holds back all its later
+// segments.
 func (d *drainers) releaseOrphans(ctx context.Context) (int64, error) {
 	d.mu.Lock()
 	args := make([]any, 0, len(d.byPipe)+1)
@@ -177,7 +184,18 @@ func (d *drainers) releaseOrphans(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("release undelivered claims: %w", err)
 	}
-	return res.RowsAffected()
+	rows, _ := res.RowsAffected()
+	// A claimed segment likewise; the fifo index (pipe, status, id) narrows
+	// it to the pipes' pending segments, which are few.
+	res, err = d.db.ExecContext(ctx, "UPDATE "+state.Table(d.cfg.StateDB, "segments")+
+		" SET claimer = 0, next_attempt_at = NOW(6), attempts = GREATEST(attempts - 1, 0)"+
+		" WHERE pipe IN ("+state.Placeholders(len(args)-1)+")"+
+		" AND status = 'pending' AND claimer = ? AND next_attempt_at > NOW(6)", args...)
+	if err != nil {
+		return rows, fmt.Errorf("release undelivered segment claims: %w", err)
+	}
+	segs, _ := res.RowsAffected()
+	return rows + segs, nil
 }
 
 // wait waits for the drainers to finish, at most timeout. It reports

@@ -222,27 +222,35 @@ func (d *drainLeases) tick(ctx context.Context) {
 	}
 }
 
-// releaseDeadClaims returns to pending the pipe's rows claimed by
-// processes that are no longer members (their member lease expired with
-// their drain lease: killed, or paused past the TTL), so their keys move
-// now instead of after the claim lease (default 5 minutes). A paused
+// releaseDeadClaims returns to pending the pipe's rows and segments
+// claimed by processes that are no longer members (their member lease
+// expired with their drain lease: killed, or paused past the TTL), so their
+// keys move now instead of after the claim lease (default 5 minutes); a
+// claimed segment holds back every later segment of the pipe. A paused
 // process that resumes may still finish a delivery it had started: a
 // repeat under the same delivery key, which at-least-once allows; its
 // outcome write is conditional on its claim and matches nothing.
 func (d *drainLeases) releaseDeadClaims(ctx context.Context, pipe string, members map[string]bool) (int64, error) {
-	q := "UPDATE " + state.Table(d.schema, "outbox") + " FORCE INDEX (due)" +
-		" SET claimer = 0, next_attempt_at = NOW(6)" +
-		" WHERE pipe = ? AND status = 'pending' AND next_attempt_at > NOW(6)" +
-		" AND claimer <> 0 AND claimer NOT IN (" + state.Placeholders(len(members)) + ")"
+	notMember := " AND claimer <> 0 AND claimer NOT IN (" + state.Placeholders(len(members)) + ")"
 	args := []any{pipe}
 	for m := range members {
 		args = append(args, outbox.ClaimerID(m))
 	}
-	res, err := d.db.ExecContext(ctx, q, args...)
+	res, err := d.db.ExecContext(ctx, "UPDATE "+state.Table(d.schema, "outbox")+" FORCE INDEX (due)"+
+		" SET claimer = 0, next_attempt_at = NOW(6)"+
+		" WHERE pipe = ? AND status = 'pending' AND next_attempt_at > NOW(6)"+notMember, args...)
 	if err != nil {
 		return 0, err
 	}
-	return res.RowsAffected()
+	rows, _ := res.RowsAffected()
+	res, err = d.db.ExecContext(ctx, "UPDATE "+state.Table(d.schema, "segments")+
+		" SET claimer = 0, next_attempt_at = NOW(6)"+
+		" WHERE pipe = ? AND status = 'pending' AND next_attempt_at > NOW(6)"+notMember, args...)
+	if err != nil {
+		return rows, err
+	}
+	segs, _ := res.RowsAffected()
+	return rows + segs, nil
 }
 
 // renewHeld renews every held drain lease; one taken over is dropped.
