@@ -25,8 +25,8 @@ const (
 type JanitorConfig struct {
 	DB     *sql.DB
 	Schema string
-	// Retention is how long delivered and dead rows are kept after they
-	// were delivered or dead-lettered. Default 72h; the config layer maps CDCOUT_RETENTION_HOURS.
+	// Retention is how long delivered and dead rows, and done segments,
+	// are kept after they were delivered or dead-lettered. Default 72h; the config layer maps CDCOUT_RETENTION_HOURS.
 	Retention time.Duration
 	// DedupWindow is how long claims are kept. It must outlive any replay
 	// that could re-enqueue the same change (default max(60s, 4 × lease
@@ -41,18 +41,22 @@ type JanitorConfig struct {
 }
 
 // Janitor deletes what is no longer needed: outbox rows delivered or
-// dead-lettered longer ago than the retention, with their attempt logs, and
-// claims older than the dedup window, and member leases of processes gone
-// for an hour. Pending rows (claimed or not) are never deleted.
+// dead-lettered longer ago than the retention, with their attempt logs,
+// segments done longer ago than the retention, claims older than the dedup
+// window, and member leases of processes gone for an hour. Pending rows and
+// pending segments (claimed or not) are never deleted.
 type Janitor struct {
-	cfg                              JanitorConfig
-	outbox, attempts, claims, leases string
-	logger                           *zap.Logger
+	cfg                                        JanitorConfig
+	outbox, segments, attempts, claims, leases string
+	logger                                     *zap.Logger
 }
 
 // Swept counts what one sweep deleted.
 type Swept struct {
 	Rows, Attempts, Claims int64
+	// Segments are done segments; the records in them that left as outbox
+	// rows are counted in Rows when those go.
+	Segments int64
 	// Members are member leases (member/<holder>/<instance>) expired for
 	// over an hour: one is left behind by every process that was killed.
 	Members int64
@@ -84,6 +88,7 @@ func NewJanitor(cfg JanitorConfig) (*Janitor, error) {
 	return &Janitor{
 		cfg:      cfg,
 		outbox:   state.Table(cfg.Schema, "outbox"),
+		segments: state.Table(cfg.Schema, "segments"),
 		attempts: state.Table(cfg.Schema, "attempts"),
 		claims:   state.Table(cfg.Schema, "claims"),
 		leases:   state.Table(cfg.Schema, "leases"),
@@ -110,9 +115,9 @@ func (j *Janitor) Run(ctx context.Context) error {
 		case err != nil:
 			j.logger.Warn("retention sweep", zap.Error(err))
 			next = min(next, janitorPauseOnFailure)
-		case sw.Rows+sw.Claims+sw.Members > 0:
-			j.logger.Info("retention sweep", zap.Int64("rows", sw.Rows), zap.Int64("attempts", sw.Attempts), zap.Int64("claims", sw.Claims),
-				zap.Int64("member_leases", sw.Members))
+		case sw.Rows+sw.Segments+sw.Claims+sw.Members > 0:
+			j.logger.Info("retention sweep", zap.Int64("rows", sw.Rows), zap.Int64("segments", sw.Segments),
+				zap.Int64("attempts", sw.Attempts), zap.Int64("claims", sw.Claims), zap.Int64("member_leases", sw.Members))
 		}
 		t.Reset(next)
 	}
@@ -139,6 +144,16 @@ func (j *Janitor) Sweep(ctx context.Context) (Swept, error) {
 				}
 			}
 		}
+		for {
+			n, more, err := j.sweepSegments(ctx, pipe)
+			sw.Segments += n
+			if err != nil {
+				return sw, fmt.Errorf("delete old segments of %s: %w", pipe, err)
+			}
+			if !more {
+				break
+			}
+		}
 	}
 	for {
 		res, err := j.cfg.DB.ExecContext(ctx, `DELETE FROM `+j.claims+`
@@ -163,10 +178,63 @@ WHERE name LIKE 'member/%' AND expires_at < NOW(6) - INTERVAL 1 HOUR`)
 	return sw, nil
 }
 
-// pipes lists the outbox's pipes: a loose scan of the due index's first
-// column, one probe per pipe.
+// pipes lists the pipes that have outbox rows or segments: a loose scan of
+// the first column of each table's (pipe, status, …) index, one probe per
+// pipe.
 func (j *Janitor) pipes(ctx context.Context) ([]string, error) {
-	return state.Strings(ctx, j.cfg.DB, `SELECT DISTINCT pipe FROM `+j.outbox)
+	return state.Strings(ctx, j.cfg.DB, `SELECT DISTINCT pipe FROM `+j.outbox+` UNION SELECT DISTINCT pipe FROM `+j.segments)
+}
+
+// sweepSegments deletes one batch of a pipe's segments done longer ago than
+// the retention, and reports whether a next batch may find more. A done
+// segment's next_attempt_at is when it was done, by the state database's
+// clock, and a pipe's segments are done one at a time in id order, so the
+// old ones are the oldest ids of the fifo index range (pipe, 'done'): the
+// batch reads the first BatchSize of them and deletes those past the
+// retention. Reading a bounded batch rather than deleting with
+// "… AND next_attempt_at < ? ORDER BY id LIMIT n" keeps the last, short
+// batch of every sweep from walking (and, in REPEATABLE READ, locking)
+// every done segment still retained.
+func (j *Janitor) sweepSegments(ctx context.Context, pipe string) (n int64, more bool, err error) {
+	r, err := j.cfg.DB.QueryContext(ctx, `SELECT id, next_attempt_at < NOW(6) - INTERVAL ? MICROSECOND FROM `+j.segments+`
+WHERE pipe = ? AND status = 'done' ORDER BY id LIMIT ?`, j.cfg.Retention.Microseconds(), pipe, j.cfg.BatchSize)
+	if err != nil {
+		return 0, false, err
+	}
+	var ids []any
+	read, young := 0, false
+	for r.Next() {
+		var (
+			id  string
+			old bool
+		)
+		if err := r.Scan(&id, &old); err != nil {
+			r.Close()
+			return 0, false, err
+		}
+		read++
+		if old {
+			ids = append(ids, id)
+		} else {
+			young = true
+		}
+	}
+	r.Close()
+	if err := r.Err(); err != nil {
+		return 0, false, err
+	}
+	if len(ids) == 0 {
+		return 0, false, nil
+	}
+	// The conditions again: whatever happened since the read, a pending or
+	// recently done segment is never deleted.
+	res, err := j.cfg.DB.ExecContext(ctx, `DELETE FROM `+j.segments+` WHERE id IN (`+state.Placeholders(len(ids))+`)
+AND status = 'done' AND next_attempt_at < NOW(6) - INTERVAL ? MICROSECOND`, append(ids, j.cfg.Retention.Microseconds())...)
+	if err != nil {
+		return 0, false, err
+	}
+	n, _ = res.RowsAffected()
+	return n, !young && read == j.cfg.BatchSize, nil
 }
 
 // sweepRows deletes one batch of a pipe's old rows in status (delivered or

@@ -118,3 +118,68 @@ VALUES (?, ?, REPEAT('a', 64), 'r/1', NOW(6) - INTERVAL `+age+`)`, pipe, fmt.Spr
 		t.Fatalf("%d rows left after Run, want %d", n, len(kept))
 	}
 }
+
+// TestJanitorDeletesOnlyOldDoneSegments: done segments go once their done
+// time (next_attempt_at) is past the retention, batch by batch, also of a
+// pipe that has no outbox rows at all; pending segments, claimed or not,
+// stay however old.
+func TestJanitorDeletesOnlyOldDoneSegments(t *testing.T) {
+	s := newTestState(t)
+	segments := state.Table(s.schema, "segments")
+	seg := func(pipe, status string, claimer int, doneAgo string) string {
+		t.Helper()
+		id := nextTestID()
+		if _, err := s.db.Exec(`INSERT INTO `+segments+`
+(id, pipe, sink, status, records, last_id, claimer, next_attempt_at, first_commit_ts, created_at, payload)
+VALUES (?, ?, 'fake', ?, 3, ?, ?, NOW(6) - INTERVAL `+doneAgo+`, NOW(6) - INTERVAL 200 HOUR, NOW(6) - INTERVAL 200 HOUR, 'x')`,
+			id, pipe, status, id, claimer); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	const pipe, segOnly = "i:app.t:fake", "i:app.s:fake"
+	var gone, kept []string
+	for range 3 {
+		gone = append(gone, seg(pipe, "done", 0, "100 HOUR"))
+	}
+	kept = append(kept, seg(pipe, "done", 0, "1 HOUR"))       // done recently
+	kept = append(kept, seg(pipe, "pending", 0, "100 HOUR"))  // pending, due long ago
+	kept = append(kept, seg(pipe, "pending", 42, "100 HOUR")) // pending, claim lapsed long ago
+	for range 2 {
+		gone = append(gone, seg(segOnly, "done", 0, "100 HOUR"))
+	}
+	// A row of the first pipe, so that one pipe has both.
+	s.insert(t, pipe, `["row"]`)
+
+	j, err := NewJanitor(JanitorConfig{DB: s.db, Schema: s.schema, Retention: 72 * time.Hour, BatchSize: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sw, err := j.Sweep(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sw.Segments != int64(len(gone)) || sw.Rows != 0 {
+		t.Fatalf("swept %+v, want %d segments and no rows", sw, len(gone))
+	}
+	for _, id := range gone {
+		if n := s.count(t, `SELECT COUNT(*) FROM `+segments+` WHERE id = ?`, id); n != 0 {
+			t.Fatalf("segment %s done 100 hours ago is still there", id)
+		}
+	}
+	for _, id := range kept {
+		if n := s.count(t, `SELECT COUNT(*) FROM `+segments+` WHERE id = ?`, id); n != 1 {
+			t.Fatalf("segment %s deleted; pending and recently done segments must stay", id)
+		}
+	}
+	if n := s.count(t, `SELECT COUNT(*) FROM `+segments); n != len(kept) {
+		t.Fatalf("%d segments left, want %d", n, len(kept))
+	}
+	if n := s.count(t, `SELECT COUNT(*) FROM {outbox}`); n != 1 {
+		t.Fatalf("%d rows left, want the pending one", n)
+	}
+	// A second sweep finds nothing more.
+	if sw, err := j.Sweep(context.Background()); err != nil || sw.Segments != 0 {
+		t.Fatalf("second sweep: %+v, %v", sw, err)
+	}
+}
