@@ -3,7 +3,9 @@
 package main
 
 import (
+	"fmt"
 	"os"
+	"runtime/pprof"
 
 	"github.com/cdcout/cdcout/command"
 	"github.com/cdcout/cdcout/internal/gctune"
@@ -11,5 +13,29 @@ import (
 
 func main() {
 	gctune.Apply()
-	os.Exit(command.Main(os.Args, os.Stdin, os.Stdout, os.Stderr))
+	stop := cpuProfile(os.Getenv("CDCOUT_CPUPROFILE"))
+	code := command.Main(os.Args, os.Stdin, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// cpuProfile writes a CPU profile of the whole run to path when it is set
+// (CDCOUT_CPUPROFILE, for `go tool pprof`); the profile ends at a normal
+// exit, so stop cdcout with SIGTERM, not SIGKILL.
+func cpuProfile(path string) (stop func()) {
+	if path == "" {
+		return func() {}
+	}
+	f, err := os.Create(path)
+	if err == nil {
+		err = pprof.StartCPUProfile(f)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "cdcout: CDCOUT_CPUPROFILE: %v\n", err)
+		return func() {}
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}
 }
