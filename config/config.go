@@ -79,7 +79,9 @@ type Config struct {
 	EnqueueFlushInterval time.Duration `yaml:"enqueue_flush_interval"`
 	// EnqueueMaxBuffer is the ceiling at which rows are written mid
 	// transaction (without a checkpoint), so one huge transaction costs
-	// bounded memory.
+	// bounded memory. In GTID mode the write waits for the end of the
+	// current claim block (dedup.GTIDBlock, 100 changes), so the buffer
+	// may pass it by up to 100 rows per sink.
 	EnqueueMaxBuffer int `yaml:"enqueue_max_buffer"`
 	// ShutdownTimeout bounds how long a graceful stop waits for in-flight
 	// deliveries.

@@ -83,3 +83,20 @@ func FuzzParseChangeKey(f *testing.F) {
 		}
 	})
 }
+
+func TestGTIDUnitOf(t *testing.T) {
+	for key, want := range map[string]string{
+		"g:0-1-42:0":   "g:0-1-42:@0",
+		"g:0-1-42:99":  "g:0-1-42:@0",
+		"g:0-1-42:100": "g:0-1-42:@1",
+		"g:3E11FA47-71CA-11E1-9E33-C80AA9429562:23:250": "g:3E11FA47-71CA-11E1-9E33-C80AA9429562:23:@2",
+		"d:" + strings.Repeat("a", 64) + ":0":           "",
+		"b:bf1:abc":                                     "",
+		"g::5":                                          "",
+		"garbage":                                       "",
+	} {
+		if got := GTIDUnitOf(key); got != want {
+			t.Errorf("GTIDUnitOf(%q) = %q, want %q", key, got, want)
+		}
+	}
+}

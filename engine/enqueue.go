@@ -114,6 +114,16 @@ func (q *enqueuer) handleChange(ctx context.Context, ch *canonical.Change) error
 		clear(q.open)
 		q.open = q.open[:0]
 	}
+	// A huge transaction is written in parts (below), and in GTID mode only
+	// between blocks of dedup.GTIDBlock ordinals, because a block shares
+	// one claim (dedup.GTIDUnitOf) and must be written whole: the rows of
+	// the blocks before this row's go out now.
+	if !q.digestMode && len(q.open) > 0 && len(q.ready)+len(q.open) >= q.maxBuffer &&
+		ch.Source.Row/dedup.GTIDBlock != q.lastRow/dedup.GTIDBlock {
+		if err := q.flushOpen(ctx); err != nil {
+			return err
+		}
+	}
 	q.lastRow = ch.Source.Row
 	if q.hook != nil {
 		if skip, err := q.hookChange(ctx, ch); skip || err != nil {
@@ -131,29 +141,33 @@ func (q *enqueuer) handleChange(ctx context.Context, ch *canonical.Change) error
 		})
 	}
 	q.maxBuffered = max(q.maxBuffered, len(q.ready)+len(q.open))
-	if len(q.ready)+len(q.open) >= q.maxBuffer {
-		// A huge transaction: write what we have without moving the
-		// checkpoint past it. A crash replays the transaction and its
-		// written rows collapse onto their claims.
-		//
-		// The complete transactions before it go first, with their
-		// checkpoint, in a database transaction of their own: the open
-		// transaction's claims must be newer than the checkpoint, or
-		// digest mode's seeding (outbox.Store.LoadCheckpointAndClaims: claims created
-		// up to the checkpoint's write) counts them, and their replay gets
-		// new occurrences, i.e. a second outbox row each.
-		if q.cp != nil {
-			if err := q.flush(ctx, q.cp); err != nil {
-				return err
-			}
-		}
-		if err := q.keyOpen(); err != nil {
-			return err
-		}
-		q.midTx = true
-		return q.flush(ctx, nil)
+	if q.digestMode && len(q.ready)+len(q.open) >= q.maxBuffer {
+		return q.flushOpen(ctx)
 	}
 	return nil
+}
+
+// flushOpen writes a huge transaction's rows read so far without moving
+// the checkpoint past it. A crash replays the transaction and its written
+// rows collapse onto their claims.
+//
+// The complete transactions before it go first, with their checkpoint, in
+// a database transaction of their own: the open transaction's claims must
+// be newer than the checkpoint, or digest mode's seeding
+// (outbox.Store.LoadCheckpointAndClaims: claims created up to the
+// checkpoint's write) counts them, and their replay gets new occurrences,
+// i.e. a second outbox row each.
+func (q *enqueuer) flushOpen(ctx context.Context) error {
+	if q.cp != nil {
+		if err := q.flush(ctx, q.cp); err != nil {
+			return err
+		}
+	}
+	if err := q.keyOpen(); err != nil {
+		return err
+	}
+	q.midTx = true
+	return q.flush(ctx, nil)
 }
 
 func (q *enqueuer) handleCommit(ctx context.Context, c *binlog.Commit) error {
@@ -208,7 +222,7 @@ func (q *enqueuer) keyOpen() error {
 	for _, o := range q.open {
 		ch := o.ch
 		digest := canonical.DigestChange(o.pipe, ch)
-		var key string
+		var key, unit string
 		if q.digestMode {
 			n := q.counter.Next(digest, time.UnixMilli(ch.Source.TsMs))
 			key = dedup.DigestKey(digest, n)
@@ -217,8 +231,9 @@ func (q *enqueuer) keyOpen() error {
 				return fmt.Errorf("change of %s.%s has no GTID key: the source is not writing GTIDs (use --change-identity digest)", ch.Source.DB, ch.Source.Table)
 			}
 			key = ch.ChangeKey
+			unit = dedup.GTIDUnitOf(key)
 		}
-		q.ready = append(q.ready, outbox.Pending{Pipe: o.pipe, Sink: o.sink, Change: ch, ChangeKey: key, Digest: digest})
+		q.ready = append(q.ready, outbox.Pending{Pipe: o.pipe, Sink: o.sink, Change: ch, ChangeKey: key, Digest: digest, Unit: unit})
 	}
 	clear(q.open)
 	q.open = q.open[:0]

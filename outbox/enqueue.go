@@ -43,6 +43,12 @@ type Pending struct {
 	// stored with the claim in every mode so that replicas which decoded
 	// the same change differently are noticed.
 	ChangeKey, Digest string
+	// Unit, when set, is a claim key the change shares with the other
+	// changes of its pipe and unit (dedup.GTIDUnitOf): they take one claim
+	// together and are written or skipped together. Every change of a unit
+	// must be in the same Enqueue call. Empty: the change is claimed on
+	// its own, under ChangeKey.
+	Unit string
 }
 
 // Fence is the enqueue lease an enqueue's checkpoint advance is conditional
@@ -91,10 +97,20 @@ type pendingRow struct {
 	rowKey   string
 	keyHash  string
 	commitTS time.Time
+	unit     *claimUnit
 	// Per attempt:
-	id    string
-	state claimState
+	id string
 }
+
+// claimUnit is the changes of one pipe that share one claim: a GTID block,
+// or a single change.
+type claimUnit struct {
+	pipe, key, digest string
+	items             []*pendingRow
+	state             claimState
+}
+
+func (u *claimUnit) id() string { return u.items[0].id }
 
 type claimState int
 
@@ -108,13 +124,16 @@ const (
 // Enqueue writes items and, when cp is not nil, advances the checkpoint,
 // all in one transaction (DESIGN.md invariants 1–3):
 //
-//  1. INSERT IGNORE a claim (pipe, change_key, digest, claimed_by) per item;
-//     the claims primary key decides which replica writes each change.
+//  1. INSERT IGNORE a claim (pipe, change_key, digest, claimed_by) per
+//     claim unit: a change, or a block of one transaction's changes that
+//     share Pending.Unit; the claims primary key decides which replica
+//     writes each unit.
 //  2. Read the claims back (locking) unless every insert succeeded: claims
-//     with our claimedBy and no outbox row are ours to finish (re-entrant);
-//     others' claims are skipped, their digests compared.
-//  3. Insert an outbox row for each claim that is ours, with ids from NewID
-//     in item order, so ids follow commit order.
+//     with our claimedBy and no outbox rows are ours to finish
+//     (re-entrant); others' claims are skipped, their digests compared.
+//  3. Write the records of the units that are ours as segments (one per
+//     pipe, up to maxSegmentRecords), with ids from NewID in item order,
+//     so ids follow commit order.
 //  4. Advance the checkpoint, conditional on fence; a lost lease rolls
 //     everything back and returns ErrFenced.
 //
@@ -131,7 +150,7 @@ func (s *Store) Enqueue(ctx context.Context, claimedBy string, fence Fence, item
 	if cp != nil && (fence.Lease == "" || fence.Holder == "" || cp.Source == "") {
 		return EnqueueResult{}, fmt.Errorf("enqueue: a checkpoint needs a source and a fence (lease and holder)")
 	}
-	its, dups, err := s.prepare(items)
+	its, units, dups, err := s.prepare(items)
 	if err != nil {
 		return EnqueueResult{}, err
 	}
@@ -139,7 +158,7 @@ func (s *Store) Enqueue(ctx context.Context, claimedBy string, fence Fence, item
 		return EnqueueResult{AlreadyOurs: dups}, nil
 	}
 	for attempt := 1; ; attempt++ {
-		res, err := s.enqueueOnce(ctx, claimedBy, fence, its, cp)
+		res, err := s.enqueueOnce(ctx, claimedBy, fence, its, units, cp)
 		if err == nil {
 			res.AlreadyOurs += dups
 			return res, nil
@@ -155,13 +174,15 @@ func (s *Store) Enqueue(ctx context.Context, claimedBy string, fence Fence, item
 // prepare validates items and computes their row data. Items repeating an
 // earlier item's (pipe, change_key) are dropped and counted: one change is
 // one row, even if a caller hands it over twice.
-func (s *Store) prepare(items []Pending) ([]*pendingRow, int, error) {
+func (s *Store) prepare(items []Pending) ([]*pendingRow, []*claimUnit, int, error) {
 	its := make([]*pendingRow, 0, len(items))
 	seen := make(map[[2]string]struct{}, len(items))
+	var units []*claimUnit
+	unitOf := map[[2]string]*claimUnit{}
 	dups := 0
 	for i, p := range items {
 		if err := validatePending(p); err != nil {
-			return nil, 0, fmt.Errorf("enqueue item %d (pipe %q, change key %q): %w", i, p.Pipe, p.ChangeKey, err)
+			return nil, nil, 0, fmt.Errorf("enqueue item %d (pipe %q, change key %q): %w", i, p.Pipe, p.ChangeKey, err)
 		}
 		k := [2]string{p.Pipe, p.ChangeKey}
 		if _, ok := seen[k]; ok {
@@ -175,14 +196,44 @@ func (s *Store) prepare(items []Pending) ([]*pendingRow, int, error) {
 		it.change.ChangeKey = p.ChangeKey
 		it.rowKey = canonical.KeyJSONOf(p.Change)
 		if it.rowKey == "" {
-			return nil, 0, fmt.Errorf("enqueue item %d (pipe %q, change key %q): key cannot be encoded", i, p.Pipe, p.ChangeKey)
+			return nil, nil, 0, fmt.Errorf("enqueue item %d (pipe %q, change key %q): key cannot be encoded", i, p.Pipe, p.ChangeKey)
 		}
 		sum := sha256.Sum256([]byte(it.rowKey))
 		it.keyHash = hex.EncodeToString(sum[:])
 		it.commitTS = time.UnixMilli(p.Change.Source.TsMs).UTC()
 		its = append(its, it)
+		uk := [2]string{p.Pipe, p.ChangeKey}
+		if p.Unit != "" {
+			uk[1] = p.Unit
+		}
+		u := unitOf[uk]
+		if u == nil || p.Unit == "" {
+			u = &claimUnit{pipe: p.Pipe, key: uk[1]}
+			unitOf[uk] = u
+			units = append(units, u)
+		}
+		u.items = append(u.items, it)
+		it.unit = u
 	}
-	return its, dups, nil
+	for _, u := range units {
+		u.digest = unitDigest(u.items)
+	}
+	return its, units, dups, nil
+}
+
+// unitDigest is what a unit's claim stores to notice two decodings of the
+// same changes: the change's digest for a unit of one, else the SHA-256 of
+// its changes' digests in order.
+func unitDigest(items []*pendingRow) string {
+	if len(items) == 1 {
+		return items[0].Digest
+	}
+	h := sha256.New()
+	for _, it := range items {
+		h.Write([]byte(it.Digest))
+		h.Write([]byte{'\n'})
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 func validatePending(p Pending) error {
@@ -197,6 +248,8 @@ func validatePending(p Pending) error {
 		return errors.New("change key must be 1–191 printable ASCII characters")
 	case !printableASCII(p.Digest, 64):
 		return errors.New("digest must be 1–64 printable ASCII characters")
+	case p.Unit != "" && !printableASCII(p.Unit, 191):
+		return errors.New("unit must be 1–191 printable ASCII characters")
 	case utf8.RuneCountInString(p.Change.Source.DB) > 64 || utf8.RuneCountInString(p.Change.Source.Table) > 64:
 		return errors.New("database or table name longer than 64 characters")
 	case len(p.Change.Op) != 1:
@@ -220,7 +273,7 @@ func printableASCII(s string, max int) bool {
 	return true
 }
 
-func (s *Store) enqueueOnce(ctx context.Context, claimedBy string, fence Fence, its []*pendingRow, cp *Checkpoint) (EnqueueResult, error) {
+func (s *Store) enqueueOnce(ctx context.Context, claimedBy string, fence Fence, its []*pendingRow, units []*claimUnit, cp *Checkpoint) (EnqueueResult, error) {
 	// READ COMMITTED: the locking read-back sees the latest committed claims,
 	// and InnoDB takes no gap locks, so concurrent enqueuers of neighbouring
 	// keys do not deadlock each other.
@@ -231,18 +284,20 @@ func (s *Store) enqueueOnce(ctx context.Context, claimedBy string, fence Fence, 
 	defer tx.Rollback()
 
 	// Ids are drawn for every item, in item order, before anything is
-	// written: the claim carries the id its row will get, which is how the
-	// read-back tells "claimed by this transaction" from "claimed by this
-	// replica earlier".
+	// written: a claim carries the id of its unit's first row, which is
+	// how the read-back tells "claimed by this transaction" from "claimed
+	// by this replica earlier".
 	for _, it := range its {
 		it.id = NewID()
-		it.state = claimNew
+	}
+	for _, u := range units {
+		u.state = claimNew
 	}
 	// Claims are taken in primary-key order, so concurrent enqueuers of
 	// overlapping batches lock rows in the same order and cannot deadlock.
-	byKey := slices.Clone(its)
-	slices.SortFunc(byKey, func(a, b *pendingRow) int {
-		return cmp.Or(strings.Compare(a.Pipe, b.Pipe), strings.Compare(a.ChangeKey, b.ChangeKey))
+	byKey := slices.Clone(units)
+	slices.SortFunc(byKey, func(a, b *claimUnit) int {
+		return cmp.Or(strings.Compare(a.pipe, b.pipe), strings.Compare(a.key, b.key))
 	})
 
 	var res EnqueueResult
@@ -263,7 +318,7 @@ func (s *Store) enqueueOnce(ctx context.Context, claimedBy string, fence Fence, 
 	var ours []*pendingRow
 	seenPipe := map[string]bool{}
 	for _, it := range its {
-		switch it.state {
+		switch it.unit.state {
 		case claimNew, claimReentrant:
 			ours = append(ours, it)
 			if !seenPipe[it.Pipe] {
@@ -279,14 +334,14 @@ func (s *Store) enqueueOnce(ctx context.Context, claimedBy string, fence Fence, 
 	if err := s.insertSegments(ctx, tx, ours); err != nil {
 		return EnqueueResult{}, err
 	}
-	for _, it := range ours {
-		if it.state != claimReentrant {
+	for _, u := range units {
+		if u.state != claimReentrant {
 			continue
 		}
-		// Rare (a claim left without its row); one statement each is fine.
+		// Rare (a claim left without its rows); one statement each is fine.
 		if _, err := tx.ExecContext(ctx, "UPDATE "+s.claims+" SET outbox_id = ? WHERE pipe = ? AND change_key = ?",
-			it.id, it.Pipe, it.ChangeKey); err != nil {
-			return EnqueueResult{}, fmt.Errorf("enqueue: link claim %s to its row: %w", it.ChangeKey, err)
+			u.id(), u.pipe, u.key); err != nil {
+			return EnqueueResult{}, fmt.Errorf("enqueue: link claim %s to its rows: %w", u.key, err)
 		}
 	}
 	res.Inserted = len(ours)
@@ -302,16 +357,16 @@ func (s *Store) enqueueOnce(ctx context.Context, claimedBy string, fence Fence, 
 	return res, nil
 }
 
-func (s *Store) insertClaims(ctx context.Context, tx *sql.Tx, claimedBy string, chunk []*pendingRow) (int, error) {
+func (s *Store) insertClaims(ctx context.Context, tx *sql.Tx, claimedBy string, chunk []*claimUnit) (int, error) {
 	var q strings.Builder
 	q.WriteString("INSERT IGNORE INTO " + s.claims + " (pipe, change_key, digest, claimed_by, outbox_id) VALUES ")
 	args := make([]any, 0, 5*len(chunk))
-	for i, it := range chunk {
+	for i, u := range chunk {
 		if i > 0 {
 			q.WriteByte(',')
 		}
 		q.WriteString("(?,?,?,?,?)")
-		args = append(args, it.Pipe, it.ChangeKey, it.Digest, claimedBy, it.id)
+		args = append(args, u.pipe, u.key, u.digest, claimedBy, u.id())
 	}
 	r, err := tx.ExecContext(ctx, q.String(), args...)
 	if err != nil {
@@ -330,8 +385,8 @@ type storedClaim struct {
 }
 
 // readBackClaims reads the chunk's claims with a locking read and classifies
-// each item. chunk is sorted by (pipe, change_key).
-func (s *Store) readBackClaims(ctx context.Context, tx *sql.Tx, claimedBy string, chunk []*pendingRow, res *EnqueueResult) error {
+// each unit. chunk is sorted by (pipe, key).
+func (s *Store) readBackClaims(ctx context.Context, tx *sql.Tx, claimedBy string, chunk []*claimUnit, res *EnqueueResult) error {
 	var q strings.Builder
 	q.WriteString("SELECT pipe, change_key, claimed_by, digest, outbox_id FROM " + s.claims + " WHERE ")
 	args := make([]any, 0, 2*len(chunk))
@@ -340,20 +395,20 @@ func (s *Store) readBackClaims(ctx context.Context, tx *sql.Tx, claimedBy string
 	// under FOR UPDATE would lock the whole table.
 	for i := 0; i < len(chunk); {
 		j := i
-		for j < len(chunk) && chunk[j].Pipe == chunk[i].Pipe {
+		for j < len(chunk) && chunk[j].pipe == chunk[i].pipe {
 			j++
 		}
 		if i > 0 {
 			q.WriteString(" OR ")
 		}
 		q.WriteString("(pipe = ? AND change_key IN (")
-		args = append(args, chunk[i].Pipe)
+		args = append(args, chunk[i].pipe)
 		for k := i; k < j; k++ {
 			if k > i {
 				q.WriteByte(',')
 			}
 			q.WriteByte('?')
-			args = append(args, chunk[k].ChangeKey)
+			args = append(args, chunk[k].key)
 		}
 		q.WriteString("))")
 		i = j
@@ -376,30 +431,30 @@ func (s *Store) readBackClaims(ctx context.Context, tx *sql.Tx, claimedBy string
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("enqueue: read back claims: %w", err)
 	}
-	for _, it := range chunk {
-		c, ok := found[[2]string{it.Pipe, it.ChangeKey}]
+	for _, u := range chunk {
+		c, ok := found[[2]string{u.pipe, u.key}]
 		if !ok {
 			return errClaimVanished
 		}
 		mine := c.claimedBy == claimedBy
 		switch {
-		case mine && c.outboxID.Valid && c.outboxID.String == it.id:
-			it.state = claimNew
+		case mine && c.outboxID.Valid && c.outboxID.String == u.id():
+			u.state = claimNew
 			continue // taken by this transaction: same digest by construction
 		case mine && !c.outboxID.Valid:
-			it.state = claimReentrant
+			u.state = claimReentrant
 		case mine:
-			it.state = claimAlreadyOurs
+			u.state = claimAlreadyOurs
 		default:
-			it.state = claimOthers
+			u.state = claimOthers
 		}
-		if c.digest != it.Digest {
+		if c.digest != u.digest {
 			res.DigestMismatches++
 			// Row data stays out of the log; pipe and key find the rows.
 			s.logger.Warn("digest mismatch: an existing claim was decoded differently (schema drift between replicas?)",
-				zap.String("pipe", it.Pipe), zap.String("change_key", it.ChangeKey),
+				zap.String("pipe", u.pipe), zap.String("change_key", u.key), zap.Int("changes", len(u.items)),
 				zap.String("claimed_by", c.claimedBy), zap.String("claim_digest", c.digest),
-				zap.String("digest", it.Digest))
+				zap.String("digest", u.digest))
 		}
 	}
 	return nil

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -572,4 +573,67 @@ func claimsOf(tb testing.TB, db *sql.DB, schema string) map[[2]string]claimRow {
 		tb.Fatal(err)
 	}
 	return out
+}
+
+// Changes that share a unit take one claim per pipe and unit, and a
+// replay, or another replica, meets the unit as a whole.
+func TestEnqueueUnitsShareOneClaim(t *testing.T) {
+	s, db, schema := testStore(t)
+	ctx := context.Background()
+	pipes := []string{"a:app.users:hook", "a:app.users:file"}
+	var items []Pending
+	for i := 0; i < 2500; i++ {
+		for _, p := range pipes {
+			it := gtidItem(p, 9, i)
+			it.Unit = fmt.Sprintf("g:0-1-9:@%d", i/1000)
+			items = append(items, it)
+		}
+	}
+	res, err := s.Enqueue(ctx, "r1", Fence{}, items, nil)
+	if err != nil || res.Inserted != len(items) {
+		t.Fatalf("enqueue = %+v, %v; want %d inserted", res, err, len(items))
+	}
+	claims := claimsOf(t, db, schema)
+	if len(claims) != 6 {
+		t.Fatalf("%d claims, want 6 (3 blocks × 2 pipes)", len(claims))
+	}
+	recs := records(t, db, schema)
+	first := map[[2]string]string{}
+	for _, r := range recs {
+		var i int
+		fmt.Sscanf(r.ChangeKey, "g:0-1-9:%d", &i)
+		k := [2]string{r.Pipe, fmt.Sprintf("g:0-1-9:@%d", i/1000)}
+		if _, ok := first[k]; !ok || r.ID < first[k] {
+			first[k] = r.ID
+		}
+	}
+	for k, c := range claims {
+		if c.outboxID != first[k] || len(c.digest) != 64 {
+			t.Fatalf("claim %v links %s (digest %q), want its first record %s", k, c.outboxID, c.digest, first[k])
+		}
+	}
+	// A replay of the whole transaction is already ours, unit by unit.
+	res, err = s.Enqueue(ctx, "r1", Fence{}, items, nil)
+	if err != nil || res.Inserted != 0 || res.AlreadyOurs != len(items) || res.DigestMismatches != 0 {
+		t.Fatalf("replay = %+v, %v; want all already ours", res, err)
+	}
+	// Another replica meets the same units as others' claims.
+	res, err = s.Enqueue(ctx, "r2", Fence{}, items, nil)
+	if err != nil || res.Inserted != 0 || res.OthersClaims != len(items) {
+		t.Fatalf("other replica = %+v, %v; want all others' claims", res, err)
+	}
+	// A unit decoded differently is noticed.
+	changed := slices.Clone(items[:2])
+	for i := range changed {
+		c := *changed[i].Change
+		changed[i].Change = &c
+		changed[i].Digest = strings.Repeat("f", 64)
+	}
+	res, err = s.Enqueue(ctx, "r1", Fence{}, changed, nil)
+	if err != nil || res.DigestMismatches != 2 {
+		t.Fatalf("changed unit = %+v, %v; want a digest mismatch per pipe", res, err)
+	}
+	if n := len(records(t, db, schema)); n != len(items) {
+		t.Fatalf("%d records after replays, want %d", n, len(items))
+	}
 }
