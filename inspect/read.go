@@ -20,10 +20,15 @@ import (
 // rows whose payload names the instance. Two installations sharing one
 // state database therefore never see each other's rows.
 //
-// Counting touches only the outbox's `due` index (pipe, status, …); the
-// other aggregates read undelivered rows only, which a healthy outbox has
-// few of, so a dashboard polling every two seconds stays cheap even with
-// millions of delivered rows kept for retention.
+// A pipe's records are outbox rows (the slow path: retries and dead
+// letters) and records still in segments (the fast path), and every count
+// below adds both. Counting rows touches only the outbox's `due` index
+// (pipe, status, …); the other row aggregates read undelivered rows only,
+// which a healthy outbox has few of. Segments are one per enqueued
+// transaction and pipe: their record counts are read from the segments
+// themselves over the fifo index (pipe, status, id). A dashboard polling
+// every two seconds stays cheap even with millions of delivered records
+// kept for retention.
 
 // PipeStatus is one pipe's delivery state.
 type PipeStatus struct {
@@ -34,11 +39,13 @@ type PipeStatus struct {
 	Delivering int64  `json:"delivering"`
 	Delivered  int64  `json:"delivered"`
 	Dead       int64  `json:"dead"`
-	// OldestPendingAgeSeconds is how long the oldest undelivered row
-	// (pending or delivering) has been in the outbox; 0 when none.
+	// OldestPendingAgeSeconds is how long the oldest undelivered record
+	// (pending or delivering, as a row or in a segment) has been in the
+	// outbox; 0 when none.
 	OldestPendingAgeSeconds float64 `json:"oldestPendingAgeSeconds"`
 	// DeliveryLagSeconds is how far delivery trails the source: now minus
-	// the source commit time of the oldest undelivered row; 0 when caught up.
+	// the source commit time of the oldest undelivered record; 0 when
+	// caught up.
 	DeliveryLagSeconds float64 `json:"deliveryLagSeconds"`
 	// LastError is the most recent error of a row not yet delivered
 	// (retrying or dead), and when it happened.
@@ -121,8 +128,9 @@ func (r Reader) table(name string) string { return state.Table(r.Schema, name) }
 // pipeLike matches this instance's pipes.
 func (r Reader) pipeLike() string { return escapeLike(r.Instance) + ":%" }
 
-// Pipes returns the status of every pipe of the instance that has rows,
-// plus the names in extra (configured pipes without rows yet), by name.
+// Pipes returns the status of every pipe of the instance that has rows or
+// segments, plus the names in extra (configured pipes without any yet), by
+// name. Counts are of records (see backlogs).
 func (r Reader) Pipes(ctx context.Context, extra ...string) ([]PipeStatus, error) {
 	if err := state.CheckName(r.Schema); err != nil {
 		return nil, err
@@ -142,48 +150,20 @@ func (r Reader) Pipes(ctx context.Context, extra ...string) ([]PipeStatus, error
 			get(e)
 		}
 	}
-	stats, err := r.OutboxStats(ctx)
+	backlogs, err := r.backlogs(ctx)
 	if err != nil {
 		return nil, err
 	}
-	for _, s := range stats {
-		p := get(s.Pipe)
-		switch s.Status {
-		case "pending":
-			p.Pending = s.Rows
-		case "delivering":
-			p.Delivering = s.Rows
-		case "delivered":
-			p.Delivered = s.Rows
-		case "dead":
-			p.Dead = s.Rows
-		}
-	}
-
-	rows, err := r.DB.QueryContext(ctx, `SELECT pipe,
-  TIMESTAMPDIFF(MICROSECOND, MIN(created_at), NOW(6)),
-  TIMESTAMPDIFF(MICROSECOND, MIN(commit_ts), NOW(6))
-FROM `+r.table("outbox")+` WHERE pipe LIKE ? AND status = 'pending' GROUP BY pipe`, r.pipeLike())
-	if err != nil {
-		return nil, fmt.Errorf("read pipe backlog: %w", err)
-	}
-	for rows.Next() {
-		var pipe string
-		var age, lag sql.NullInt64
-		if err := rows.Scan(&pipe, &age, &lag); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("read pipe backlog: %w", err)
-		}
+	for pipe, b := range backlogs {
 		p := get(pipe)
-		p.OldestPendingAgeSeconds = micros(age)
-		p.DeliveryLagSeconds = micros(lag)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read pipe backlog: %w", err)
+		p.Pending, p.Delivering, p.Delivered, p.Dead = b.pending, b.delivering, b.delivered, b.dead
+		p.OldestPendingAgeSeconds = micros(b.oldest)
+		p.DeliveryLagSeconds = micros(b.lag)
 	}
 
-	rows, err = r.DB.QueryContext(ctx, `SELECT o.pipe, o.last_error, o.last_error_at
+	// Errors are the rows' own: a record that failed left its segment as a
+	// row.
+	rows, err := r.DB.QueryContext(ctx, `SELECT o.pipe, o.last_error, o.last_error_at
 FROM `+r.table("outbox")+` o JOIN (
   SELECT pipe, MAX(last_error_at) AS m FROM `+r.table("outbox")+`
   WHERE pipe LIKE ? AND status <> 'delivered' AND last_error_at IS NOT NULL GROUP BY pipe
@@ -229,88 +209,191 @@ WHERE o.status <> 'delivered'`, r.pipeLike())
 	return out, nil
 }
 
-// OutboxStats counts the instance's outbox rows by pipe and status, with
-// the oldest undelivered row's age on the "pending" stat; it feeds
+// OutboxStats counts the instance's outbox records by pipe and status
+// (pending, delivering, delivered, dead; see backlogs), with the oldest
+// undelivered record's age on the "pending" stat; it feeds
 // metrics.WatchOutbox.
 func (r Reader) OutboxStats(ctx context.Context) ([]metrics.OutboxStat, error) {
+	backlogs, err := r.backlogs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []metrics.OutboxStat
+	for pipe, b := range backlogs {
+		// A pipe whose only undelivered records are being delivered still
+		// has an oldest undelivered record: it is reported on a zero
+		// "pending" stat.
+		if b.pending > 0 || b.oldest.Valid {
+			out = append(out, metrics.OutboxStat{Pipe: pipe, Status: "pending", Rows: b.pending,
+				OldestPendingAge: time.Duration(max(b.oldest.Int64, 0)) * time.Microsecond})
+		}
+		for _, s := range []metrics.OutboxStat{
+			{Pipe: pipe, Status: "delivering", Rows: b.delivering},
+			{Pipe: pipe, Status: "delivered", Rows: b.delivered},
+			{Pipe: pipe, Status: "dead", Rows: b.dead},
+		} {
+			if s.Rows > 0 {
+				out = append(out, s)
+			}
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Pipe != out[j].Pipe {
+			return out[i].Pipe < out[j].Pipe
+		}
+		return out[i].Status < out[j].Status
+	})
+	return out, nil
+}
+
+// backlog is one pipe's records by state, rows and segment records added.
+type backlog struct {
+	// pending counts undelivered records not being delivered; delivering
+	// those claimed by a drainer whose claim has not lapsed.
+	pending, delivering, delivered, dead int64
+	// oldest and lag are the microseconds since the oldest undelivered
+	// record was enqueued and committed at the source; not Valid when
+	// there is none.
+	oldest, lag sql.NullInt64
+}
+
+// backlogs counts the instance's records per pipe. A record is an outbox
+// row or a record still in a segment:
+//
+//   - a pending segment's records are pending, or delivering while the
+//     segment is claimed (claimer set, claim not lapsed);
+//   - a done segment's records were delivered, except those that left it
+//     as outbox rows (a failure, a key blocked by a retry, a stop), which
+//     count in their row's status instead. The rows that left a done
+//     segment are counted as the rows whose id is at or above the pipe's
+//     oldest done segment's id: rows are only ever written from done
+//     segments (or before segments existed, with older ids), a pipe's
+//     segments are done in id order and deleted by retention in that
+//     order, and a row's id is its record's id in the segment. So the
+//     subtraction is exact unless ids of a pipe's segments interleave
+//     (two leaders enqueueing at once, each with its own clock), where
+//     delivered is off by the rows concerned. It never goes below zero.
+func (r Reader) backlogs(ctx context.Context) (map[string]*backlog, error) {
 	if err := state.CheckName(r.Schema); err != nil {
 		return nil, err
 	}
-	rows, err := r.DB.QueryContext(ctx, `SELECT pipe, status, COUNT(*) FROM `+r.table("outbox")+`
-WHERE pipe LIKE ? GROUP BY pipe, status`, r.pipeLike())
+	out := map[string]*backlog{}
+	// The pipes first, a loose scan of each index's first column: with
+	// "pipe IN (…) AND status = …" the queries below read only the entries
+	// of that status in the (pipe, status, …) indexes, where "pipe LIKE ?"
+	// would read every entry of the instance's pipes.
+	pipes, err := state.Strings(ctx, r.DB, `SELECT DISTINCT pipe FROM `+r.table("outbox")+` WHERE pipe LIKE ?
+UNION SELECT DISTINCT pipe FROM `+r.table("segments")+` WHERE pipe LIKE ?`, r.pipeLike(), r.pipeLike())
 	if err != nil {
-		return nil, fmt.Errorf("count outbox rows: %w", err)
+		return nil, fmt.Errorf("list pipes: %w", err)
 	}
-	defer rows.Close()
-	var out []metrics.OutboxStat
-	for rows.Next() {
-		var s metrics.OutboxStat
-		if err := rows.Scan(&s.Pipe, &s.Status, &s.Rows); err != nil {
-			return nil, fmt.Errorf("count outbox rows: %w", err)
+	if len(pipes) == 0 {
+		return out, nil
+	}
+	in := "pipe IN (" + state.Placeholders(len(pipes)) + ")"
+	args := make([]any, len(pipes))
+	for i, p := range pipes {
+		args[i] = p
+	}
+	// query runs q and hands each result row's backlog (by its first
+	// column, the pipe) to row, the other columns scanned into dest.
+	query := func(what, q string, args []any, dest []any, row func(b *backlog)) error {
+		rows, err := r.DB.QueryContext(ctx, q, args...)
+		if err != nil {
+			return fmt.Errorf("%s: %w", what, err)
 		}
-		out = append(out, s)
+		defer rows.Close()
+		var pipe string
+		for rows.Next() {
+			if err := rows.Scan(append([]any{&pipe}, dest...)...); err != nil {
+				return fmt.Errorf("%s: %w", what, err)
+			}
+			b := out[pipe]
+			if b == nil {
+				b = &backlog{}
+				out[pipe] = b
+			}
+			row(b)
+		}
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		return nil
 	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("count outbox rows: %w", err)
+	older := func(a, b sql.NullInt64) sql.NullInt64 {
+		if !a.Valid || b.Valid && b.Int64 > a.Int64 {
+			return b
+		}
+		return a
 	}
-	rows.Close()
+	var (
+		status   string
+		n, m     int64
+		age, lag sql.NullInt64
+		twice    = append(append([]any{}, args...), args...)
+	)
+
+	// Rows by status, and how many of them left a segment still kept (see
+	// above). The derived table is one probe of the fifo index per pipe
+	// (MIN(id) of a (pipe, status) prefix); the count stays a scan of the
+	// due index.
+	if err := query("count outbox rows", `SELECT o.pipe, o.status, COUNT(*), COALESCE(SUM(o.id >= s.first), 0)
+FROM `+r.table("outbox")+` o LEFT JOIN (
+  SELECT pipe, MIN(id) AS first FROM `+r.table("segments")+` WHERE `+in+` AND status = 'done' GROUP BY pipe
+) s ON s.pipe = o.pipe
+WHERE o.`+in+` GROUP BY o.pipe, o.status`, twice, []any{&status, &n, &m}, func(b *backlog) {
+		switch status {
+		case "pending":
+			b.pending += n
+		case "delivered":
+			b.delivered += n
+		case "dead":
+			b.dead += n
+		}
+		b.delivered -= m
+	}); err != nil {
+		return nil, err
+	}
 	// A claimed ("delivering") row is a pending row with a claimer whose
 	// next attempt is the claim's expiry: a short range of the due index.
-	claimed, err := r.DB.QueryContext(ctx, `SELECT pipe, COUNT(*) FROM `+r.table("outbox")+`
-WHERE pipe LIKE ? AND status = 'pending' AND next_attempt_at > NOW(6) AND claimer <> 0 GROUP BY pipe`, r.pipeLike())
-	if err != nil {
-		return nil, fmt.Errorf("count claimed outbox rows: %w", err)
+	if err := query("count claimed outbox rows", `SELECT pipe, COUNT(*) FROM `+r.table("outbox")+`
+WHERE `+in+` AND status = 'pending' AND next_attempt_at > NOW(6) AND claimer <> 0 GROUP BY pipe`, args, []any{&n}, func(b *backlog) {
+		b.pending -= n
+		b.delivering += n
+	}); err != nil {
+		return nil, err
 	}
-	for claimed.Next() {
-		var s metrics.OutboxStat
-		if err := claimed.Scan(&s.Pipe, &s.Rows); err != nil {
-			claimed.Close()
-			return nil, fmt.Errorf("count claimed outbox rows: %w", err)
-		}
-		s.Status = "delivering"
-		for i := range out {
-			if out[i].Pipe == s.Pipe && out[i].Status == "pending" {
-				out[i].Rows -= s.Rows
-			}
-		}
-		out = append(out, s)
+	if err := query("read oldest pending row", `SELECT pipe,
+  TIMESTAMPDIFF(MICROSECOND, MIN(created_at), NOW(6)),
+  TIMESTAMPDIFF(MICROSECOND, MIN(commit_ts), NOW(6))
+FROM `+r.table("outbox")+` WHERE `+in+` AND status = 'pending' GROUP BY pipe`, args, []any{&age, &lag}, func(b *backlog) {
+		b.oldest, b.lag = older(b.oldest, age), older(b.lag, lag)
+	}); err != nil {
+		return nil, err
 	}
-	if err := claimed.Err(); err != nil {
-		claimed.Close()
-		return nil, fmt.Errorf("count claimed outbox rows: %w", err)
+	// Pending segments are few: a healthy pipe has one or none.
+	if err := query("count pending segment records", `SELECT pipe, SUM(records),
+  SUM(IF(claimer <> 0 AND next_attempt_at > NOW(6), records, 0)),
+  TIMESTAMPDIFF(MICROSECOND, MIN(created_at), NOW(6)),
+  TIMESTAMPDIFF(MICROSECOND, MIN(first_commit_ts), NOW(6))
+FROM `+r.table("segments")+` WHERE `+in+` AND status = 'pending' GROUP BY pipe`, args, []any{&n, &m, &age, &lag}, func(b *backlog) {
+		b.pending += n - m
+		b.delivering += m
+		b.oldest, b.lag = older(b.oldest, age), older(b.lag, lag)
+	}); err != nil {
+		return nil, err
 	}
-	claimed.Close()
-	ages, err := r.DB.QueryContext(ctx, `SELECT pipe, TIMESTAMPDIFF(MICROSECOND, MIN(created_at), NOW(6))
-FROM `+r.table("outbox")+` WHERE pipe LIKE ? AND status = 'pending' GROUP BY pipe`, r.pipeLike())
-	if err != nil {
-		return nil, fmt.Errorf("read oldest pending: %w", err)
+	// Done segments are all those of the retention: records is not in the
+	// fifo index, so this reads each one (but not its payload when stored
+	// off-page, as a large one is).
+	if err := query("count delivered segment records", `SELECT pipe, SUM(records) FROM `+r.table("segments")+`
+WHERE `+in+` AND status = 'done' GROUP BY pipe`, args, []any{&n}, func(b *backlog) {
+		b.delivered += n
+	}); err != nil {
+		return nil, err
 	}
-	defer ages.Close()
-	age := map[string]time.Duration{}
-	for ages.Next() {
-		var pipe string
-		var us sql.NullInt64
-		if err := ages.Scan(&pipe, &us); err != nil {
-			return nil, fmt.Errorf("read oldest pending: %w", err)
-		}
-		age[pipe] = time.Duration(us.Int64) * time.Microsecond
-	}
-	if err := ages.Err(); err != nil {
-		return nil, fmt.Errorf("read oldest pending: %w", err)
-	}
-	hasPending := map[string]bool{}
-	for i := range out {
-		if out[i].Status == "pending" {
-			out[i].OldestPendingAge = age[out[i].Pipe]
-			hasPending[out[i].Pipe] = true
-		}
-	}
-	// A pipe whose only undelivered rows are being delivered still has an
-	// oldest undelivered row; report it on a zero "pending" stat.
-	for pipe, a := range age {
-		if !hasPending[pipe] {
-			out = append(out, metrics.OutboxStat{Pipe: pipe, Status: "pending", OldestPendingAge: a})
-		}
+	for _, b := range out {
+		b.delivered = max(b.delivered, 0)
 	}
 	return out, nil
 }

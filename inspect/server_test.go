@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -78,21 +79,27 @@ func TestEndpoints(t *testing.T) {
 		for _, p := range v.Pipes {
 			names = append(names, p.Pipe)
 		}
-		if got, want := strings.Join(names, " "), "inst:shop.items:hook inst:shop.orders:hook inst:shop.users:hook"; got != want {
+		// carts has only a segment; items is configured without any.
+		if got, want := strings.Join(names, " "), "inst:shop.carts:hook inst:shop.items:hook inst:shop.orders:hook inst:shop.users:hook"; got != want {
 			t.Fatalf("pipes = %s, want %s", got, want)
 		}
-		o := v.Pipes[1]
-		if o.Pending != 3 || o.Delivered != 2 || o.Dead != 1 || o.Delivering != 0 {
-			t.Errorf("orders counts = %+v", o)
+		// Records: 3 pending rows and a pending segment of 3; 2 delivered
+		// rows, a done segment of 5 and the row of one record that left it
+		// (delivered once, not twice); 1 dead row.
+		o := v.Pipes[2]
+		if o.Pending != 6 || o.Delivered != 7 || o.Dead != 1 || o.Delivering != 0 {
+			t.Errorf("orders counts = %+v, want 6 pending, 7 delivered, 1 dead", o)
 		}
 		if o.Table != "shop.orders" || o.Sink != "hook" {
 			t.Errorf("table/sink = %q/%q", o.Table, o.Sink)
 		}
-		if o.OldestPendingAgeSeconds < 29 || o.OldestPendingAgeSeconds > 60 {
-			t.Errorf("oldest pending age = %v, want ~30s", o.OldestPendingAgeSeconds)
+		// The pending segment (40 s) is older than the oldest pending row
+		// (30 s).
+		if o.OldestPendingAgeSeconds < 39 || o.OldestPendingAgeSeconds > 70 {
+			t.Errorf("oldest pending age = %v, want ~40s", o.OldestPendingAgeSeconds)
 		}
-		if o.DeliveryLagSeconds < 31 || o.DeliveryLagSeconds > 62 {
-			t.Errorf("delivery lag = %v, want ~32s", o.DeliveryLagSeconds)
+		if o.DeliveryLagSeconds < 41 || o.DeliveryLagSeconds > 72 {
+			t.Errorf("delivery lag = %v, want ~42s", o.DeliveryLagSeconds)
 		}
 		// The most recent error of an undelivered row: the retrying one
 		// (2s ago) rather than the dead one (9s ago).
@@ -102,8 +109,11 @@ func TestEndpoints(t *testing.T) {
 		if got, want := o.DrainHolder, "replica-b/n2"; got != want {
 			t.Errorf("drain holder = %q, want %q", got, want)
 		}
-		if v.Pipes[2].Delivered != 1 || v.Pipes[2].OldestPendingAgeSeconds != 0 || v.Pipes[2].DrainHolder != "" {
-			t.Errorf("users pipe = %+v", v.Pipes[2])
+		if v.Pipes[3].Delivered != 1 || v.Pipes[3].OldestPendingAgeSeconds != 0 || v.Pipes[3].DrainHolder != "" {
+			t.Errorf("users pipe = %+v", v.Pipes[3])
+		}
+		if c := v.Pipes[0]; c.Delivered != 2 || c.Pending != 0 || c.Dead != 0 || c.OldestPendingAgeSeconds != 0 {
+			t.Errorf("carts pipe = %+v, want 2 delivered records", c)
 		}
 	})
 
@@ -308,8 +318,11 @@ func TestMetricsParse(t *testing.T) {
 		{"cdcout_handoff_dropped_pending_total", nil, 2},
 		{"cdcout_source_connected", nil, 1},
 		{"cdcout_source_lag_seconds", nil, 1.5},
-		{"cdcout_outbox_rows", map[string]string{"pipe": "inst:shop.orders:hook", "status": "pending"}, 3},
+		{"cdcout_outbox_rows", map[string]string{"pipe": "inst:shop.orders:hook", "status": "pending"}, 6},
+		{"cdcout_outbox_rows", map[string]string{"pipe": "inst:shop.orders:hook", "status": "delivered"}, 7},
 		{"cdcout_outbox_rows", map[string]string{"pipe": "inst:shop.orders:hook", "status": "dead"}, 1},
+		{"cdcout_outbox_rows", map[string]string{"pipe": "inst:shop.carts:hook", "status": "delivered"}, 2},
+		{"cdcout_outbox_oldest_pending_age_seconds", map[string]string{"pipe": "inst:shop.carts:hook"}, 0},
 		{"cdcout_build_info", nil, 1},
 	} {
 		got, ok := value(c.name, c.labels)
@@ -317,8 +330,8 @@ func TestMetricsParse(t *testing.T) {
 			t.Errorf("%s%v = %v (found %v), want %v", c.name, c.labels, got, ok, c.want)
 		}
 	}
-	if age, ok := value("cdcout_outbox_oldest_pending_age_seconds", map[string]string{"pipe": "inst:shop.orders:hook"}); !ok || age < 29 {
-		t.Errorf("oldest pending age = %v (found %v), want ~30", age, ok)
+	if age, ok := value("cdcout_outbox_oldest_pending_age_seconds", map[string]string{"pipe": "inst:shop.orders:hook"}); !ok || age < 39 || age > 70 {
+		t.Errorf("oldest pending age = %v (found %v), want ~40 (the pending segment)", age, ok)
 	}
 	if _, ok := value("cdcout_outbox_rows", map[string]string{"pipe": "other:shop.orders:hook"}); ok {
 		t.Errorf("another instance's pipe is in cdcout_outbox_rows")
@@ -375,35 +388,59 @@ func TestRunListensAndShutsDown(t *testing.T) {
 	}
 }
 
-// TestClaimedRowsCountAsDelivering: a claimed row is a pending row with a
-// claimer whose next attempt is the claim's expiry; it counts as
-// delivering, not pending. A claim that lapsed (its claimer died) is due
+// TestClaimedRowsCountAsDelivering: a claimed row or segment is pending
+// with a claimer whose next attempt is the claim's expiry; its records count
+// as delivering, not pending. A claim that lapsed (its claimer died) is due
 // again and counts as pending.
 func TestClaimedRowsCountAsDelivering(t *testing.T) {
 	db, schema := fixture(t)
-	outbox := "`" + schema + "`.outbox"
-	// The fixture's orders pipe has 3 pending rows; claim two of them, one
-	// with a lapsed claim.
+	outbox, segments := "`"+schema+"`.outbox", "`"+schema+"`.segments"
+	// The fixture's orders pipe has 3 pending rows and a pending segment of
+	// 3 records; claim two of the rows, one with a lapsed claim, and the
+	// segment; add a segment of 4 records with a lapsed claim.
 	for _, q := range []string{
-		"UPDATE " + outbox + " SET claimer = 42, next_attempt_at = NOW(6) + INTERVAL 5 MINUTE WHERE id = '0190a000-0000-7000-8000-000000000001'",
-		"UPDATE " + outbox + " SET claimer = 42, next_attempt_at = NOW(6) - INTERVAL 1 SECOND WHERE id = '0190a000-0000-7000-8000-000000000003'",
+		"UPDATE " + outbox + " SET claimer = 42, next_attempt_at = NOW(6) + INTERVAL 5 MINUTE WHERE id = '" + fixtureID(1) + "'",
+		"UPDATE " + outbox + " SET claimer = 42, next_attempt_at = NOW(6) - INTERVAL 1 SECOND WHERE id = '" + fixtureID(3) + "'",
+		"UPDATE " + segments + " SET claimer = 42, next_attempt_at = NOW(6) + INTERVAL 5 MINUTE WHERE id = '" + fixtureID(201) + "'",
+		"INSERT INTO " + segments + " (id, pipe, sink, status, records, last_id, claimer, next_attempt_at, first_commit_ts, payload) VALUES ('" +
+			fixtureID(204) + "', 'inst:shop.orders:hook', 'hook', 'pending', 4, '" + fixtureID(207) + "', 42, NOW(6) - INTERVAL 1 SECOND, NOW(6), 'x')",
 	} {
 		if _, err := db.Exec(q); err != nil {
 			t.Fatal(err)
 		}
 	}
-	pipes, err := Reader{DB: db, Schema: schema, Instance: "inst"}.Pipes(context.Background())
+	r := Reader{DB: db, Schema: schema, Instance: "inst"}
+	pipes, err := r.Pipes(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
+	found := false
 	for _, p := range pipes {
 		if p.Pipe != "inst:shop.orders:hook" {
 			continue
 		}
-		if p.Pending != 2 || p.Delivering != 1 || p.Delivered != 2 || p.Dead != 1 {
-			t.Fatalf("orders counts = %+v, want 2 pending, 1 delivering, 2 delivered, 1 dead", p)
+		found = true
+		if p.Pending != 6 || p.Delivering != 4 || p.Delivered != 7 || p.Dead != 1 {
+			t.Fatalf("orders counts = %+v, want 6 pending, 4 delivering, 7 delivered, 1 dead", p)
 		}
-		return
+		if p.OldestPendingAgeSeconds < 39 {
+			t.Fatalf("oldest pending age = %v, want ~40s: a claimed segment is still undelivered", p.OldestPendingAgeSeconds)
+		}
 	}
-	t.Fatalf("no orders pipe in %+v", pipes)
+	if !found {
+		t.Fatalf("no orders pipe in %+v", pipes)
+	}
+	stats, err := r.OutboxStats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int64{}
+	for _, s := range stats {
+		if s.Pipe == "inst:shop.orders:hook" {
+			got[s.Status] = s.Rows
+		}
+	}
+	if want := map[string]int64{"pending": 6, "delivering": 4, "delivered": 7, "dead": 1}; !maps.Equal(got, want) {
+		t.Fatalf("orders stats = %v, want %v", got, want)
+	}
 }
