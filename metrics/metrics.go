@@ -240,20 +240,24 @@ func (m *Metrics) DrainMetrics() outbox.DrainMetrics {
 	}
 }
 
-// OutboxStat is one pipe's row count in one status, read from the state
+// OutboxStat is one pipe's record count in one status, read from the state
 // database.
 type OutboxStat struct {
 	Pipe   string
 	Status string
-	Rows   int64
+	// Rows counts records: outbox rows plus the records still in
+	// segments (enqueue writes a segment per transaction and pipe; only
+	// records that fail or wait behind a retry become rows). The name is
+	// the metric's, kept so dashboards and alerts carry on.
+	Rows int64
 	// OldestPendingAge is set on the "pending" stat: how long the oldest
-	// pending row has waited in the outbox.
+	// undelivered record (a row or a segment's) has waited in the outbox.
 	OldestPendingAge time.Duration
 }
 
 // WatchOutbox registers cdcout_outbox_rows{pipe,status} and
 // cdcout_outbox_oldest_pending_age_seconds{pipe}, computed by read on
-// scrape. The result is cached for cacheFor (default 5s) so several
+// scrape; both count records, in rows and in segments alike. The result is cached for cacheFor (default 5s) so several
 // scrapers, or a scrape storm, cost one GROUP BY. A failed read keeps the
 // last good values (the scrape still succeeds; the error is counted as
 // cdcout_drain_errors_total{op="outbox_stats"}). Calling it again replaces
@@ -278,9 +282,9 @@ func (m *Metrics) WatchOutbox(read func(ctx context.Context) ([]OutboxStat, erro
 		cacheFor: cacheFor,
 		errs:     m.drainErrors,
 		rows: prometheus.NewDesc("cdcout_outbox_rows",
-			"Outbox rows by pipe and status, read from the state database.", []string{"pipe", "status"}, nil),
+			"Outbox records (rows and records in segments) by pipe and status, read from the state database.", []string{"pipe", "status"}, nil),
 		oldest: prometheus.NewDesc("cdcout_outbox_oldest_pending_age_seconds",
-			"Age of the oldest pending outbox row of the pipe (0 when none is pending).", []string{"pipe"}, nil),
+			"Age of the oldest undelivered outbox record (row or segment) of the pipe (0 when none is pending).", []string{"pipe"}, nil),
 	}
 	m.reg.MustRegister(m.outbox)
 }
