@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"database/sql"
 	"encoding/json"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 	"time"
 
 	"github.com/cdcout/cdcout/internal/mysqltest"
+	"github.com/cdcout/cdcout/outbox"
 )
 
 // The benchmarks of issue 3, run against the real binary (`make bench`):
@@ -303,24 +305,14 @@ func BenchmarkLatency(b *testing.B) {
 		if code := p.stop(30 * time.Second); code != 0 {
 			b.Fatalf("cdcout exit code %d after SIGTERM", code)
 		}
-		// Where the time goes: commit → outbox row written (created_at is
-		// the database clock, the same machine's clock as ours).
+		// Where the time goes: commit → record enqueued (its segment's
+		// created_at, the database clock, the same machine's clock as ours).
 		var enq []time.Duration
-		rows, err := db.Query("SELECT CAST(JSON_VALUE(CAST(payload AS CHAR), '$.after.id') AS UNSIGNED), UNIX_TIMESTAMP(created_at) FROM `" + stateDB + "`.outbox WHERE sink = 'hook'")
-		if err != nil {
-			b.Fatal(err)
-		}
-		for rows.Next() {
-			var id int
-			var created float64
-			if err := rows.Scan(&id, &created); err != nil {
-				b.Fatal(err)
-			}
-			if id < n {
-				enq = append(enq, time.Duration(created*1e9-float64(committed[id].Load())))
+		for _, r := range enqueueTimes(b, db, stateDB, "hook") {
+			if r.id < n {
+				enq = append(enq, time.Duration(r.created*1e9-float64(committed[r.id].Load())))
 			}
 		}
-		rows.Close()
 		quantiles := func(d []time.Duration) (p50, p99, pmax time.Duration) {
 			sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
 			q := func(f float64) time.Duration { return d[min(len(d)-1, int(f*float64(len(d))))] }
@@ -336,7 +328,7 @@ func BenchmarkLatency(b *testing.B) {
 		b.ReportMetric(achieved, "offered_changes/s")
 		b.ReportMetric(float64(e50.Microseconds())/1000, "enqueue_p50_ms")
 		b.ReportMetric(float64(e99.Microseconds())/1000, "enqueue_p99_ms")
-		b.Logf("%d changes at %.0f changes/s offered (%d-row transactions): commit→webhook p50 %s p99 %s max %s (of which commit→outbox row p50 %s p99 %s); peak RSS %.0f MB",
+		b.Logf("%d changes at %.0f changes/s offered (%d-row transactions): commit→webhook p50 %s p99 %s max %s (of which commit→enqueued p50 %s p99 %s); peak RSS %.0f MB",
 			n, achieved, perTx, p50.Round(100*time.Microsecond), p99.Round(100*time.Microsecond), pmax.Round(time.Millisecond),
 			e50.Round(100*time.Microsecond), e99.Round(100*time.Microsecond), float64(hwm)/(1<<20))
 	}
@@ -381,4 +373,64 @@ func BenchmarkHugeTransactionRSS(b *testing.B) {
 		b.Logf("one %d-row transaction: committed in %s, in the file after %s (%.0f changes/s); cdcout peak RSS %.0f MB (%.0f MB before the transaction)",
 			rows, committed.Round(time.Millisecond), elapsed.Round(time.Millisecond), float64(rows)/elapsed.Seconds(), float64(hwm)/(1<<20), float64(base)/(1<<20))
 	}
+}
+
+// enqueued is when the change of the source row id was enqueued, in Unix
+// seconds.
+type enqueued struct {
+	id      int
+	created float64
+}
+
+// enqueueTimes returns when each record of the sink was enqueued: the
+// created_at of the segment it was written in, also for a record that left
+// its segment as an outbox row since.
+func enqueueTimes(b *testing.B, db *sql.DB, stateDB, sink string) []enqueued {
+	b.Helper()
+	type segment struct {
+		id, last string
+		created  float64
+	}
+	segs := map[string][]segment{} // pipe → its segments in id order
+	rows, err := db.Query("SELECT pipe, id, last_id, UNIX_TIMESTAMP(created_at) FROM `"+stateDB+"`.segments WHERE sink = ? ORDER BY pipe, id", sink)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for rows.Next() {
+		var pipe string
+		var s segment
+		if err := rows.Scan(&pipe, &s.id, &s.last, &s.created); err != nil {
+			b.Fatal(err)
+		}
+		segs[pipe] = append(segs[pipe], s)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		b.Fatal(err)
+	}
+	recs, err := outbox.ReadRecords(context.Background(), db, stateDB, "%")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var out []enqueued
+	for _, r := range recs {
+		if r.Sink != sink {
+			continue
+		}
+		ss := segs[r.Pipe]
+		i := sort.Search(len(ss), func(i int) bool { return ss[i].id > r.ID }) - 1
+		if i < 0 || r.ID > ss[i].last {
+			b.Fatalf("record %s of %s is in no segment", r.ID, r.Pipe)
+		}
+		var env struct {
+			After struct {
+				ID int `json:"id"`
+			} `json:"after"`
+		}
+		if err := json.Unmarshal(r.Payload, &env); err != nil {
+			b.Fatalf("record %s: %v", r.ID, err)
+		}
+		out = append(out, enqueued{env.After.ID, ss[i].created})
+	}
+	return out
 }

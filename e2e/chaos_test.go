@@ -379,11 +379,11 @@ sinks:
 	drainStart := time.Now()
 	waitFor(t, 200*time.Second, func() (bool, string) {
 		checkAlive()
-		var rows, open int
-		if err := db.QueryRow("SELECT COUNT(*), COALESCE(SUM(status = 'pending'), 0) FROM `"+stateDB+"`.outbox").Scan(&rows, &open); err != nil {
+		recs, open, _, err := outboxCounts(db, stateDB)
+		if err != nil {
 			return false, err.Error()
 		}
-		return rows >= n && open == 0, fmt.Sprintf("outbox has %d rows (want %d), %d pending (claimed or not): %s", rows, n, open, outboxSummary(db, stateDB))
+		return recs >= n && open == 0, fmt.Sprintf("outbox has %d records (want %d), %d pending (claimed or not): %s", recs, n, open, outboxSummary(db, stateDB))
 	})
 	if d := time.Since(drainStart); d > 60*time.Second {
 		t.Logf("NOTE: the final drain took %s; some rows waited out their claim lease", d.Round(time.Second))
@@ -416,7 +416,7 @@ sinks:
 		perPipe[r.pipe][r.env.change()]++
 		ids[r.id] = r.env.change()
 		if r.status != "delivered" {
-			t.Errorf("outbox row %s of %s is %s, want delivered", r.id, r.pipe, r.status)
+			t.Errorf("outbox record %s of %s is %s, want delivered", r.id, r.pipe, r.status)
 		}
 	}
 	for _, tbl := range tables {
@@ -437,7 +437,7 @@ sinks:
 			}
 		}
 		if missing+extra+dup > 0 {
-			t.Errorf("pipe %s: outbox has %d changes, source %d: %d missing, %d extra, %d with more than one row",
+			t.Errorf("pipe %s: outbox has %d changes, source %d: %d missing, %d extra, %d with more than one record",
 				pipe, len(got), len(exp), missing, extra, dup)
 		}
 	}
@@ -451,7 +451,7 @@ sinks:
 		}
 		hookIDs[c] = d.webhookID
 		if oc, ok := ids[d.webhookID]; !ok || oc != c {
-			t.Errorf("delivery %s (%v) is not the outbox row of that change", d.webhookID, c)
+			t.Errorf("delivery %s (%v) is not the outbox record of that change", d.webhookID, c)
 		}
 		envs = append(envs, d.env)
 	}
@@ -461,7 +461,7 @@ sinks:
 	for _, v := range orderViolations(envs) {
 		t.Errorf("receiver per-key order: %s", v)
 	}
-	t.Logf("mode %s: %d changes (%d in two %d-row transactions), %d outbox rows; %d SIGKILLs (%d enqueue leader, %d drain holder), 1 SIGSTOP > TTL, 1 database restart (first row %s after it), 1 SIGTERM; "+
+	t.Logf("mode %s: %d changes (%d in two %d-row transactions), %d outbox records; %d SIGKILLs (%d enqueue leader, %d drain holder), 1 SIGSTOP > TTL, 1 database restart (first row %s after it), 1 SIGTERM; "+
 		"%d enqueue lease takeovers (%d from the handoff buffer, %d re-reading from the checkpoint), %d fenced steps down; %d drain takeovers returned a dead claimer's rows; duplicates delivered: %d of %d requests; "+
 		"takeover after SIGKILL of the leader (kill → first new outbox row, TTL %s): max %s, all %v; drain pipe taken over within %s; graceful handover (SIGTERM → first new outbox row) %s; %s in all",
 		mode, n, bigChanges.Load(), bigRows, len(rows), kills, enqueueKills, drainKills, restartRecovery.Round(time.Millisecond),

@@ -285,11 +285,11 @@ sinks:
 		if last.exited() {
 			t.Fatalf("the last cdcout exited on its own: %v", last.err)
 		}
-		var rows, open int
-		if err := db.QueryRow("SELECT COUNT(*), COALESCE(SUM(status = 'pending'), 0) FROM `"+stateDB+"`.outbox").Scan(&rows, &open); err != nil {
+		recs, open, _, err := outboxCounts(db, stateDB)
+		if err != nil {
 			return false, err.Error()
 		}
-		return rows >= 2*n && open == 0, fmt.Sprintf("outbox has %d rows (want %d), %d pending (claimed or not): %s", rows, 2*n, open, outboxSummary(db, stateDB))
+		return recs >= 2*n && open == 0, fmt.Sprintf("outbox has %d records (want %d), %d pending (claimed or not): %s", recs, 2*n, open, outboxSummary(db, stateDB))
 	})
 	noteFirst(last)
 	if code := last.stop(20 * time.Second); code != 0 {
@@ -314,7 +314,7 @@ sinks:
 		wantByTable[e.Source.Table][c] = true
 	}
 
-	// Outbox: exactly one row per (change, pipe), all delivered.
+	// Outbox: exactly one record per (change, pipe), all delivered.
 	rows := readOutbox(t, db, stateDB)
 	perPipe := map[string]map[change]int{}
 	keys := map[string]bool{}
@@ -331,10 +331,10 @@ sinks:
 		}
 		keys[r.pipe+" "+r.changeKey] = true
 		if r.status != "delivered" {
-			t.Errorf("outbox row %s of %s is %s, want delivered", r.id, r.pipe, r.status)
+			t.Errorf("outbox record %s of %s is %s, want delivered", r.id, r.pipe, r.status)
 		}
 		if r.env.ID != r.id {
-			t.Errorf("outbox row %s carries envelope id %s", r.id, r.env.ID)
+			t.Errorf("outbox record %s carries envelope id %s", r.id, r.env.ID)
 		}
 	}
 	if got, want := len(perPipe), len(pipeTable); got != want {
@@ -358,7 +358,7 @@ sinks:
 			}
 		}
 		if missing+extra+dup > 0 || len(got) != len(exp) {
-			t.Errorf("pipe %s: outbox has %d changes, source %d: %d missing, %d extra, %d with more than one row",
+			t.Errorf("pipe %s: outbox has %d changes, source %d: %d missing, %d extra, %d with more than one record",
 				pipe, len(got), len(exp), missing, extra, dup)
 		}
 	}
@@ -384,7 +384,7 @@ sinks:
 		}
 		hookIDs[c] = d.webhookID
 		if oc, ok := ids["crash:"+src+"."+c.table+":hook"][d.webhookID]; !ok || oc != c {
-			t.Errorf("delivery %s (%v) is not the outbox row of that change", d.webhookID, c)
+			t.Errorf("delivery %s (%v) is not the outbox record of that change", d.webhookID, c)
 		}
 		envs = append(envs, d.env)
 	}
@@ -412,7 +412,7 @@ sinks:
 		}
 		fileIDs[c] = e.ID
 		if oc, ok := ids["crash:"+src+"."+c.table+":file"][e.ID]; !ok || oc != c {
-			t.Errorf("file line %s (%v) is not the outbox row of that change", e.ID, c)
+			t.Errorf("file line %s (%v) is not the outbox record of that change", e.ID, c)
 		}
 	}
 	if got, want := len(fileIDs), n; got != want {
@@ -432,7 +432,7 @@ sinks:
 		opList = append(opList, fmt.Sprintf("%s=%d", op, k))
 	}
 	sort.Strings(opList)
-	t.Logf("mode %s: %d changes (%s) in %d transactions, %d outbox rows; %d SIGKILLs (%d inside an enqueue transaction blocked at its checkpoint write, %d after the instance's first delivery); "+
+	t.Logf("mode %s: %d changes (%s) in %d transactions, %d outbox records; %d SIGKILLs (%d inside an enqueue transaction blocked at its checkpoint write, %d after the instance's first delivery); "+
 		"duplicates delivered: %d over HTTP (of %d requests), %d in the file (%d torn lines); max restart→first delivery %s (%d instances delivered); %d enqueue lease takeovers logged; %s in all",
 		mode, n, strings.Join(opList, " "), w.txs.Load(), len(rows), kills, inEnqueue, afterDelivery,
 		dupHTTP, len(dels), dupFile, len(torn), maxFirst.Round(time.Millisecond), firstSeen,

@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cdcout/cdcout/outbox"
 )
 
 // proc is one running cdcout child process.
@@ -293,35 +295,45 @@ func orderViolations(envs []envelope) []string {
 	return out
 }
 
-// outboxRow is one row of the state database's outbox.
+// outboxRow is one record of the state database's outbox: a row of the
+// outbox table or a record still inside its segment.
 type outboxRow struct {
 	id, pipe, changeKey, status string
 	env                         envelope
 }
 
+// readOutbox returns every record enqueued, each once, as
+// outbox.ReadRecords reads them.
 func readOutbox(t testing.TB, db *sql.DB, stateDB string) []outboxRow {
 	t.Helper()
-	rows, err := db.Query("SELECT id, pipe, change_key, status, payload FROM `" + stateDB + "`.outbox ORDER BY id")
+	recs, err := outbox.ReadRecords(context.Background(), db, stateDB, "%")
 	if err != nil {
 		t.Fatalf("read outbox: %v", err)
 	}
-	defer rows.Close()
-	var out []outboxRow
-	for rows.Next() {
-		var r outboxRow
-		var payload []byte
-		if err := rows.Scan(&r.id, &r.pipe, &r.changeKey, &r.status, &payload); err != nil {
-			t.Fatal(err)
-		}
-		if r.env, err = parseEnvelope(payload); err != nil {
-			t.Fatalf("outbox row %s: %v", r.id, err)
+	out := make([]outboxRow, 0, len(recs))
+	for _, rec := range recs {
+		r := outboxRow{id: rec.ID, pipe: rec.Pipe, changeKey: rec.ChangeKey, status: rec.Status}
+		if r.env, err = parseEnvelope(rec.Payload); err != nil {
+			t.Fatalf("outbox record %s: %v", r.id, err)
 		}
 		out = append(out, r)
 	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
 	return out
+}
+
+// outboxCounts counts the outbox's records, and of them those pending and
+// those dead, in SQL: cheap enough to poll while tens of thousands of
+// records are enqueued, where readOutbox decodes every segment. Every
+// outbox row left a segment and is still counted in its segment's
+// records; a pending segment's records are all pending (a record leaves
+// its segment only when the segment is done).
+func outboxCounts(db *sql.DB, stateDB string) (records, pending, dead int, err error) {
+	q := "`" + stateDB + "`."
+	err = db.QueryRow("SELECT (SELECT COALESCE(SUM(records), 0) FROM "+q+"segments),"+
+		" (SELECT COALESCE(SUM(records), 0) FROM "+q+"segments WHERE status = 'pending')"+
+		" + (SELECT COUNT(*) FROM "+q+"outbox WHERE status = 'pending'),"+
+		" (SELECT COUNT(*) FROM "+q+"outbox WHERE status = 'dead')").Scan(&records, &pending, &dead)
+	return records, pending, dead, err
 }
 
 // readJSONL parses a file sink's output. Lines that do not parse are
@@ -397,10 +409,13 @@ func gtidPos(t testing.TB, db *sql.DB) string {
 	return pos
 }
 
-// outboxSummary describes the outbox's undelivered rows per pipe and
-// status, for timeout messages.
+// outboxSummary describes the outbox's undelivered records per pipe:
+// pending segments (their records) and pending and dead rows, for timeout
+// messages.
 func outboxSummary(db *sql.DB, stateDB string) string {
-	rows, err := db.Query("SELECT pipe, status, COUNT(*), MAX(attempts), COALESCE(MIN(next_attempt_at), ''), MAX(claimer) FROM `" + stateDB + "`.outbox" +
+	rows, err := db.Query("SELECT 'segments', pipe, status, SUM(records), MAX(attempts), COALESCE(MIN(next_attempt_at), ''), MAX(claimer) FROM `" + stateDB + "`.segments" +
+		" WHERE status = 'pending' GROUP BY pipe, status" +
+		" UNION ALL SELECT 'rows', pipe, status, COUNT(*), MAX(attempts), COALESCE(MIN(next_attempt_at), ''), MAX(claimer) FROM `" + stateDB + "`.outbox" +
 		" WHERE status IN ('pending','dead') GROUP BY pipe, status")
 	if err != nil {
 		return err.Error()
@@ -408,12 +423,12 @@ func outboxSummary(db *sql.DB, stateDB string) string {
 	defer rows.Close()
 	var parts []string
 	for rows.Next() {
-		var pipe, status, next, by string
+		var in, pipe, status, next, by string
 		var n, att int
-		if err := rows.Scan(&pipe, &status, &n, &att, &next, &by); err != nil {
+		if err := rows.Scan(&in, &pipe, &status, &n, &att, &next, &by); err != nil {
 			return err.Error()
 		}
-		parts = append(parts, fmt.Sprintf("%s %s=%d (max attempts %d, next %s, by %s)", pipe, status, n, att, next, by))
+		parts = append(parts, fmt.Sprintf("%s %s=%d in %s (max attempts %d, next %s, by %s)", pipe, status, n, in, att, next, by))
 	}
 	return strings.Join(parts, "; ")
 }

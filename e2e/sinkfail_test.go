@@ -226,11 +226,11 @@ sinks:
 	}
 	rows := readOutbox(t, db, stateDB)
 	if len(rows) != total {
-		t.Errorf("outbox has %d rows, want %d", len(rows), total)
+		t.Errorf("outbox has %d records, want %d", len(rows), total)
 	}
 	for _, r := range rows {
 		if r.status != "delivered" {
-			t.Errorf("outbox row %s is %s", r.id, r.status)
+			t.Errorf("outbox record %s is %s", r.id, r.status)
 		}
 	}
 	if code := p.stop(20 * time.Second); code != 0 {
