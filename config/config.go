@@ -116,6 +116,15 @@ type Sink struct {
 
 	Kafka *KafkaOptions `yaml:"kafka"`
 	NATS  *NATSOptions  `yaml:"nats"`
+	HTTP  *HTTPOptions  `yaml:"http"`
+}
+
+// HTTPOptions are the http: block of a webhook sink.
+type HTTPOptions struct {
+	// Batch sends each delivery call's records (up to batch_size) in one
+	// POST whose body is a JSON array of the records' bodies, instead of
+	// one POST per record.
+	Batch bool `yaml:"batch"`
 }
 
 // TableFilter selects tables by pattern ("db.tbl", "db.*", "*.tbl").

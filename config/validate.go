@@ -244,6 +244,9 @@ func (s *Sink) validate(errs *Errors, at string, claimLease time.Duration) {
 		}
 		checkTLS(errs, at+".kafka.tls", s.Kafka.TLS)
 	}
+	if s.HTTP != nil && scheme != "http" && scheme != "https" {
+		errs.add(at+".http", "only for http(s):// sinks")
+	}
 	if s.NATS != nil {
 		if scheme != "nats" {
 			errs.add(at+".nats", "only for nats:// sinks")

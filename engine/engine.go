@@ -172,7 +172,8 @@ func (e *Engine) buildSink(sc config.Sink) (outbox.Sink, error) {
 		for k, v := range sc.Headers {
 			headers[k] = v.Value()
 		}
-		return httpsink.New(httpsink.Options{URL: sc.URL, Secret: secret, Headers: headers, Format: f})
+		return httpsink.New(httpsink.Options{URL: sc.URL, Secret: secret, Headers: headers, Format: f,
+			Batch: sc.HTTP != nil && sc.HTTP.Batch})
 	case "kafka":
 		brokers, topic, err := kafkasink.ParseURL(sc.URL)
 		if err != nil {

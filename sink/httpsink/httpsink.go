@@ -15,6 +15,16 @@
 //     id.timestamp.body)>". A secret written "whsec_<base64>" (the spec's
 //     form) is base64-decoded; any other string is used as raw bytes.
 //
+// With Batch, one POST carries a whole delivery call (up to the pipe's
+// batch size): the body is a JSON array of the records' bodies, each with
+// its own "id", Content-Type application/json (application/cloudevents-
+// batch+json for the cloudevents format), no ce- headers, and webhook-id
+// "batch_" plus a digest of the records' ids (a batch of one has the
+// record's id). The POST succeeds or fails as a whole; a permanent error
+// (4xx) for a batch of several is not taken as every record's fault: the
+// records are posted again one by one, so only the rejected ones are
+// dead-lettered.
+//
 // Redirects are not followed: a webhook that moved is a configuration to
 // fix, and following one would resend a signed body to another host. A 2xx
 // is delivered; 408, 425, 429, 5xx, timeouts and connection errors are
@@ -27,6 +37,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -63,6 +74,9 @@ type Options struct {
 	MaxConcurrent int
 	// Now is the clock for webhook-timestamp; nil means time.Now.
 	Now func() time.Time
+	// Batch posts a delivery call's records as one JSON array (see the
+	// package comment).
+	Batch bool
 }
 
 // Sink posts records to one URL.
@@ -76,6 +90,7 @@ type Sink struct {
 	client     *http.Client
 	maxConc    int
 	now        func() time.Time
+	batch      bool
 }
 
 var _ outbox.Sink = (*Sink)(nil)
@@ -146,12 +161,16 @@ func New(opts Options) (*Sink, error) {
 		client:     client,
 		maxConc:    maxConc,
 		now:        now,
+		batch:      opts.Batch,
 	}, nil
 }
 
 // Deliver posts the records concurrently (the drainer never puts two
 // records of one key into a call, so order is not at stake here).
 func (s *Sink) Deliver(ctx context.Context, recs []outbox.Record) []error {
+	if s.batch {
+		return s.deliverBatch(ctx, recs)
+	}
 	errs := make([]error, len(recs))
 	if len(recs) == 1 {
 		errs[0] = s.post(ctx, recs[0])
@@ -187,6 +206,87 @@ func (s *Sink) post(ctx context.Context, rec outbox.Record) error {
 	if err != nil {
 		return sink.Permanent(fmt.Errorf("encode %s: %w", rec.ID, err))
 	}
+	h := http.Header{}
+	h.Set("Content-Type", s.format.ContentType())
+	if !s.structured {
+		h.Set("ce-specversion", format.CESpecVersion)
+		h.Set("ce-id", rec.ID)
+		h.Set("ce-source", format.CESource(rec))
+		h.Set("ce-type", format.CEType(rec))
+		h.Set("ce-subject", format.CESubject(rec))
+		if t := format.CETime(rec); t != "" {
+			h.Set("ce-time", t)
+		}
+	}
+	return s.send(ctx, rec.ID, h, body)
+}
+
+// deliverBatch posts recs as one JSON array; see the package comment.
+func (s *Sink) deliverBatch(ctx context.Context, recs []outbox.Record) []error {
+	errs := make([]error, len(recs))
+	body := []byte{'['}
+	ok := make([]int, 0, len(recs)) // indexes of the records in the body
+	for i, rec := range recs {
+		b, err := s.format.Encode(rec)
+		if err != nil {
+			errs[i] = sink.Permanent(fmt.Errorf("encode %s: %w", rec.ID, err))
+			continue
+		}
+		if len(ok) > 0 {
+			body = append(body, ',')
+		}
+		body = append(body, b...)
+		ok = append(ok, i)
+	}
+	body = append(body, ']')
+	if len(ok) == 0 {
+		return errs
+	}
+	id := recs[ok[0]].ID
+	if len(ok) > 1 {
+		h := sha256.New()
+		for _, i := range ok {
+			h.Write([]byte(recs[i].ID))
+			h.Write([]byte{','})
+		}
+		id = "batch_" + hex.EncodeToString(h.Sum(nil)[:16])
+	}
+	ct := "application/json"
+	if s.structured {
+		ct = "application/cloudevents-batch+json"
+	}
+	h := http.Header{}
+	h.Set("Content-Type", ct)
+	err := s.send(ctx, id, h, body)
+	if err != nil && sink.IsPermanent(err) && len(ok) > 1 {
+		// Find the records the receiver rejects: each on its own.
+		one := make([]error, len(ok))
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, s.maxConc)
+		for j, i := range ok {
+			sem <- struct{}{}
+			wg.Add(1)
+			go func() {
+				defer func() { <-sem; wg.Done() }()
+				one[j] = s.deliverBatch(ctx, recs[i:i+1])[0]
+			}()
+		}
+		wg.Wait()
+		for j, i := range ok {
+			errs[i] = one[j]
+		}
+		return errs
+	}
+	for _, i := range ok {
+		errs[i] = err
+	}
+	return errs
+}
+
+// send POSTs body with the given headers plus the configured ones and the
+// Standard Webhooks headers for message id, and maps the answer to
+// delivered (nil), retry or permanent.
+func (s *Sink) send(ctx context.Context, id string, h http.Header, body []byte) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.url, bytes.NewReader(body))
 	if err != nil {
 		return sink.Permanent(fmt.Errorf("build request: %w", err))
@@ -194,22 +294,14 @@ func (s *Sink) post(ctx context.Context, rec outbox.Record) error {
 	for k, v := range s.headers {
 		req.Header[k] = v
 	}
-	req.Header.Set("Content-Type", s.format.ContentType())
-	if !s.structured {
-		req.Header.Set("ce-specversion", format.CESpecVersion)
-		req.Header.Set("ce-id", rec.ID)
-		req.Header.Set("ce-source", format.CESource(rec))
-		req.Header.Set("ce-type", format.CEType(rec))
-		req.Header.Set("ce-subject", format.CESubject(rec))
-		if t := format.CETime(rec); t != "" {
-			req.Header.Set("ce-time", t)
-		}
+	for k, v := range h {
+		req.Header[k] = v
 	}
 	ts := s.now().Unix()
-	req.Header.Set("webhook-id", rec.ID)
+	req.Header.Set("webhook-id", id)
 	req.Header.Set("webhook-timestamp", strconv.FormatInt(ts, 10))
 	if len(s.secret) > 0 {
-		req.Header.Set("webhook-signature", Sign(s.secret, rec.ID, ts, body))
+		req.Header.Set("webhook-signature", Sign(s.secret, id, ts, body))
 	}
 
 	resp, err := s.client.Do(req)

@@ -290,3 +290,84 @@ func TestParseSecret(t *testing.T) {
 		t.Errorf("bad whsec_: err = %v", err)
 	}
 }
+
+// Batch mode: one signed POST per call whose body is the records' bodies as
+// a JSON array; a rejected batch is split so only the bad record is
+// dead-lettered; a retryable answer retries them all.
+func TestBatchPostsOneSignedArray(t *testing.T) {
+	srv, got := recorder(t, func(_ int64, r *http.Request) (int, http.Header, string) {
+		b, _ := io.ReadAll(r.Body)
+		switch {
+		case strings.Contains(string(b), `"id":"bad"`):
+			return http.StatusBadRequest, nil, "bad record"
+		case strings.Contains(string(b), `"id":"busy"`):
+			return http.StatusServiceUnavailable, nil, ""
+		}
+		return http.StatusOK, nil, ""
+	})
+	secret := []byte("batch-secret")
+	s, err := New(Options{URL: srv.URL, Secret: secret, Batch: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recs []outbox.Record
+	for i := 0; i < 5; i++ {
+		id := fmt.Sprintf("id-%d", i)
+		recs = append(recs, rec(id, fmt.Sprintf(`{"id":%q,"op":"u"}`, id)))
+	}
+	for i, err := range s.Deliver(context.Background(), recs) {
+		if err != nil {
+			t.Fatalf("record %d: %v", i, err)
+		}
+	}
+	reqs := got()
+	if len(reqs) != 1 {
+		t.Fatalf("%d requests, want 1", len(reqs))
+	}
+	r := reqs[0]
+	want := `[{"id":"id-0","op":"u"},{"id":"id-1","op":"u"},{"id":"id-2","op":"u"},{"id":"id-3","op":"u"},{"id":"id-4","op":"u"}]`
+	if r.body != want {
+		t.Fatalf("body = %s, want %s", r.body, want)
+	}
+	id := r.header.Get("webhook-id")
+	if !strings.HasPrefix(id, "batch_") || r.header.Get("Content-Type") != "application/json" || r.header.Get("ce-id") != "" {
+		t.Fatalf("headers = %v", r.header)
+	}
+	ts, _ := strconv.ParseInt(r.header.Get("webhook-timestamp"), 10, 64)
+	if sig := r.header.Get("webhook-signature"); sig != Sign(secret, id, ts, []byte(r.body)) {
+		t.Fatalf("signature %s does not verify", sig)
+	}
+	// The same records again: the same webhook-id, so receivers can drop
+	// a redelivered batch.
+	s.Deliver(context.Background(), recs)
+	if again := got()[1].header.Get("webhook-id"); again != id {
+		t.Fatalf("redelivered batch id %s, want %s", again, id)
+	}
+
+	// One bad record among three: it alone is dead-lettered.
+	mixed := []outbox.Record{rec("a", `{"id":"a"}`), rec("bad", `{"id":"bad"}`), rec("c", `{"id":"c"}`)}
+	errs := s.Deliver(context.Background(), mixed)
+	if errs[0] != nil || errs[2] != nil || !sink.IsPermanent(errs[1]) {
+		t.Fatalf("errors = %v, want only the bad record permanent", errs)
+	}
+	// The split posts each record as a batch of one, with its own id.
+	last := got()
+	if n := len(last); n != 2+1+3 {
+		t.Fatalf("%d requests in all, want 6 (2 batches, 1 rejected batch, 3 single posts)", n)
+	}
+	singles := map[string]bool{}
+	for _, r := range last[3:] {
+		singles[r.header.Get("webhook-id")] = true
+	}
+	if !singles["a"] || !singles["bad"] || !singles["c"] {
+		t.Fatalf("single posts had ids %v, want a, bad, c", singles)
+	}
+
+	// A retryable answer fails the whole batch, retryably.
+	errs = s.Deliver(context.Background(), []outbox.Record{rec("x", `{"id":"x"}`), rec("busy", `{"id":"busy"}`)})
+	for i, err := range errs {
+		if err == nil || sink.IsPermanent(err) {
+			t.Fatalf("record %d: %v, want a retryable error", i, err)
+		}
+	}
+}
