@@ -295,16 +295,22 @@ func TestParseSecret(t *testing.T) {
 // a JSON array; a rejected batch is split so only the bad record is
 // dead-lettered; a retryable answer retries them all.
 func TestBatchPostsOneSignedArray(t *testing.T) {
-	srv, got := recorder(t, func(_ int64, r *http.Request) (int, http.Header, string) {
+	var mu sync.Mutex
+	var reqs []seen
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		reqs = append(reqs, seen{r.Header.Clone(), string(b)})
+		mu.Unlock()
 		switch {
 		case strings.Contains(string(b), `"id":"bad"`):
-			return http.StatusBadRequest, nil, "bad record"
+			w.WriteHeader(http.StatusBadRequest)
 		case strings.Contains(string(b), `"id":"busy"`):
-			return http.StatusServiceUnavailable, nil, ""
+			w.WriteHeader(http.StatusServiceUnavailable)
 		}
-		return http.StatusOK, nil, ""
-	})
+	}))
+	t.Cleanup(srv.Close)
+	got := func() []seen { mu.Lock(); defer mu.Unlock(); return append([]seen(nil), reqs...) }
 	secret := []byte("batch-secret")
 	s, err := New(Options{URL: srv.URL, Secret: secret, Batch: true})
 	if err != nil {
@@ -320,11 +326,11 @@ func TestBatchPostsOneSignedArray(t *testing.T) {
 			t.Fatalf("record %d: %v", i, err)
 		}
 	}
-	reqs := got()
-	if len(reqs) != 1 {
-		t.Fatalf("%d requests, want 1", len(reqs))
+	first := got()
+	if len(first) != 1 {
+		t.Fatalf("%d requests, want 1", len(first))
 	}
-	r := reqs[0]
+	r := first[0]
 	want := `[{"id":"id-0","op":"u"},{"id":"id-1","op":"u"},{"id":"id-2","op":"u"},{"id":"id-3","op":"u"},{"id":"id-4","op":"u"}]`
 	if r.body != want {
 		t.Fatalf("body = %s, want %s", r.body, want)
