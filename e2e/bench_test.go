@@ -61,18 +61,46 @@ func newCountingHook(b testing.TB, onBody func([]byte, time.Time)) *countingHook
 	h.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		at := time.Now()
-		id := r.Header.Get("webhook-id")
+		if strings.HasPrefix(r.Header.Get("webhook-id"), "batch_") || bytes.HasPrefix(body, []byte("[")) {
+			// A batch (http: {batch: true}): count each record by its id.
+			var recs []json.RawMessage
+			if err := json.Unmarshal(body, &recs); err != nil {
+				w.WriteHeader(http.StatusBadRequest)
+				return
+			}
+			for _, rec := range recs {
+				var env struct {
+					ID string `json:"id"`
+				}
+				if err := json.Unmarshal(rec, &env); err != nil || env.ID == "" {
+					w.WriteHeader(http.StatusBadRequest)
+					return
+				}
+				h.seen(env.ID, rec, at)
+			}
+			h.mu.Lock()
+			h.requests++
+			h.mu.Unlock()
+			return
+		}
 		h.mu.Lock()
 		h.requests++
-		first := !h.ids[id]
-		h.ids[id] = true
 		h.mu.Unlock()
-		if first && h.onBody != nil {
-			h.onBody(body, at)
-		}
+		h.seen(r.Header.Get("webhook-id"), body, at)
 	}))
 	b.Cleanup(h.srv.Close)
 	return h
+}
+
+// seen counts one record; onBody sees its first arrival.
+func (h *countingHook) seen(id string, body []byte, at time.Time) {
+	h.mu.Lock()
+	first := !h.ids[id]
+	h.ids[id] = true
+	h.mu.Unlock()
+	if first && h.onBody != nil {
+		h.onBody(body, at)
+	}
 }
 
 func (h *countingHook) distinct() int {
@@ -157,7 +185,22 @@ func benchRun(b testing.TB, srv *mysqltest.Server, stateDB, instance string, ext
 	return p, log
 }
 
+// BenchmarkEndToEndBinary runs the real binary from the first commit to the
+// last delivery of CDCOUT_BENCH_ROWS inserts (default 200,000) plus a
+// quarter as many updates and deletes, through a file sink and a webhook:
+// once with one POST per record (webhook=single), once with the webhook's
+// batch mode (webhook=batch, http: {batch: true}, 100 records per POST).
 func BenchmarkEndToEndBinary(b *testing.B) {
+	for _, batch := range []bool{false, true} {
+		name := "webhook=single"
+		if batch {
+			name = "webhook=batch"
+		}
+		b.Run(name, func(b *testing.B) { benchEndToEnd(b, batch) })
+	}
+}
+
+func benchEndToEnd(b *testing.B, batch bool) {
 	inserts := benchEnv("CDCOUT_BENCH_ROWS", 200_000)
 	updates, deletes := inserts/4, inserts/4
 	total := inserts + updates + deletes
@@ -166,8 +209,12 @@ func BenchmarkEndToEndBinary(b *testing.B) {
 		db, src, stateDB, from := benchSource(b, srv, "bench_e2e", "id INT PRIMARY KEY, v INT NOT NULL, pad VARCHAR(64) NOT NULL")
 		hook := newCountingHook(b, nil)
 		file := &lineCounter{path: filepath.Join(b.TempDir(), "out.jsonl")}
-		p, _ := benchRun(b, srv, stateDB, "e2e", "--tables", src+".t", "--from", from,
-			"--sink", "hook="+hook.srv.URL, "--sink", "file=file://"+file.path)
+		cfgPath := filepath.Join(b.TempDir(), "cdcout.yaml")
+		yaml := fmt.Sprintf("sinks:\n  - name: hook\n    url: %s\n    http: {batch: %v}\n  - name: file\n    url: file://%s\n", hook.srv.URL, batch, file.path)
+		if err := os.WriteFile(cfgPath, []byte(yaml), 0o600); err != nil {
+			b.Fatal(err)
+		}
+		p, _ := benchRun(b, srv, stateDB, "e2e", "--tables", src+".t", "--from", from, "--config", cfgPath)
 
 		start := time.Now()
 		db0, _ := srv.CPUTime()

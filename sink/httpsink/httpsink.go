@@ -66,9 +66,11 @@ type Options struct {
 	Headers map[string]string
 	// Format encodes the body; nil means debezium (the stored envelope).
 	Format format.Format
-	// Client overrides the HTTP client (tests); its redirect policy is
-	// replaced so that redirects are never followed.
-	Client *http.Client
+	// Transport overrides the HTTP transport (tests, custom TLS). Requests
+	// go straight to it, not through an http.Client: redirects are never
+	// followed, and the client's per-request header copying for redirects
+	// (3 % of cdcout's CPU end to end) is not paid.
+	Transport http.RoundTripper
 	// MaxConcurrent bounds the requests one Deliver call has in flight;
 	// 0 means 32.
 	MaxConcurrent int
@@ -87,7 +89,7 @@ type Sink struct {
 	headers    http.Header
 	format     format.Format
 	structured bool
-	client     *http.Client
+	rt         http.RoundTripper
 	maxConc    int
 	now        func() time.Time
 	batch      bool
@@ -124,8 +126,8 @@ func New(opts Options) (*Sink, error) {
 	if f == nil {
 		f, _ = format.New(format.Debezium)
 	}
-	client := opts.Client
-	if client == nil {
+	rt := opts.Transport
+	if rt == nil {
 		// Up to Concurrency × MaxConcurrent requests (8 × 32 by default)
 		// are in flight to one host; an idle pool smaller than that closed
 		// the extra connections after every burst and dialled them again
@@ -133,12 +135,8 @@ func New(opts Options) (*Sink, error) {
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.MaxIdleConns = 256
 		tr.MaxIdleConnsPerHost = 256
-		client = &http.Client{Transport: tr}
-	} else {
-		c := *client
-		client = &c
+		rt = tr
 	}
-	client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	h := http.Header{}
 	for k, v := range opts.Headers {
 		h.Set(k, v)
@@ -158,7 +156,7 @@ func New(opts Options) (*Sink, error) {
 		headers:    h,
 		format:     f,
 		structured: strings.HasPrefix(f.ContentType(), "application/cloudevents"),
-		client:     client,
+		rt:         rt,
 		maxConc:    maxConc,
 		now:        now,
 		batch:      opts.Batch,
@@ -206,16 +204,18 @@ func (s *Sink) post(ctx context.Context, rec outbox.Record) error {
 	if err != nil {
 		return sink.Permanent(fmt.Errorf("encode %s: %w", rec.ID, err))
 	}
-	h := http.Header{}
-	h.Set("Content-Type", s.format.ContentType())
+	// Keys in canonical form, assigned directly: Header.Set canonicalises
+	// every key on every request.
+	h := make(http.Header, 12)
+	h["Content-Type"] = []string{s.format.ContentType()}
 	if !s.structured {
-		h.Set("ce-specversion", format.CESpecVersion)
-		h.Set("ce-id", rec.ID)
-		h.Set("ce-source", format.CESource(rec))
-		h.Set("ce-type", format.CEType(rec))
-		h.Set("ce-subject", format.CESubject(rec))
+		h["Ce-Specversion"] = []string{format.CESpecVersion}
+		h["Ce-Id"] = []string{rec.ID}
+		h["Ce-Source"] = []string{format.CESource(rec)}
+		h["Ce-Type"] = []string{format.CEType(rec)}
+		h["Ce-Subject"] = []string{format.CESubject(rec)}
 		if t := format.CETime(rec); t != "" {
-			h.Set("ce-time", t)
+			h["Ce-Time"] = []string{t}
 		}
 	}
 	return s.send(ctx, rec.ID, h, body)
@@ -292,19 +292,19 @@ func (s *Sink) send(ctx context.Context, id string, h http.Header, body []byte) 
 		return sink.Permanent(fmt.Errorf("build request: %w", err))
 	}
 	for k, v := range s.headers {
-		req.Header[k] = v
-	}
-	for k, v := range h {
-		req.Header[k] = v
+		if _, own := h[k]; !own { // never the content or CloudEvents headers
+			h[k] = v
+		}
 	}
 	ts := s.now().Unix()
-	req.Header.Set("webhook-id", id)
-	req.Header.Set("webhook-timestamp", strconv.FormatInt(ts, 10))
+	h["Webhook-Id"] = []string{id}
+	h["Webhook-Timestamp"] = []string{strconv.FormatInt(ts, 10)}
 	if len(s.secret) > 0 {
-		req.Header.Set("webhook-signature", Sign(s.secret, id, ts, body))
+		h["Webhook-Signature"] = []string{Sign(s.secret, id, ts, body)}
 	}
+	req.Header = h
 
-	resp, err := s.client.Do(req)
+	resp, err := s.rt.RoundTrip(req)
 	if err != nil {
 		return fmt.Errorf("post %s: %w", s.shownURL, transportError(err))
 	}

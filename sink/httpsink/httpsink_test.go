@@ -100,7 +100,7 @@ func TestStandardWebhooksReference(t *testing.T) {
 
 func TestHeaders(t *testing.T) {
 	srv, got := recorder(t, nil)
-	s, err := New(Options{URL: srv.URL + "/hook", Headers: map[string]string{"Authorization": "Bearer t", "webhook-id": "spoof"}})
+	s, err := New(Options{URL: srv.URL + "/hook", Headers: map[string]string{"Authorization": "Bearer t", "webhook-id": "spoof", "Content-Type": "text/plain", "ce-id": "spoof"}})
 	if err != nil {
 		t.Fatal(err)
 	}
