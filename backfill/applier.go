@@ -27,6 +27,8 @@ type Row struct {
 	Change *canonical.Change
 	// ChangeKey is dedup.BackfillKey(backfill id, key digest).
 	ChangeKey string
+	// Unit is the claim the rows of the chunk share (dedup.BackfillUnit).
+	Unit string
 	// Sinks are the sinks the backfill selected; nil means every sink
 	// whose subscription matches the table.
 	Sinks []string
@@ -208,9 +210,12 @@ func (a *Applier) watermark(ctx context.Context, ch *canonical.Change) ([]Row, e
 }
 
 func (a *Applier) emit(ctx context.Context, id string, w *window) ([]Row, error) {
-	var raw []byte
-	err := a.db.QueryRowContext(ctx, "SELECT rows_json FROM "+a.chunks+" WHERE backfill_id = ? AND chunk = ? AND status = ?",
-		id, w.chunk, chunkWritten).Scan(&raw)
+	var (
+		raw        []byte
+		start, end sql.NullString
+	)
+	err := a.db.QueryRowContext(ctx, "SELECT rows_json, start_key, end_key FROM "+a.chunks+" WHERE backfill_id = ? AND chunk = ? AND status = ?",
+		id, w.chunk, chunkWritten).Scan(&raw, &start, &end)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil // done already (a replay), retried or cancelled
 	}
@@ -222,6 +227,7 @@ func (a *Applier) emit(ctx context.Context, id string, w *window) ([]Row, error)
 		return nil, fmt.Errorf("decode backfill %s chunk %d: %w", id, w.chunk, err)
 	}
 	now := time.Now().UnixMilli()
+	unit := dedup.BackfillUnit(id, start.String, end.String)
 	out := make([]Row, 0, len(doc.Rows))
 	for i, v := range doc.Rows {
 		m, ok := v.(map[string]any)
@@ -246,6 +252,7 @@ func (a *Applier) emit(ctx context.Context, id string, w *window) ([]Row, error)
 				TsMs: now,
 			},
 			ChangeKey: dedup.BackfillKey(id, digest),
+			Unit:      unit,
 			Sinks:     doc.Sinks,
 		})
 	}

@@ -248,11 +248,17 @@ func (r *Runner) Run(ctx context.Context) (err error) {
 		return err
 	}
 	// Chunks of an earlier run beyond the completed prefix are read again
-	// under fresh numbers, so a late high watermark of theirs matches
-	// nothing.
+	// over the same key ranges (their rows share one claim per range,
+	// dedup.BackfillUnit, so a chunk that reached the outbox before the
+	// stop is not written twice) under fresh numbers, so a late high
+	// watermark of theirs matches nothing.
 	var next int64
 	if err := r.State.QueryRowContext(ctx, "SELECT COALESCE(MAX(chunk) + 1, 0) FROM "+r.chunks+" WHERE backfill_id = ?", r.id).Scan(&next); err != nil {
 		return fmt.Errorf("read backfill chunks: %w", err)
+	}
+	redo, err := r.unfinished(ctx, m.Resume)
+	if err != nil {
+		return err
 	}
 	if _, err := r.State.ExecContext(ctx, "DELETE FROM "+r.chunks+" WHERE backfill_id = ?", r.id); err != nil {
 		return fmt.Errorf("clear backfill chunks: %w", err)
@@ -270,7 +276,19 @@ func (r *Runner) Run(ctx context.Context) (err error) {
 	wait := poll
 	var queue []*flight
 	eof := false
-	for !eof || len(queue) > 0 {
+	for !eof || len(queue) > 0 || len(redo) > 0 {
+		if len(redo) > 0 && len(queue) < inFlight {
+			f := redo[0]
+			redo = redo[1:]
+			f.no = next
+			next++
+			if _, err := r.chunk(ctx, f, true); err != nil {
+				return err
+			}
+			pos = f.end
+			queue = append(queue, f)
+			continue
+		}
 		if !eof && len(queue) < inFlight {
 			f := &flight{no: next, start: pos}
 			next++
@@ -517,12 +535,7 @@ func (r *Runner) chunk(ctx context.Context, f *flight, again bool) (int, error) 
 	buf = append(buf, "]}"...)
 	if !again {
 		f.end = last
-		key := canonical.Row{}
-		for i, k := range t.key {
-			v, _ := t.cols[k].convert(last[i])
-			key[t.cols[k].name] = v
-		}
-		f.endJSON = canonical.KeyJSON(key)
+		f.endJSON = r.keyJSON(last)
 	}
 	f.rows = n
 	if _, err := r.State.ExecContext(ctx, "INSERT INTO "+r.chunks+" (backfill_id, chunk, start_key, end_key, rows_json, row_count, status) VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -534,6 +547,60 @@ func (r *Runner) chunk(ctx context.Context, f *flight, again bool) (int, error) 
 	}
 	f.at = time.Now()
 	return n, nil
+}
+
+// keyJSON is the canonical key JSON of a raw key position.
+func (r *Runner) keyJSON(k keyArgs) string {
+	t := r.table
+	key := canonical.Row{}
+	for i, c := range t.key {
+		if i < len(k) {
+			v, _ := t.cols[c].convert(k[i])
+			key[t.cols[c].name] = v
+		}
+	}
+	return canonical.KeyJSON(key)
+}
+
+// unfinished returns the chunks an earlier run left (read, maybe applied,
+// not recorded as done), chained in key order from resume: each starts
+// where the one before ends. Anything off the chain is read afresh.
+func (r *Runner) unfinished(ctx context.Context, resume string) ([]*flight, error) {
+	rows, err := r.State.QueryContext(ctx, "SELECT COALESCE(start_key, ''), end_key FROM "+r.chunks+
+		" WHERE backfill_id = ? AND end_key IS NOT NULL", r.id)
+	if err != nil {
+		return nil, fmt.Errorf("read unfinished backfill chunks: %w", err)
+	}
+	defer rows.Close()
+	byStart := map[string]string{}
+	for rows.Next() {
+		var start, end string
+		if err := rows.Scan(&start, &end); err != nil {
+			return nil, fmt.Errorf("read unfinished backfill chunks: %w", err)
+		}
+		byStart[start] = end
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read unfinished backfill chunks: %w", err)
+	}
+	var out []*flight
+	for at := resume; ; {
+		end, ok := byStart[at]
+		if !ok || end == "" {
+			return out, nil
+		}
+		delete(byStart, at) // a cycle cannot loop
+		f := &flight{}
+		if f.start, err = decodeKeyArgs(at); err != nil {
+			return nil, err
+		}
+		if f.end, err = decodeKeyArgs(end); err != nil {
+			return nil, err
+		}
+		f.endJSON = r.keyJSON(f.end)
+		out = append(out, f)
+		at = end
+	}
 }
 
 // mark writes a watermark row on the source, in its own transaction (the

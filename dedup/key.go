@@ -16,6 +16,8 @@
 package dedup
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"strconv"
 	"strings"
 )
@@ -70,6 +72,24 @@ func DigestKey(digest string, occurrence int) string {
 // claims instead of re-sending every row.
 func BackfillKey(id, keyDigest string) string {
 	return "b:" + id + ":" + keyDigest
+}
+
+// BackfillUnit is the claim key the rows of one backfill chunk share: the
+// backfill id and the chunk's key range (start exclusive, "" from the
+// first row; end inclusive, as the runner encodes them). A chunk is
+// emitted whole at its high watermark, and read again only over the same
+// range (a retry, a stall, a resumed run), so a second emission meets the
+// first one's claim and is dropped as a whole — the first was consistent
+// at its own window, and later changes of its keys are streamed.
+func BackfillUnit(id, start, end string) string {
+	sum := sha256.Sum256([]byte(start + "\x00" + end))
+	return "b:" + id + ":@" + hex.EncodeToString(sum[:16])
+}
+
+// IsBackfillUnit reports whether a claim key is a BackfillUnit.
+func IsBackfillUnit(key string) bool {
+	i := strings.LastIndexByte(key, ':')
+	return strings.HasPrefix(key, "b:") && i > 0 && i+1 < len(key) && key[i+1] == '@'
 }
 
 // ParsedKey is a changeKey split into its parts.
@@ -136,6 +156,9 @@ func ParseChangeKey(s string) (ParsedKey, bool) {
 		}
 		return ParsedKey{Kind: kind, A: a, N: n}, true
 	case KindBackfill:
+		if tail[0] == '@' { // a claim unit (BackfillUnit), not a change
+			return ParsedKey{}, false
+		}
 		return ParsedKey{Kind: kind, A: a, B: tail}, true
 	}
 	return ParsedKey{}, false

@@ -100,3 +100,16 @@ func TestGTIDUnitOf(t *testing.T) {
 		}
 	}
 }
+
+func TestBackfillUnit(t *testing.T) {
+	a, b := BackfillUnit("bf1", "", "AAE="), BackfillUnit("bf1", "AAE=", "AAI=")
+	if a == b || a != BackfillUnit("bf1", "", "AAE=") || !IsBackfillUnit(a) || len(a) > MaxKeyLen {
+		t.Fatalf("units %q and %q", a, b)
+	}
+	if IsBackfillUnit(BackfillKey("bf1", "cafe")) || IsBackfillUnit(GTIDUnitOf("g:0-1-2:3")) {
+		t.Fatal("a change key or a GTID unit taken for a backfill unit")
+	}
+	if _, ok := ParseChangeKey(a); ok {
+		t.Fatal("a unit parses as a change key")
+	}
+}

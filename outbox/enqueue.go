@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/cdcout/cdcout/canonical"
+	"github.com/cdcout/cdcout/dedup"
 	"github.com/cdcout/cdcout/lease"
 )
 
@@ -216,18 +217,25 @@ func (s *Store) prepare(items []Pending) ([]*pendingRow, []*claimUnit, int, erro
 		it.unit = u
 	}
 	for _, u := range units {
-		u.digest = unitDigest(u.items)
+		switch {
+		case len(u.items) == 1 && u.key == u.items[0].ChangeKey:
+			u.digest = u.items[0].Digest
+		case dedup.IsBackfillUnit(u.key):
+			// A chunk read again may hold other rows (they changed in
+			// between); that is no decoding drift, so its claim carries
+			// the digest of its key, which every reading shares.
+			sum := sha256.Sum256([]byte(u.key))
+			u.digest = hex.EncodeToString(sum[:])
+		default:
+			u.digest = unitDigest(u.items)
+		}
 	}
 	return its, units, dups, nil
 }
 
 // unitDigest is what a unit's claim stores to notice two decodings of the
-// same changes: the change's digest for a unit of one, else the SHA-256 of
-// its changes' digests in order.
+// same changes: the SHA-256 of its changes' digests in order.
 func unitDigest(items []*pendingRow) string {
-	if len(items) == 1 {
-		return items[0].Digest
-	}
 	h := sha256.New()
 	for _, it := range items {
 		h.Write([]byte(it.Digest))

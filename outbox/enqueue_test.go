@@ -16,6 +16,7 @@ import (
 
 	"github.com/cdcout/cdcout/binlog"
 	"github.com/cdcout/cdcout/canonical"
+	"github.com/cdcout/cdcout/dedup"
 	"github.com/cdcout/cdcout/internal/mysqltest"
 	"github.com/cdcout/cdcout/lease"
 	"github.com/cdcout/cdcout/state"
@@ -635,5 +636,41 @@ func TestEnqueueUnitsShareOneClaim(t *testing.T) {
 	}
 	if n := len(records(t, db, schema)); n != len(items) {
 		t.Fatalf("%d records after replays, want %d", n, len(items))
+	}
+}
+
+// A backfill chunk read twice over the same range is written once, even
+// when its rows differ between the readings, and that is no digest
+// mismatch.
+func TestEnqueueBackfillChunkOnce(t *testing.T) {
+	s, db, _ := testStore(t)
+	schema := s.schema
+	ctx := context.Background()
+	unit := dedup.BackfillUnit("bf1", "", "k100")
+	reading := func(rows int, name string) []Pending {
+		var items []Pending
+		for i := 0; i < rows; i++ {
+			it := gtidItem("a:app.users:hook", 1, i)
+			it.Change.Op = canonical.OpRead
+			it.Change.After["name"] = name
+			it.ChangeKey = dedup.BackfillKey("bf1", fmt.Sprintf("%064x", i))
+			it.Digest = canonical.Digest(it.Pipe, it.Change.Op, it.Change.Key, it.Change.After, nil)
+			it.Unit = unit
+			items = append(items, it)
+		}
+		return items
+	}
+	if res, err := s.Enqueue(ctx, "r1", Fence{}, reading(50, "first"), nil); err != nil || res.Inserted != 50 {
+		t.Fatalf("first reading = %+v, %v", res, err)
+	}
+	res, err := s.Enqueue(ctx, "r1", Fence{}, reading(48, "second"), nil)
+	if err != nil || res.Inserted != 0 || res.AlreadyOurs != 48 || res.DigestMismatches != 0 {
+		t.Fatalf("second reading = %+v, %v; want all already ours, no mismatch", res, err)
+	}
+	if n := len(claimsOf(t, db, schema)); n != 1 {
+		t.Fatalf("%d claims, want 1 for the chunk", n)
+	}
+	if n := len(records(t, db, schema)); n != 50 {
+		t.Fatalf("%d records, want the first reading's 50", n)
 	}
 }
