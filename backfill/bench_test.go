@@ -17,6 +17,7 @@ import (
 	"github.com/cdcout/cdcout/backfill"
 	"github.com/cdcout/cdcout/config"
 	"github.com/cdcout/cdcout/engine"
+	"github.com/cdcout/cdcout/internal/gctune"
 	"github.com/cdcout/cdcout/internal/mysqltest"
 	"github.com/cdcout/cdcout/outbox"
 	"github.com/cdcout/cdcout/state"
@@ -31,6 +32,7 @@ import (
 // CDCOUT_BENCH_DRAIN=0 the sink holds its first requests until the end, so
 // the rate is the enqueue path's alone.
 func BenchmarkBackfill(b *testing.B) {
+	gctune.Apply() // the collector as the cdcout binary runs it
 	n := envInt("CDCOUT_BENCH_ROWS", 1_000_000)
 	chunk := envInt("CDCOUT_BENCH_CHUNK", backfill.DefaultChunkSize)
 	sink := config.Sink{Name: "out", URL: "stdout:"}

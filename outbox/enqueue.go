@@ -482,18 +482,22 @@ func (s *Store) insertSegments(ctx context.Context, tx *sql.Tx, ours []*pendingR
 		byPipe[it.Pipe] = append(byPipe[it.Pipe], it)
 	}
 	var (
-		recs []*segRecord
-		size int
-		buf  []byte
+		recs      []*segRecord
+		size      int
+		buf, zbuf []byte
 	)
 	flush := func(pipe, sink string) error {
 		if len(recs) == 0 {
 			return nil
 		}
+		if cap(buf) < size+1 {
+			buf = make([]byte, 0, size+1)
+		}
 		buf = appendSegment(buf[:0], recs)
+		zbuf = compressSegment(zbuf, buf)
 		if _, err := tx.ExecContext(ctx, "INSERT INTO "+s.segments+
 			" (id, pipe, sink, records, last_id, first_commit_ts, payload) VALUES (?,?,?,?,?,?,?)",
-			recs[0].id, pipe, sink, len(recs), recs[len(recs)-1].id, recs[0].commitTS, buf); err != nil {
+			recs[0].id, pipe, sink, len(recs), recs[len(recs)-1].id, recs[0].commitTS, zbuf); err != nil {
 			return fmt.Errorf("enqueue: insert segment of %d records for pipe %s: %w", len(recs), pipe, err)
 		}
 		recs, size = recs[:0], 0

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/klauspost/compress/s2"
+
 	"github.com/cdcout/cdcout/canonical"
 )
 
@@ -22,6 +24,13 @@ import (
 // sink sends; the other fields are what an outbox row of the record holds,
 // so a record that leaves its segment becomes that row unchanged.
 const segmentVersion = 1
+
+// segmentS2 marks a payload that is the version 1 form compressed with S2
+// (github.com/klauspost/compress/s2). Envelopes are JSON with much
+// repetition (column names, change-key prefixes), so a segment shrinks
+// about threefold, and with it the bytes the database writes twice (table
+// and binary log) and sends to every binlog reader.
+const segmentS2 = 2
 
 // Segment bounds: a segment holds at most this many records and payload
 // bytes, so it fits in one statement far below max_allowed_packet.
@@ -47,6 +56,17 @@ func (r *segRecord) record(pipe, sink string, attempt int) Record {
 		Key: r.rowKey, Payload: r.payload, Attempt: attempt, CommitTime: r.commitTS}
 }
 
+// compressSegment returns the S2-compressed form of a version 1 payload,
+// in dst's storage when it is large enough.
+func compressSegment(dst, plain []byte) []byte {
+	n := s2.MaxEncodedLen(len(plain)) + 1
+	if cap(dst) < n {
+		dst = make([]byte, 0, n)
+	}
+	dst = append(dst[:0], segmentS2)
+	return append(dst, s2.Encode(dst[1:cap(dst)], plain)...)
+}
+
 func appendSegment(buf []byte, recs []*segRecord) []byte {
 	buf = append(buf, segmentVersion)
 	for _, r := range recs {
@@ -66,6 +86,13 @@ var errSegmentCorrupt = errors.New("segment payload is corrupt")
 // parseSegment decodes a segment's payload. The records' byte fields alias
 // b.
 func parseSegment(b []byte) ([]segRecord, error) {
+	if len(b) > 0 && b[0] == segmentS2 {
+		plain, err := s2.Decode(nil, b[1:])
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", errSegmentCorrupt, err)
+		}
+		b = plain
+	}
 	if len(b) == 0 || b[0] != segmentVersion {
 		return nil, fmt.Errorf("%w: unknown version", errSegmentCorrupt)
 	}
