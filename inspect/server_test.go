@@ -444,3 +444,26 @@ func TestClaimedRowsCountAsDelivering(t *testing.T) {
 		t.Fatalf("orders stats = %v, want %v", got, want)
 	}
 }
+
+// A segment held whole during a sink outage shows its error on the pipe,
+// ahead of older row errors: it is what holds the pipe up.
+func TestHeldSegmentErrorShown(t *testing.T) {
+	db, schema := fixture(t)
+	if _, err := db.Exec("INSERT INTO `" + schema + "`.segments (id, pipe, sink, status, records, last_id, next_attempt_at, last_error, last_error_at, first_commit_ts, payload) VALUES ('" +
+		fixtureID(300) + "', 'inst:shop.orders:hook', 'hook', 'pending', 2, '" + fixtureID(301) + "', NOW(6) + INTERVAL 1 MINUTE, 'post http://hook: http 503', NOW(6), NOW(6), 'x')"); err != nil {
+		t.Fatal(err)
+	}
+	pipes, err := (&Reader{DB: db, Schema: schema, Instance: "inst"}).Pipes(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pipes {
+		if p.Pipe == "inst:shop.orders:hook" {
+			if p.LastError != "post http://hook: http 503" || p.LastErrorAt == nil {
+				t.Fatalf("orders last error = %q at %v, want the held segment's", p.LastError, p.LastErrorAt)
+			}
+			return
+		}
+	}
+	t.Fatalf("no orders pipe in %+v", pipes)
+}

@@ -457,7 +457,13 @@ func (p *pipeDrainer) segmentLoop(ctx context.Context, wake <-chan struct{}) {
 			p.d.cfg.Metrics.error(p.name, "claim", err)
 			idle = idleMax
 		}
-		timer.Reset(idle)
+		wait := idle
+		p.mu.Lock()
+		if until := time.Until(p.nextDue); until > 0 && until < wait {
+			wait = until // a held segment's retry
+		}
+		p.mu.Unlock()
+		timer.Reset(wait)
 		select {
 		case <-ctx.Done():
 		case <-wake:

@@ -32,6 +32,12 @@ import (
 //   - the delivery of the segment stops early (shutdown, lost lease, half
 //     the claim lease spent): the rest is handed to the row drainer.
 //
+// Except in an outage: when the first round fails for every key it tried
+// (two keys at least), every failure retryable, the segment is not taken
+// apart but waits out a backoff whole (held) and is tried again, so a sink
+// that is down costs one update per segment attempt instead of a row per
+// record. After MaxAttempts it is taken apart as above (its records dead).
+//
 // The segment is then done, in the transaction that inserts those rows, so
 // no record is lost or written twice. Per-key order holds because every
 // outbox row is older than the oldest pending segment: rows come only from
@@ -71,7 +77,10 @@ func (p *pipeDrainer) drainSegment(ctx context.Context) (int, error) {
 		p.releaseSegment(wctx, seg.id)
 		return 0, fmt.Errorf("segment %s of %s: read keys with pending rows: %w", seg.id, p.name, err)
 	}
-	left, delivered := p.deliverSegment(ctx, seg, blocked)
+	left, delivered, hold := p.deliverSegment(ctx, seg, blocked)
+	if hold != nil {
+		return len(seg.recs), p.holdSegment(wctx, seg, hold)
+	}
 	if err := p.recordSegment(wctx, seg, left, delivered); err != nil {
 		return len(seg.recs), err
 	}
@@ -107,8 +116,10 @@ WHERE pipe = ? AND status = 'pending' ORDER BY id LIMIT 1`, p.name).Scan(&id)
 	if err != nil {
 		return nil, fmt.Errorf("claim segment of %s: %w", p.name, err)
 	}
+	// Due: unclaimed and not held (next_attempt_at is its creation or
+	// release), a lapsed claim, or a hold that ended.
 	set := `SET s.claimer = ?, s.attempts = s.attempts + 1, s.next_attempt_at = NOW(6) + INTERVAL ? MICROSECOND`
-	due := `s.id = ? AND s.status = 'pending' AND (s.claimer = 0 OR s.next_attempt_at <= NOW(6))`
+	due := `s.id = ? AND s.status = 'pending' AND s.next_attempt_at <= NOW(6)`
 	var (
 		q    string
 		args []any
@@ -173,11 +184,19 @@ WHERE pipe = ? AND status = 'pending'`, p.name)
 	return m, nil
 }
 
+// segmentHold is why and how long a segment waits whole (a sink outage).
+type segmentHold struct {
+	tried   int
+	delay   time.Duration
+	errText string
+}
+
 // deliverSegment delivers seg's records in rounds: each round sends the
 // next record of every key still going, in calls of at most BatchSize
 // records (distinct keys) with at most Concurrency calls at once. It
-// returns the records that leave the segment and the delivered ones.
-func (p *pipeDrainer) deliverSegment(stop context.Context, seg *segment, blocked map[string]bool) (left []leftRecord, delivered []*segRecord) {
+// returns the records that leave the segment and the delivered ones, or a
+// hold when the first round looks like an outage.
+func (p *pipeDrainer) deliverSegment(stop context.Context, seg *segment, blocked map[string]bool) (left []leftRecord, delivered []*segRecord, hold *segmentHold) {
 	// Lanes: each key's records in order.
 	var order []string
 	lanes := map[string][]*segRecord{}
@@ -193,17 +212,17 @@ func (p *pipeDrainer) deliverSegment(stop context.Context, seg *segment, blocked
 		lanes[r.keyHash] = append(lanes[r.keyHash], r)
 	}
 	failed := map[string]bool{}
-	for len(order) > 0 {
+	for round := 0; len(order) > 0; round++ {
 		if stop.Err() != nil || time.Since(seg.claimedAt) > p.d.cfg.ClaimLease/2 || !p.leaseHeld() {
 			break
 		}
-		round := make([]Record, 0, len(order))
+		batch := make([]Record, 0, len(order))
 		roundRecs := make([]*segRecord, 0, len(order))
 		next := order[:0]
 		for _, k := range order {
 			lane := lanes[k]
 			roundRecs = append(roundRecs, lane[0])
-			round = append(round, lane[0].record(p.name, seg.sink, seg.attempt))
+			batch = append(batch, lane[0].record(p.name, seg.sink, seg.attempt))
 			if lanes[k] = lane[1:]; len(lane) > 1 {
 				next = append(next, k)
 			} else {
@@ -211,7 +230,12 @@ func (p *pipeDrainer) deliverSegment(stop context.Context, seg *segment, blocked
 			}
 		}
 		order = next
-		errs := p.deliverConcurrently(stop, round)
+		errs := p.deliverConcurrently(stop, batch)
+		if round == 0 && seg.attempt < p.cfg.MaxAttempts {
+			if h := p.outage(errs); h != nil {
+				return nil, nil, h
+			}
+		}
 		for i, r := range roundRecs {
 			switch {
 			case errs[i] == nil:
@@ -247,7 +271,53 @@ func (p *pipeDrainer) deliverSegment(stop context.Context, seg *segment, blocked
 			left = append(left, leftRecord{rec: r, status: "pending"})
 		}
 	}
-	return left, delivered
+	return left, delivered, nil
+}
+
+// outage returns a hold when a first round's errors look like the sink is
+// down rather than some records being bad: two or more records tried,
+// every one failed, none permanently. The delay is the largest Retry-After
+// asked for, else the backoff of the segment's attempt.
+func (p *pipeDrainer) outage(errs []error) *segmentHold {
+	if len(errs) < 2 {
+		return nil
+	}
+	h := &segmentHold{tried: len(errs), delay: -1}
+	for _, err := range errs {
+		if err == nil || errors.Is(err, errNotSent) || sink.IsPermanent(err) {
+			return nil
+		}
+		if ra, ok := sink.RetryAfterOf(err); ok && ra > h.delay {
+			h.delay = ra
+		}
+	}
+	h.errText = truncate(errs[0].Error(), maxErrorLen)
+	return h
+}
+
+// holdSegment gives a segment back to wait out h's delay whole, with the
+// error that made it wait.
+func (p *pipeDrainer) holdSegment(ctx context.Context, seg *segment, h *segmentHold) error {
+	d := p.d
+	if h.delay < 0 {
+		h.delay = d.backoff.Delay(seg.attempt)
+	}
+	if _, err := d.cfg.DB.ExecContext(ctx, `UPDATE `+d.segments+`
+SET claimer = 0, next_attempt_at = NOW(6) + INTERVAL ? MICROSECOND, last_error = ?, last_error_at = NOW(6)
+WHERE id = ? AND status = 'pending' AND claimer = ?`, h.delay.Microseconds(), h.errText, seg.id, d.claimer); err != nil {
+		// The claim lapses and the segment is tried again then.
+		return fmt.Errorf("hold segment %s of %s: %w", seg.id, p.name, err)
+	}
+	d.cfg.Metrics.retried(p.name, h.tried)
+	p.log.Warn("sink failing for every record tried; segment waits and is tried again whole",
+		zap.String("segment", seg.id), zap.Int("attempt", seg.attempt), zap.Duration("retry_in", h.delay), zap.String("error", h.errText))
+	due := time.Now().Add(h.delay + 5*time.Millisecond)
+	p.mu.Lock()
+	if due.Before(p.nextDue) || !p.nextDue.After(time.Now()) {
+		p.nextDue = due
+	}
+	p.mu.Unlock()
+	return nil
 }
 
 // errNotSent marks records of calls not started because the delivery is

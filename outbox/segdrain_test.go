@@ -2,9 +2,12 @@ package outbox
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -261,5 +264,60 @@ func TestSegmentStopLeavesRestAsRows(t *testing.T) {
 	calls.Range(func(any, any) bool { n++; return true })
 	if n != 40 {
 		t.Fatalf("%d records delivered, want 40", n)
+	}
+}
+
+// A sink that fails every record (an outage) leaves its segments whole:
+// they wait out a backoff and are tried again, no record becomes a row, and
+// everything is delivered once the sink is back.
+func TestSegmentHeldWholeDuringOutage(t *testing.T) {
+	st := newTestState(t)
+	const pipe = "a:app.users:seg"
+	enqueueTxns(t, st, pipe, 3, 20)
+	var down atomic.Bool
+	down.Store(true)
+	var failedCalls atomic.Int64
+	log := newDeliveryLog()
+	log.fail = func(Record, int) error {
+		if down.Load() {
+			failedCalls.Add(1)
+			return errors.New("503 service unavailable")
+		}
+		return nil
+	}
+	d := st.drainer(t, "d1", map[string]PipeConfig{pipe: {Sink: log.sink(), MaxAttempts: 50}}, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.Run(ctx); close(done) }()
+	waitFor(t, "three attempts during the outage", func() bool { return failedCalls.Load() >= 3*20 })
+	if n := st.count(t, "SELECT COUNT(*) FROM {outbox}"); n != 0 {
+		t.Fatalf("%d outbox rows during an outage, want the segments held whole", n)
+	}
+	var lastErr sql.NullString
+	var attempts int
+	if err := st.db.QueryRow("SELECT last_error, attempts FROM "+state.Table(st.schema, "segments")+" ORDER BY id LIMIT 1").Scan(&lastErr, &attempts); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(lastErr.String, "503") || attempts < 3 {
+		t.Fatalf("held segment: last_error %q, attempts %d; want the 503 and at least 3 attempts", lastErr.String, attempts)
+	}
+	down.Store(false)
+	waitFor(t, "every record delivered after the outage", func() bool {
+		for _, r := range records(t, st.db, st.schema) {
+			if r.Status != "delivered" {
+				return false
+			}
+		}
+		return true
+	})
+	cancel()
+	<-done
+	if n := st.count(t, "SELECT COUNT(*) FROM {outbox}"); n != 0 {
+		t.Fatalf("%d outbox rows, want none", n)
+	}
+	for key, ids := range log.byKey {
+		if len(ids) != 3 {
+			t.Fatalf("key %s delivered %d times, want 3 (once per transaction)", key, len(ids))
+		}
 	}
 }

@@ -143,8 +143,10 @@ var migrations = []migration{
 		// 1,000). A pipe's segments are delivered oldest first, one at a
 		// time; a record that fails leaves its segment as an outbox row
 		// (and so do the later records of its key), so the outbox is the
-		// slow path of retries and dead letters. next_attempt_at is the
-		// claim's expiry while pending and the time it was done after.
+		// slow path of retries and dead letters. next_attempt_at is when a
+		// pending segment is due (its claim's expiry while claimed; later
+		// than now while it waits out a sink outage, last_error saying
+		// why), and the time it was done after.
 		return []string{
 			`CREATE TABLE IF NOT EXISTS ` + Table(s, "segments") + ` (
   id CHAR(36) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
@@ -156,6 +158,8 @@ var migrations = []migration{
   claimer BIGINT NOT NULL DEFAULT 0,
   attempts INT NOT NULL DEFAULT 0,
   next_attempt_at DATETIME(6) NOT NULL DEFAULT NOW(6),
+  last_error TEXT NULL,
+  last_error_at DATETIME(6) NULL,
   first_commit_ts DATETIME(6) NOT NULL,
   created_at DATETIME(6) NOT NULL DEFAULT NOW(6),
   payload LONGBLOB NOT NULL,
