@@ -81,6 +81,13 @@ func (p *pipeDrainer) drainSegment(ctx context.Context) (int, error) {
 	if hold != nil {
 		return len(seg.recs), p.holdSegment(wctx, seg, hold)
 	}
+	if len(delivered) == 0 && untried(left) && (ctx.Err() != nil || !p.leaseHeld()) {
+		// Stopped before anything was sent: the segment stays as it was.
+		// (A segment whose keys are all blocked is not released: it would
+		// hold up every later segment; its records queue as rows.)
+		p.releaseSegment(wctx, seg.id)
+		return 0, nil
+	}
 	if err := p.recordSegment(wctx, seg, left, delivered); err != nil {
 		return len(seg.recs), err
 	}
@@ -88,6 +95,16 @@ func (p *pipeDrainer) drainSegment(ctx context.Context) (int, error) {
 		p.poke() // rows for the row drainer
 	}
 	return len(seg.recs), nil
+}
+
+// untried reports whether no record of left was sent.
+func untried(left []leftRecord) bool {
+	for _, l := range left {
+		if l.errText != "" {
+			return false
+		}
+	}
+	return true
 }
 
 // claimSegment claims the oldest pending segment of the pipe, if it is due

@@ -321,3 +321,39 @@ func TestSegmentHeldWholeDuringOutage(t *testing.T) {
 		}
 	}
 }
+
+// A drainer that loses its drain lease between claiming a segment and
+// sending any of it gives the segment back unchanged: no record becomes a
+// row, and the next holder delivers it.
+func TestSegmentReleasedWhenLeaseLostBeforeSending(t *testing.T) {
+	st := newTestState(t)
+	const pipe = "a:app.users:seg"
+	enqueueTxns(t, st, pipe, 1, 5)
+	held := lease.Lease{Name: "drain/" + pipe, Holder: "d1", Epoch: 1, LocalDeadline: time.Now().Add(time.Hour)}
+	grantLease(t, st.db, st.schema, held.Name, "d1", 1, time.Hour)
+	var calls atomic.Int64
+	sent := atomic.Int64{}
+	d := st.drainer(t, "d1", map[string]PipeConfig{pipe: {Sink: fakeSink{fn: func(_ context.Context, recs []Record) []error {
+		sent.Add(int64(len(recs)))
+		return make([]error, len(recs))
+	}}}}, func(c *DrainerConfig) {
+		c.Leases = func(string) (lease.Lease, bool) {
+			return held, calls.Add(1) == 1 // valid for the claim only
+		}
+	})
+	if n, err := d.pipes[0].drainSegment(context.Background()); err != nil || n != 0 || sent.Load() != 0 {
+		t.Fatalf("drainSegment = %d, %v, %d sent; want nothing sent", n, err, sent.Load())
+	}
+	if n := st.count(t, "SELECT COUNT(*) FROM {outbox}"); n != 0 {
+		t.Fatalf("%d outbox rows, want the segment given back whole", n)
+	}
+	var claimer int64
+	var status string
+	if err := st.db.QueryRow("SELECT claimer, status FROM "+state.Table(st.schema, "segments")).Scan(&claimer, &status); err != nil || claimer != 0 || status != "pending" {
+		t.Fatalf("segment claimer %d status %s (%v), want released and pending", claimer, status, err)
+	}
+	d2 := st.drainer(t, "d2", map[string]PipeConfig{pipe: {Sink: okSink()}}, nil)
+	if n, err := d2.DrainOnce(context.Background()); err != nil || n != 5 {
+		t.Fatalf("next drainer delivered %d (%v), want 5", n, err)
+	}
+}
