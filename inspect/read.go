@@ -26,7 +26,7 @@ import (
 // (pipe, status, …); the other row aggregates read undelivered rows only,
 // which a healthy outbox has few of. Segments are one per enqueued
 // transaction and pipe: their record counts are read from the segments
-// themselves over the fifo index (pipe, status, id). A dashboard polling
+// themselves over the fifo index (pipe, status, id, records). A dashboard polling
 // every two seconds stays cheap even with millions of delivered records
 // kept for retention.
 
@@ -406,9 +406,8 @@ FROM `+r.table("segments")+` WHERE `+in+` AND status = 'pending' GROUP BY pipe`,
 	}); err != nil {
 		return nil, err
 	}
-	// Done segments are all those of the retention: records is not in the
-	// fifo index, so this reads each one (but not its payload when stored
-	// off-page, as a large one is).
+	// Done segments are all those of the retention; records is in the fifo
+	// index (pipe, status, id, records), so the sum reads only the index.
 	if err := query("count delivered segment records", `SELECT pipe, SUM(records) FROM `+r.table("segments")+`
 WHERE `+in+` AND status = 'done' GROUP BY pipe`, args, []any{&n}, func(b *backlog) {
 		b.delivered += n
