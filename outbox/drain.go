@@ -412,14 +412,7 @@ func (p *pipeDrainer) claimLoop(ctx context.Context, i int, part keyRange, work 
 			p.d.cfg.Metrics.error(p.name, "claim", err)
 			idle = idleMax
 		}
-		wait := idle
-		p.mu.Lock()
-		// A due time already passed was served by a claim since.
-		if until := time.Until(p.nextDue); until > 0 && until < wait {
-			wait = until
-		}
-		p.mu.Unlock()
-		timer.Reset(wait)
+		timer.Reset(p.idleWait(idle))
 		select {
 		case <-ctx.Done():
 		case <-p.wake[i]:
@@ -433,6 +426,117 @@ func (p *pipeDrainer) claimLoop(ctx context.Context, i int, part keyRange, work 
 }
 
 var errNoLease = errors.New("drain lease not held")
+
+// drainLease returns the pipe's drain lease when leases are in use
+// (fenced), errNoLease when it is not held or no longer locally valid.
+func (p *pipeDrainer) drainLease() (l lease.Lease, fenced bool, err error) {
+	if p.d.cfg.Leases == nil {
+		return lease.Lease{}, false, nil
+	}
+	l, ok := p.d.cfg.Leases(p.name)
+	if !ok || !l.Valid(time.Now()) {
+		return lease.Lease{}, false, errNoLease
+	}
+	return l, true, nil
+}
+
+// claimUpdate is the statement that claims what where matches in table (an
+// outbox or segments table with its alias): set assigns, in this order,
+// the claimer and the claim's length in microseconds. Fenced, the claim
+// only happens while the lease row still names us with the same epoch and
+// has not expired by the database clock.
+func (d *Drainer) claimUpdate(l lease.Lease, fenced bool, table, set, where string, whereArgs []any) (string, []any) {
+	args := make([]any, 0, len(whereArgs)+5)
+	if !fenced {
+		args = append(args, d.claimer, d.cfg.ClaimLease.Microseconds())
+		return `UPDATE ` + table + ` SET ` + set + ` WHERE ` + where, append(args, whereArgs...)
+	}
+	args = append(args, l.Name, d.claimer, d.cfg.ClaimLease.Microseconds())
+	args = append(append(args, whereArgs...), l.Holder, l.Epoch)
+	return `UPDATE ` + table + ` JOIN ` + d.leases + ` l ON l.name = ? SET ` + set + `
+WHERE ` + where + ` AND l.holder = ? AND l.epoch = ? AND l.expires_at > NOW(6)`, args
+}
+
+// idleWait is how long a claim loop that found nothing sleeps: idle, or
+// less when a retry falls due sooner.
+func (p *pipeDrainer) idleWait(idle time.Duration) time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	// A due time already passed was served by a claim since.
+	if until := time.Until(p.nextDue); until > 0 && until < idle {
+		return until
+	}
+	return idle
+}
+
+// retryDueIn makes the claim loops wake up when a retry delay from now has
+// passed rather than at the next idle poll; the slack covers the database
+// evaluating NOW(6) after our clock read.
+func (p *pipeDrainer) retryDueIn(delay time.Duration) {
+	due := time.Now().Add(delay + 5*time.Millisecond)
+	p.mu.Lock()
+	if due.Before(p.nextDue) || !p.nextDue.After(time.Now()) {
+		p.nextDue = due
+	}
+	p.mu.Unlock()
+}
+
+// verdict says what a failed delivery attempt of a record makes of it:
+// dead (a permanent error, or the last attempt) or retried after delay (the
+// receiver's Retry-After, else the backoff), with the error text to keep.
+func (p *pipeDrainer) verdict(err error, attempt int) (dead bool, delay time.Duration, errText string) {
+	errText = truncate(err.Error(), maxErrorLen)
+	switch {
+	case sink.IsPermanent(err):
+		return true, 0, errText
+	case attempt >= p.cfg.MaxAttempts:
+		return true, 0, truncate(fmt.Sprintf("gave up after %d attempts: %s", attempt, errText), maxErrorLen)
+	}
+	if ra, ok := sink.RetryAfterOf(err); ok && ra >= 0 {
+		return false, ra, errText
+	}
+	return false, p.d.backoff.Delay(attempt), errText
+}
+
+// writeOutcome runs write until it succeeds, for at most outcomeRetryFor
+// (a database restart), and then returns its last error: what was
+// delivered is left to its claim lease and delivered again under the same
+// deliveryKey.
+func (p *pipeDrainer) writeOutcome(write func() error) error {
+	deadline := time.Now().Add(outcomeRetryFor)
+	pause := 100 * time.Millisecond
+	for {
+		err := write()
+		if err == nil {
+			return nil
+		}
+		p.d.cfg.Metrics.error(p.name, "record", err)
+		if time.Now().After(deadline) {
+			return err
+		}
+		p.log.Warn("record outcome, retrying", zap.Error(err))
+		time.Sleep(pause)
+		pause = min(pause*2, 5*time.Second)
+	}
+}
+
+// deliveredAt counts delivered records and observes their commit →
+// delivery latency (a zero commit time is not observed).
+func (m DrainMetrics) deliveredAt(pipe string, commits []time.Time) {
+	if len(commits) == 0 {
+		return
+	}
+	m.delivered(pipe, len(commits))
+	if m.Latency == nil {
+		return
+	}
+	now := time.Now()
+	for _, t := range commits {
+		if !t.IsZero() {
+			m.Latency(pipe, now.Sub(t))
+		}
+	}
+}
 
 // segmentLoop delivers the pipe's segments one after the other, and waits
 // for a wake-up or a poll when there is none.
@@ -457,13 +561,7 @@ func (p *pipeDrainer) segmentLoop(ctx context.Context, wake <-chan struct{}) {
 			p.d.cfg.Metrics.error(p.name, "claim", err)
 			idle = idleMax
 		}
-		wait := idle
-		p.mu.Lock()
-		if until := time.Until(p.nextDue); until > 0 && until < wait {
-			wait = until // a held segment's retry
-		}
-		p.mu.Unlock()
-		timer.Reset(wait)
+		timer.Reset(p.idleWait(idle)) // a held segment's retry, too
 		select {
 		case <-ctx.Done():
 		case <-wake:
@@ -509,17 +607,9 @@ type candidate struct{ id, keyHash string }
 // row per claim round trip, still strictly in order.
 func (p *pipeDrainer) claim(ctx context.Context, limit int, part keyRange) ([]job, error) {
 	d := p.d
-	var (
-		l      lease.Lease
-		fenced bool
-	)
-	if d.cfg.Leases != nil {
-		var ok bool
-		l, ok = d.cfg.Leases(p.name)
-		if !ok || !l.Valid(time.Now()) {
-			return nil, errNoLease
-		}
-		fenced = true
+	l, fenced, err := p.drainLease()
+	if err != nil {
+		return nil, err
 	}
 	var cands []candidate
 	seen := map[string]bool{}
@@ -581,27 +671,10 @@ ORDER BY o.next_attempt_at, o.id LIMIT ?`, args...); err != nil {
 	// The row conditions are re-checked here: between the SELECT and this
 	// UPDATE another drainer may have claimed a row, and then it matches
 	// nothing.
-	due := `o.status = 'pending' AND o.next_attempt_at <= NOW(6)`
-	set := `SET o.claimer = ?, o.next_attempt_at = NOW(6) + INTERVAL ? MICROSECOND, o.attempts = o.attempts + 1`
-	var (
-		q    string
-		args []any
-	)
-	if fenced {
-		// Fencing: the claim only happens while the lease row still names
-		// us with the same epoch and has not expired by the database clock.
-		q = `UPDATE ` + d.outbox + ` o JOIN ` + d.leases + ` l ON l.name = ? ` + set + `
-WHERE o.pipe = ? AND o.id IN (` + in + `) AND ` + due + `
-  AND l.holder = ? AND l.epoch = ? AND l.expires_at > NOW(6)`
-		args = append(args, l.Name, d.claimer, d.cfg.ClaimLease.Microseconds(), p.name)
-		args = append(args, ids...)
-		args = append(args, l.Holder, l.Epoch)
-	} else {
-		q = `UPDATE ` + d.outbox + ` o ` + set + `
-WHERE o.pipe = ? AND o.id IN (` + in + `) AND ` + due
-		args = append(args, d.claimer, d.cfg.ClaimLease.Microseconds(), p.name)
-		args = append(args, ids...)
-	}
+	q, args := d.claimUpdate(l, fenced, d.outbox+` o`,
+		`o.claimer = ?, o.next_attempt_at = NOW(6) + INTERVAL ? MICROSECOND, o.attempts = o.attempts + 1`,
+		`o.pipe = ? AND o.id IN (`+in+`) AND o.status = 'pending' AND o.next_attempt_at <= NOW(6)`,
+		append([]any{p.name}, ids...))
 	// From the claim on, a stop must not cut us off: rows claimed but never
 	// read back would sit out the whole claim lease. The statements are
 	// short; a timeout still bounds them.
@@ -987,25 +1060,12 @@ func (p *pipeDrainer) record(ctx context.Context, recs []Record, errs []error, d
 			delivered = append(delivered, r.ID)
 			continue
 		}
-		o := outcome{rec: r, err: errs[i], errText: truncate(errs[i].Error(), maxErrorLen)}
-		switch {
-		case sink.IsPermanent(errs[i]):
-			o.dead = true
-		case r.Attempt >= p.cfg.MaxAttempts:
-			o.dead = true
-			o.errText = truncate(fmt.Sprintf("gave up after %d attempts: %s", r.Attempt, o.errText), maxErrorLen)
-		default:
-			if ra, ok := sink.RetryAfterOf(errs[i]); ok && ra >= 0 {
-				o.delay = ra
-			} else {
-				o.delay = d.backoff.Delay(r.Attempt)
-			}
-			if minDelay < 0 || o.delay < minDelay {
-				minDelay = o.delay
-			}
-		}
+		o := outcome{rec: r, err: errs[i]}
+		o.dead, o.delay, o.errText = p.verdict(errs[i], r.Attempt)
 		if o.dead {
 			nDead++
+		} else if minDelay < 0 || o.delay < minDelay {
+			minDelay = o.delay
 		}
 		failed = append(failed, o)
 	}
@@ -1084,44 +1144,19 @@ WHERE id = ? AND status = 'pending' AND claimer = ?`, o.delay.Microseconds(), o.
 		return tx.Commit()
 	}
 
-	var err error
-	deadline := time.Now().Add(outcomeRetryFor)
-	pause := 100 * time.Millisecond
-	for {
-		if err = write(); err == nil {
-			break
-		}
-		d.cfg.Metrics.error(p.name, "record", err)
-		if time.Now().After(deadline) {
-			return fmt.Errorf("record outcome of %d rows of %s (left to their claim lease): %w", len(recs), p.name, err)
-		}
-		p.log.Warn("record outcome, retrying", zap.Error(err))
-		time.Sleep(pause)
-		pause = min(pause*2, 5*time.Second)
+	if err := p.writeOutcome(write); err != nil {
+		return fmt.Errorf("record outcome of %d rows of %s (left to their claim lease): %w", len(recs), p.name, err)
 	}
 	if minDelay >= 0 {
-		// Wake up when the earliest retry is due rather than at the next
-		// idle poll; the slack covers the database evaluating NOW(6) after
-		// our clock read.
-		due := time.Now().Add(minDelay + 5*time.Millisecond)
-		p.mu.Lock()
-		if due.Before(p.nextDue) || !p.nextDue.After(time.Now()) {
-			p.nextDue = due
-		}
-		p.mu.Unlock()
+		p.retryDueIn(minDelay)
 	}
-
-	if n := len(delivered); n > 0 {
-		d.cfg.Metrics.delivered(p.name, n)
-		if d.cfg.Metrics.Latency != nil {
-			now := time.Now()
-			for i, r := range recs {
-				if errs[i] == nil && !r.CommitTime.IsZero() {
-					d.cfg.Metrics.Latency(p.name, now.Sub(r.CommitTime))
-				}
-			}
+	commits := make([]time.Time, 0, len(delivered))
+	for i, r := range recs {
+		if errs[i] == nil {
+			commits = append(commits, r.CommitTime)
 		}
 	}
+	d.cfg.Metrics.deliveredAt(p.name, commits)
 	if n := len(failed) - nDead; n > 0 {
 		d.cfg.Metrics.retried(p.name, n)
 		o := failed[0]

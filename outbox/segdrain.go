@@ -11,7 +11,6 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/cdcout/cdcout/lease"
 	"github.com/cdcout/cdcout/sink"
 	"github.com/cdcout/cdcout/state"
 )
@@ -112,20 +111,12 @@ func untried(left []leftRecord) bool {
 // order, so a newer one is never taken while an older one is claimed.
 func (p *pipeDrainer) claimSegment(ctx context.Context) (*segment, error) {
 	d := p.d
-	var (
-		l      lease.Lease
-		fenced bool
-	)
-	if d.cfg.Leases != nil {
-		var ok bool
-		l, ok = d.cfg.Leases(p.name)
-		if !ok || !l.Valid(time.Now()) {
-			return nil, errNoLease
-		}
-		fenced = true
+	l, fenced, err := p.drainLease()
+	if err != nil {
+		return nil, err
 	}
 	var id string
-	err := d.cfg.DB.QueryRowContext(ctx, `SELECT id FROM `+d.segments+`
+	err = d.cfg.DB.QueryRowContext(ctx, `SELECT id FROM `+d.segments+`
 WHERE pipe = ? AND status = 'pending' ORDER BY id LIMIT 1`, p.name).Scan(&id)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil
@@ -135,20 +126,9 @@ WHERE pipe = ? AND status = 'pending' ORDER BY id LIMIT 1`, p.name).Scan(&id)
 	}
 	// Due: unclaimed and not held (next_attempt_at is its creation or
 	// release), a lapsed claim, or a hold that ended.
-	set := `SET s.claimer = ?, s.attempts = s.attempts + 1, s.next_attempt_at = NOW(6) + INTERVAL ? MICROSECOND`
-	due := `s.id = ? AND s.status = 'pending' AND s.next_attempt_at <= NOW(6)`
-	var (
-		q    string
-		args []any
-	)
-	if fenced {
-		q = `UPDATE ` + d.segments + ` s JOIN ` + d.leases + ` l ON l.name = ? ` + set + `
-WHERE ` + due + ` AND l.holder = ? AND l.epoch = ? AND l.expires_at > NOW(6)`
-		args = []any{l.Name, d.claimer, d.cfg.ClaimLease.Microseconds(), id, l.Holder, l.Epoch}
-	} else {
-		q = `UPDATE ` + d.segments + ` s ` + set + ` WHERE ` + due
-		args = []any{d.claimer, d.cfg.ClaimLease.Microseconds(), id}
-	}
+	q, args := d.claimUpdate(l, fenced, d.segments+` s`,
+		`s.claimer = ?, s.next_attempt_at = NOW(6) + INTERVAL ? MICROSECOND, s.attempts = s.attempts + 1`,
+		`s.id = ? AND s.status = 'pending' AND s.next_attempt_at <= NOW(6)`, []any{id})
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	res, err := d.cfg.DB.ExecContext(cctx, q, args...)
@@ -328,12 +308,7 @@ WHERE id = ? AND status = 'pending' AND claimer = ?`, h.delay.Microseconds(), h.
 	d.cfg.Metrics.retried(p.name, h.tried)
 	p.log.Warn("sink failing for every record tried; segment waits and is tried again whole",
 		zap.String("segment", seg.id), zap.Int("attempt", seg.attempt), zap.Duration("retry_in", h.delay), zap.String("error", h.errText))
-	due := time.Now().Add(h.delay + 5*time.Millisecond)
-	p.mu.Lock()
-	if due.Before(p.nextDue) || !p.nextDue.After(time.Now()) {
-		p.nextDue = due
-	}
-	p.mu.Unlock()
+	p.retryDueIn(h.delay)
 	return nil
 }
 
@@ -390,20 +365,12 @@ func (p *pipeDrainer) deliverTimed(ctx context.Context, recs []Record) []error {
 // failedRecord is the row a failed record becomes: retried after its
 // backoff, or dead.
 func (p *pipeDrainer) failedRecord(r *segRecord, attempt int, err error) leftRecord {
-	l := leftRecord{rec: r, attempt: attempt, status: "pending", errText: truncate(err.Error(), maxErrorLen)}
-	switch {
-	case sink.IsPermanent(err):
+	l := leftRecord{rec: r, attempt: attempt, status: "pending"}
+	dead, delay, errText := p.verdict(err, attempt)
+	if dead {
 		l.status = "dead"
-	case attempt >= p.cfg.MaxAttempts:
-		l.status = "dead"
-		l.errText = truncate(fmt.Sprintf("gave up after %d attempts: %s", attempt, l.errText), maxErrorLen)
-	default:
-		if ra, ok := sink.RetryAfterOf(err); ok && ra >= 0 {
-			l.delay = ra
-		} else {
-			l.delay = p.d.backoff.Delay(attempt)
-		}
 	}
+	l.delay, l.errText = delay, errText
 	return l
 }
 
@@ -431,38 +398,20 @@ WHERE id = ? AND status = 'pending' AND claimer = ?`, seg.id, d.claimer)
 		}
 		return true, tx.Commit()
 	}
-	var (
-		ok  bool
-		err error
-	)
-	deadline := time.Now().Add(outcomeRetryFor)
-	pause := 100 * time.Millisecond
-	for {
-		if ok, err = write(); err == nil {
-			break
-		}
-		d.cfg.Metrics.error(p.name, "record", err)
-		if time.Now().After(deadline) {
-			return fmt.Errorf("record segment %s of %s (left to its claim lease): %w", seg.id, p.name, err)
-		}
-		p.log.Warn("record segment outcome, retrying", zap.Error(err))
-		time.Sleep(pause)
-		pause = min(pause*2, 5*time.Second)
+	var ok bool
+	if err := p.writeOutcome(func() (err error) { ok, err = write(); return err }); err != nil {
+		return fmt.Errorf("record segment %s of %s (left to its claim lease): %w", seg.id, p.name, err)
 	}
 	if !ok {
 		p.log.Warn("segment claim lapsed before its outcome was written; another drainer has it",
 			zap.String("segment", seg.id))
 		return nil
 	}
-	if n := len(delivered); n > 0 {
-		d.cfg.Metrics.delivered(p.name, n)
-		if d.cfg.Metrics.Latency != nil {
-			now := time.Now()
-			for _, r := range delivered {
-				d.cfg.Metrics.Latency(p.name, now.Sub(r.commitTS))
-			}
-		}
+	commits := make([]time.Time, len(delivered))
+	for i, r := range delivered {
+		commits[i] = r.commitTS
 	}
+	d.cfg.Metrics.deliveredAt(p.name, commits)
 	var nRetry, nDead int
 	minDelay := time.Duration(-1)
 	for _, l := range left {
@@ -485,12 +434,7 @@ WHERE id = ? AND status = 'pending' AND claimer = ?`, seg.id, d.claimer)
 		d.cfg.Metrics.dead(p.name, nDead)
 	}
 	if minDelay >= 0 {
-		due := time.Now().Add(minDelay + 5*time.Millisecond)
-		p.mu.Lock()
-		if due.Before(p.nextDue) || !p.nextDue.After(time.Now()) {
-			p.nextDue = due
-		}
-		p.mu.Unlock()
+		p.retryDueIn(minDelay)
 	}
 	return nil
 }
