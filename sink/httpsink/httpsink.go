@@ -170,22 +170,28 @@ func (s *Sink) Deliver(ctx context.Context, recs []outbox.Record) []error {
 		return s.deliverBatch(ctx, recs)
 	}
 	errs := make([]error, len(recs))
-	if len(recs) == 1 {
-		errs[0] = s.post(ctx, recs[0])
-		return errs
+	s.each(len(recs), func(i int) { errs[i] = s.post(ctx, recs[i]) })
+	return errs
+}
+
+// each runs f(0) … f(n-1), at most MaxConcurrent at once, and returns when
+// all have; one call runs on the caller's goroutine.
+func (s *Sink) each(n int, f func(i int)) {
+	if n == 1 {
+		f(0)
+		return
 	}
 	sem := make(chan struct{}, s.maxConc)
 	var wg sync.WaitGroup
-	for i := range recs {
+	for i := range n {
 		sem <- struct{}{}
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			errs[i] = s.post(ctx, recs[i])
+			f(i)
 		}()
 	}
 	wg.Wait()
-	return errs
 }
 
 // Sign returns the Standard Webhooks signature header value for a message.
@@ -260,21 +266,10 @@ func (s *Sink) deliverBatch(ctx context.Context, recs []outbox.Record) []error {
 	err := s.send(ctx, id, h, body)
 	if err != nil && sink.IsPermanent(err) && len(ok) > 1 {
 		// Find the records the receiver rejects: each on its own.
-		one := make([]error, len(ok))
-		var wg sync.WaitGroup
-		sem := make(chan struct{}, s.maxConc)
-		for j, i := range ok {
-			sem <- struct{}{}
-			wg.Add(1)
-			go func() {
-				defer func() { <-sem; wg.Done() }()
-				one[j] = s.deliverBatch(ctx, recs[i:i+1])[0]
-			}()
-		}
-		wg.Wait()
-		for j, i := range ok {
-			errs[i] = one[j]
-		}
+		s.each(len(ok), func(j int) {
+			i := ok[j]
+			errs[i] = s.deliverBatch(ctx, recs[i:i+1])[0]
+		})
 		return errs
 	}
 	for _, i := range ok {
