@@ -161,55 +161,39 @@ func (r Reader) Pipes(ctx context.Context, extra ...string) ([]PipeStatus, error
 		p.DeliveryLagSeconds = micros(b.lag)
 	}
 
-	// A segment held whole (the sink failed every record tried) holds up
-	// its pipe: its error comes first.
-	held, err := r.DB.QueryContext(ctx, `SELECT pipe, last_error, last_error_at FROM `+r.table("segments")+`
-WHERE pipe LIKE ? AND status = 'pending' AND last_error_at IS NOT NULL ORDER BY last_error_at DESC`, r.pipeLike())
-	if err != nil {
-		return nil, fmt.Errorf("read held segments: %w", err)
-	}
-	for held.Next() {
-		var pipe string
-		var msg sql.NullString
-		var at sqlTime
-		if err := held.Scan(&pipe, &msg, &at); err != nil {
-			held.Close()
-			return nil, fmt.Errorf("read held segments: %w", err)
-		}
-		if p := get(pipe); p.LastErrorAt == nil {
-			p.LastError, p.LastErrorAt = msg.String, timePtr(at.T)
-		}
-	}
-	held.Close()
-	if err := held.Err(); err != nil {
-		return nil, fmt.Errorf("read held segments: %w", err)
-	}
-	// Otherwise the rows' errors: a record that failed left its segment as
-	// a row.
-	rows, err := r.DB.QueryContext(ctx, `SELECT o.pipe, o.last_error, o.last_error_at
-FROM `+r.table("outbox")+` o JOIN (
-  SELECT pipe, MAX(last_error_at) AS m FROM `+r.table("outbox")+`
+	// A pipe's last error: a segment held whole (the sink failed every
+	// record tried) holds the pipe up, so its error comes first; otherwise
+	// the rows' (a record that failed left its segment as a row).
+	for _, e := range []struct{ what, q string }{
+		{"read held segments", `SELECT pipe, last_error, last_error_at FROM ` + r.table("segments") + `
+WHERE pipe LIKE ? AND status = 'pending' AND last_error_at IS NOT NULL ORDER BY last_error_at DESC`},
+		{"read pipe errors", `SELECT o.pipe, o.last_error, o.last_error_at
+FROM ` + r.table("outbox") + ` o JOIN (
+  SELECT pipe, MAX(last_error_at) AS m FROM ` + r.table("outbox") + `
   WHERE pipe LIKE ? AND status <> 'delivered' AND last_error_at IS NOT NULL GROUP BY pipe
 ) x ON o.pipe = x.pipe AND o.last_error_at = x.m
-WHERE o.status <> 'delivered'`, r.pipeLike())
-	if err != nil {
-		return nil, fmt.Errorf("read pipe errors: %w", err)
-	}
-	for rows.Next() {
-		var pipe string
-		var msg sql.NullString
-		var at sqlTime
-		if err := rows.Scan(&pipe, &msg, &at); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("read pipe errors: %w", err)
+WHERE o.status <> 'delivered'`},
+	} {
+		rows, err := r.DB.QueryContext(ctx, e.q, r.pipeLike())
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", e.what, err)
 		}
-		if p := get(pipe); p.LastErrorAt == nil {
-			p.LastError, p.LastErrorAt = msg.String, timePtr(at.T)
+		for rows.Next() {
+			var pipe string
+			var msg sql.NullString
+			var at sqlTime
+			if err := rows.Scan(&pipe, &msg, &at); err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("%s: %w", e.what, err)
+			}
+			if p := get(pipe); p.LastErrorAt == nil {
+				p.LastError, p.LastErrorAt = msg.String, timePtr(at.T)
+			}
 		}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read pipe errors: %w", err)
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("%s: %w", e.what, err)
+		}
 	}
 
 	leases, err := r.Leases(ctx)
