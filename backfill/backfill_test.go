@@ -397,17 +397,7 @@ func TestTypesCompositeKeyWhere(t *testing.T) {
 	}
 	srv.Exec(t, "INSERT INTO "+table+" VALUES "+strings.Join(vals, ","))
 	waitFor(t, "the inserts enqueued", 30*time.Second, func() bool {
-		recs, err := outbox.ReadRecords(context.Background(), db, stateDB, "%")
-		if err != nil {
-			t.Fatal(err)
-		}
-		c := 0
-		for _, r := range recs {
-			if r.Op == "c" {
-				c++
-			}
-		}
-		return c == len(vals)
+		return countOp(t, db, stateDB, "c") == len(vals)
 	})
 	r := &backfill.Runner{Source: db, State: db, StateSchema: stateDB}
 	if _, err := r.Prepare(context.Background(), backfill.Spec{Table: src + ".ty", Sinks: []string{"out"}, ChunkSize: 4, Where: "a <> 5", Instance: "types"}); err != nil {
@@ -500,4 +490,21 @@ func TestCancel(t *testing.T) {
 	if _, err := backfill.Cancel(context.Background(), db, stateDB, "nosuch"); !errors.Is(err, backfill.ErrNotFound) {
 		t.Fatalf("Cancel(nosuch) = %v, want ErrNotFound", err)
 	}
+}
+
+// countOp counts the records of op in the outbox of stateDB, rows and
+// segments alike.
+func countOp(tb testing.TB, db *sql.DB, stateDB, op string) int {
+	tb.Helper()
+	recs, err := outbox.ReadRecords(context.Background(), db, stateDB, "%")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	n := 0
+	for _, r := range recs {
+		if r.Op == op {
+			n++
+		}
+	}
+	return n
 }

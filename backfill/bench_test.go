@@ -19,7 +19,6 @@ import (
 	"github.com/cdcout/cdcout/engine"
 	"github.com/cdcout/cdcout/internal/gctune"
 	"github.com/cdcout/cdcout/internal/mysqltest"
-	"github.com/cdcout/cdcout/outbox"
 	"github.com/cdcout/cdcout/state"
 )
 
@@ -112,17 +111,7 @@ func BenchmarkBackfill(b *testing.B) {
 		if err := <-done; err != nil {
 			b.Fatal(err)
 		}
-		recs, err := outbox.ReadRecords(context.Background(), db, stateDB, "%")
-		if err != nil {
-			b.Fatal(err)
-		}
-		enq := 0
-		for _, r := range recs {
-			if r.Op == "r" {
-				enq++
-			}
-		}
-		if enq != n {
+		if enq := countOp(b, db, stateDB, "r"); enq != n {
 			b.Fatalf("%d rows enqueued, want %d", enq, n)
 		}
 		rate := float64(n) / took.Seconds()
