@@ -124,11 +124,7 @@ func tableState(t testing.TB, db *sql.DB, table string) map[int64]rowState {
 
 func gtidPos(t testing.TB, db *sql.DB) string {
 	t.Helper()
-	var pos string
-	if err := db.QueryRow("SELECT @@gtid_binlog_pos").Scan(&pos); err != nil {
-		t.Fatal(err)
-	}
-	return pos
+	return mysqltest.GTIDPos(t, db)
 }
 
 // gtidSeq is the sequence number of a single-domain MariaDB GTID position.
@@ -212,7 +208,7 @@ func TestConsistencyUnderWrites(t *testing.T) {
 	dropWatermarkDB(t, srv, stateDB)
 	table := "`" + src + "`.t"
 	srv.Exec(t, "CREATE TABLE "+table+" (id INT PRIMARY KEY, v BIGINT NOT NULL, s VARCHAR(40) NOT NULL)",
-		fmt.Sprintf("INSERT INTO %s SELECT seq, seq, CONCAT('row', seq) FROM `%s`.seq_1_to_%d", table, src, n))
+		fmt.Sprintf("INSERT INTO %s SELECT seq, seq, CONCAT('row', seq) FROM %s", table, mysqltest.Seq(n)))
 	db := srv.Open(t)
 	from := gtidPos(t, db)
 
@@ -455,7 +451,7 @@ func TestCancel(t *testing.T) {
 	src := srv.CreateDB(t, "bfc_src")
 	stateDB := srv.CreateDB(t, "bfc_state")
 	dropWatermarkDB(t, srv, stateDB)
-	srv.Exec(t, "CREATE TABLE `"+src+"`.t (id INT PRIMARY KEY)", "INSERT INTO `"+src+"`.t SELECT seq FROM `"+src+"`.seq_1_to_100")
+	srv.Exec(t, "CREATE TABLE `"+src+"`.t (id INT PRIMARY KEY)", "INSERT INTO `"+src+"`.t SELECT seq FROM "+mysqltest.Seq(100))
 	db := srv.Open(t)
 	if err := state.Migrate(context.Background(), db, stateDB); err != nil {
 		t.Fatal(err)

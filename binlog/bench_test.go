@@ -40,10 +40,7 @@ func BenchmarkStreamVsRaw(b *testing.B) {
 	srv.Exec(b, "CREATE TABLE `"+db+"`.t (id BIGINT PRIMARY KEY, a INT NOT NULL, b VARCHAR(32), c DECIMAL(12,2), "+
 		"d DATETIME(3), e DOUBLE, f TEXT, g TINYINT UNSIGNED)")
 	conn := srv.Open(b)
-	var from string
-	if err := conn.QueryRow("SELECT @@GLOBAL.gtid_binlog_pos").Scan(&from); err != nil {
-		b.Fatal(err)
-	}
+	from := mysqltest.GTIDPos(b, conn)
 	const batch = 1000
 	start := time.Now()
 	for lo := 1; lo <= rows; lo += batch {

@@ -69,10 +69,7 @@ func TestDDLFullMetadata(t *testing.T) {
 	srv := mysqltest.Shared(t)
 	db := srv.CreateDB(t, "ddlfull")
 	srv.Exec(t, "CREATE TABLE `"+db+"`.t (id INT PRIMARY KEY, a VARCHAR(10), b INT)")
-	var from string
-	if err := srv.Open(t).QueryRow("SELECT @@GLOBAL.gtid_binlog_pos").Scan(&from); err != nil {
-		t.Fatal(err)
-	}
+	from := mysqltest.GTIDPos(t, srv.Open(t))
 	steps := ddlSteps(db)
 	for _, st := range steps {
 		srv.Exec(t, st.stmts...)
@@ -123,10 +120,7 @@ func TestDDLFallbackLagging(t *testing.T) {
 	srv := mysqltest.Shared(t)
 	db := srv.CreateDB(t, "ddllag")
 	srv.Exec(t, "CREATE TABLE `"+db+"`.t (id INT PRIMARY KEY, a VARCHAR(10), b INT)")
-	var from string
-	if err := srv.Open(t).QueryRow("SELECT @@GLOBAL.gtid_binlog_pos").Scan(&from); err != nil {
-		t.Fatal(err)
-	}
+	from := mysqltest.GTIDPos(t, srv.Open(t))
 	srv.Exec(t,
 		"INSERT INTO `"+db+"`.t VALUES (1, 'a1', 10)",
 		"ALTER TABLE `"+db+"`.t ADD COLUMN c VARCHAR(10) NULL",

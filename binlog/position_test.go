@@ -86,21 +86,8 @@ func TestStartPositions(t *testing.T) {
 	db := srv.CreateDB(t, "pos")
 	srv.Exec(t, "CREATE TABLE `"+db+"`.t (v INT PRIMARY KEY)", "INSERT INTO `"+db+"`.t VALUES (1)")
 	conn := srv.Open(t)
-	var gtidAfter1, file string
-	var pos uint32
-	if err := conn.QueryRow("SELECT @@GLOBAL.gtid_binlog_pos").Scan(&gtidAfter1); err != nil {
-		t.Fatal(err)
-	}
-	rows, err := conn.Query("SHOW MASTER STATUS")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ignore1, ignore2 any
-	rows.Next()
-	if err := rows.Scan(&file, &pos, &ignore1, &ignore2); err != nil {
-		t.Fatal(err)
-	}
-	rows.Close()
+	gtidAfter1 := mysqltest.GTIDPos(t, conn)
+	file, pos := srv.BinlogStatus(t)
 	srv.Exec(t, "INSERT INTO `"+db+"`.t VALUES (2)")
 
 	t.Run("now", func(t *testing.T) {
@@ -132,13 +119,13 @@ func TestStartPositions(t *testing.T) {
 	})
 	t.Run("resume", func(t *testing.T) {
 		cfg := testConfig(t, srv, db)
-		cfg.Resume = &Position{Flavor: "mariadb", GTIDSet: gtidAfter1}
+		cfg.Resume = &Position{Flavor: string(srv.Flavor), GTIDSet: gtidAfter1}
 		cfg.From = "now" // Resume wins
 		if got := valuesFrom(t, srv, cfg, db, 14); !equalInts(got, 2, 10, 11, 12, 13, 14) {
 			t.Fatalf("resume %s: %v", gtidAfter1, got)
 		}
 		cfg = testConfig(t, srv, db)
-		cfg.Resume = &Position{Flavor: "mariadb", File: file, Pos: pos, ServerUUID: "99"}
+		cfg.Resume = &Position{Flavor: string(srv.Flavor), File: file, Pos: pos, ServerUUID: "99"}
 		err := openErr(t, cfg)
 		if !strings.Contains(err.Error(), "belongs to server 99") {
 			t.Fatalf("resume on another server: %v", err)
@@ -154,10 +141,7 @@ func TestPurgedPosition(t *testing.T) {
 	db := srv.CreateDB(t, "purge")
 	srv.Exec(t, "CREATE TABLE `"+db+"`.t (v INT PRIMARY KEY)", "INSERT INTO `"+db+"`.t VALUES (1)")
 	conn := srv.Open(t)
-	var gtid string
-	if err := conn.QueryRow("SELECT @@GLOBAL.gtid_binlog_pos").Scan(&gtid); err != nil {
-		t.Fatal(err)
-	}
+	gtid := mysqltest.GTIDPos(t, conn)
 	files, err := binlogFiles(context.Background(), conn)
 	if err != nil {
 		t.Fatal(err)
@@ -186,7 +170,7 @@ func TestPurgedPosition(t *testing.T) {
 		}
 	}
 	cfg := testConfig(t, srv, db)
-	cfg.Resume = &Position{Flavor: "mariadb", GTIDSet: gtid}
+	cfg.Resume = &Position{Flavor: string(srv.Flavor), GTIDSet: gtid}
 	if err := openErr(t, cfg); !errors.Is(err, ErrPositionUnavailable) {
 		t.Errorf("resume: %v", err)
 	}

@@ -50,12 +50,9 @@ func TestBackfillKillAndResume(t *testing.T) {
 	stateDB := srv.CreateDB(t, "bfk_state")
 	t.Cleanup(func() { srv.Exec(t, "DROP DATABASE IF EXISTS `"+backfill.WatermarkDB(stateDB)+"`") })
 	srv.Exec(t, "CREATE TABLE `"+src+"`.t (id INT PRIMARY KEY, v BIGINT NOT NULL)",
-		fmt.Sprintf("INSERT INTO `%s`.t SELECT seq, seq FROM `%s`.seq_1_to_%d", src, src, n))
+		fmt.Sprintf("INSERT INTO `%s`.t SELECT seq, seq FROM %s", src, mysqltest.Seq(n)))
 	db := srv.Open(t)
-	var from string
-	if err := db.QueryRow("SELECT @@gtid_binlog_pos").Scan(&from); err != nil {
-		t.Fatal(err)
-	}
+	from := mysqltest.GTIDPos(t, db)
 	var mu sync.Mutex
 	got := map[int64]int{}
 	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

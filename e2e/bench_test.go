@@ -403,7 +403,7 @@ func BenchmarkHugeTransactionRSS(b *testing.B) {
 
 		start := time.Now()
 		// One statement, one transaction of `rows` row images.
-		if _, err := db.Exec(fmt.Sprintf("INSERT INTO `%s`.t SELECT seq, seq, 'padpadpadpadpadpadpadpadpadpad' FROM `%s`.seq_1_to_%d", src, src, rows)); err != nil {
+		if _, err := db.Exec(fmt.Sprintf("INSERT INTO `%s`.t SELECT seq, seq, 'padpadpadpadpadpadpadpadpadpad' FROM %s", src, mysqltest.Seq(rows))); err != nil {
 			b.Fatal(err)
 		}
 		committed := time.Since(start)

@@ -241,7 +241,7 @@ sinks:
 		checkAlive()
 		switch kills {
 		case 2:
-			bigTx("INSERT INTO `" + src + "`.c (id, v, note) SELECT 1000000 + seq, 0, 'big' FROM `" + src + "`.seq_1_to_10000")
+			bigTx("INSERT INTO `" + src + "`.c (id, v, note) SELECT 1000000 + seq, 0, 'big' FROM " + mysqltest.Seq(10000))
 		case 6:
 			bigTx("DELETE FROM `" + src + "`.c WHERE id > 1000000")
 		}

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cdcout/cdcout/internal/mysqltest"
 	"github.com/cdcout/cdcout/outbox"
 )
 
@@ -402,11 +403,7 @@ func waitFor(t testing.TB, timeout time.Duration, cond func() (done bool, what s
 
 func gtidPos(t testing.TB, db *sql.DB) string {
 	t.Helper()
-	var pos string
-	if err := db.QueryRow("SELECT @@gtid_binlog_pos").Scan(&pos); err != nil {
-		t.Fatal(err)
-	}
-	return pos
+	return mysqltest.GTIDPos(t, db)
 }
 
 // outboxSummary describes the outbox's undelivered records per pipe:

@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/cdcout/cdcout/config"
+	"github.com/cdcout/cdcout/internal/mysqltest"
 )
 
 // BenchmarkEndToEnd measures changes/s from the first commit to the last
@@ -200,7 +201,7 @@ func BenchmarkHugeTransaction(b *testing.B) {
 		db, src, stateDB := s.db, s.src, s.stateDB
 		e, cancel, done := startEngine(b, s.cfg)
 		start := time.Now()
-		if _, err := db.Exec(fmt.Sprintf("INSERT INTO `%s`.t SELECT seq, REPEAT('x', 100) FROM `%s`.seq_1_to_%d", src, src, n)); err != nil {
+		if _, err := db.Exec(fmt.Sprintf("INSERT INTO `%s`.t SELECT seq, REPEAT('x', 100) FROM %s", src, mysqltest.Seq(n))); err != nil {
 			b.Fatal(err)
 		}
 		deadline := time.Now().Add(30 * time.Minute)

@@ -174,10 +174,7 @@ func testEndToEnd(t *testing.T, mode string) {
 		"CREATE TABLE `"+other+"`.noise (id INT PRIMARY KEY)",
 	)
 	db := srv.Open(t)
-	var from string
-	if err := db.QueryRow("SELECT @@gtid_binlog_pos").Scan(&from); err != nil {
-		t.Fatal(err)
-	}
+	from := mysqltest.GTIDPos(t, db)
 	if from == "" {
 		from = "now"
 	}
@@ -410,10 +407,7 @@ func newSource(tb testing.TB, instance, columns string, mod func(*config.Config)
 	s.stateDB = s.srv.CreateDB(tb, instance+"_state")
 	s.srv.Exec(tb, "CREATE TABLE `"+s.src+"`.t ("+columns+")")
 	s.db = s.srv.Open(tb)
-	var from string
-	if err := s.db.QueryRow("SELECT @@gtid_binlog_pos").Scan(&from); err != nil {
-		tb.Fatal(err)
-	}
+	from := mysqltest.GTIDPos(tb, s.db)
 	s.cfg = config.Default()
 	s.cfg.DSN = config.DSN(s.srv.DSN)
 	s.cfg.StateDB = s.stateDB
@@ -568,10 +562,7 @@ func TestGracefulStopWritesLastTransaction(t *testing.T) {
 	if _, err := conn.ExecContext(context.Background(), "INSERT INTO `"+src+"`.t VALUES (1),(2),(3),(4),(5)"); err != nil {
 		t.Fatal(err)
 	}
-	var gtid string
-	if err := conn.QueryRowContext(context.Background(), "SELECT @@last_gtid").Scan(&gtid); err != nil {
-		t.Fatal(err)
-	}
+	gtid := srv.LastGTID(t, conn)
 	waitFor(t, "rows buffered", 30*time.Second, func() bool { st := e.Stats(); return st.Buffered == 5 && st.Unwritten })
 	stop()
 
@@ -622,10 +613,7 @@ func TestSinkFailureAndRecovery(t *testing.T) {
 	stateDB := srv.CreateDB(t, "fail_state")
 	srv.Exec(t, "CREATE TABLE `"+src+"`.t (id INT PRIMARY KEY, v INT)")
 	db := srv.Open(t)
-	var from string
-	if err := db.QueryRow("SELECT @@gtid_binlog_pos").Scan(&from); err != nil {
-		t.Fatal(err)
-	}
+	from := mysqltest.GTIDPos(t, db)
 
 	var (
 		mu       sync.Mutex

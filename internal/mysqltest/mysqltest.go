@@ -1,5 +1,5 @@
-// Package mysqltest starts throwaway MariaDB servers with the binary log on,
-// for tests, benchmarks and the demo.
+// Package mysqltest starts throwaway MariaDB or Oracle MySQL servers with the
+// binary log on, for tests, benchmarks and the demo.
 //
 // Every integration test in cdcout runs against a real server: the binlog is
 // the product's input, and a mock of it would only test our reading of the
@@ -7,8 +7,10 @@
 // one (Shared) and gives each test its own databases (Server.CreateDB); tests
 // that restart or reconfigure the server start their own (Start).
 //
-// CDCOUT_TEST_DSN points the shared server at an existing MySQL/MariaDB
-// instead (for example a user's MySQL 8 with binlog_format=ROW). When the
+// CDCOUT_TEST_FLAVOR chooses the product: "mariadb" (the default) or
+// "mysql" (Oracle MySQL from the private prefix .ci/install-mysql fills;
+// see mysql.go). CDCOUT_TEST_DSN points the shared server at an existing
+// MySQL/MariaDB instead (for example a user's MySQL 8 with binlog_format=ROW). When the
 // server cannot be started the test fails under CI=true and is skipped
 // otherwise, so a missing database never turns CI green.
 package mysqltest
@@ -39,9 +41,12 @@ type Options struct {
 	ServerID int
 	// RowMetadata is --binlog-row-metadata; "" means FULL.
 	RowMetadata string
-	// Args are appended to the mariadbd command line, e.g.
-	// "--log-bin-compress=ON".
+	// Args are appended to the server's command line, e.g.
+	// "--skip-log-bin". Options only one flavour has belong behind a
+	// check of TestFlavor.
 	Args []string
+	// Flavor is the product to start; "" means TestFlavor().
+	Flavor Flavor
 }
 
 // Server is one running throwaway server (or the server CDCOUT_TEST_DSN
@@ -54,6 +59,8 @@ type Server struct {
 	User string
 	// Password is empty for throwaway servers.
 	Password string
+	// Flavor is the server's product.
+	Flavor Flavor
 
 	opts    Options
 	dataDir string
@@ -136,19 +143,27 @@ func FromDSN(dsn string) (*Server, error) {
 	if err := s.waitReady(30 * time.Second); err != nil {
 		return nil, err
 	}
+	flavor, err := detectFlavor(s.DSN)
+	if err != nil {
+		return nil, err
+	}
+	s.Flavor = flavor
 	return s, nil
 }
 
 // StartServer starts a new throwaway server. The caller must Stop it.
 func StartServer(opts Options) (*Server, error) {
-	if err := ensureInstalled(); err != nil {
+	if opts.Flavor == "" {
+		opts.Flavor = TestFlavor()
+	}
+	if err := ensureInstalled(opts.Flavor); err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "cdcout-mariadb-")
+	dir, err := os.MkdirTemp("", "cdcout-"+string(opts.Flavor)+"-")
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{Host: "127.0.0.1", User: "root", opts: opts, dataDir: dir, owned: true}
+	s := &Server{Host: "127.0.0.1", User: "root", Flavor: opts.Flavor, opts: opts, dataDir: dir, owned: true}
 	// Each server has a temporary directory of its own. Bootstraps that
 	// share /tmp collide on their temporary tables' file names when test
 	// packages start servers at the same time ("Unknown table
@@ -157,12 +172,9 @@ func StartServer(opts Options) (*Server, error) {
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	install := exec.Command("mariadb-install-db", "--no-defaults",
-		"--datadir="+filepath.Join(dir, "data"), "--tmpdir="+filepath.Join(dir, "tmp"),
-		"--user="+currentUser(), "--auth-root-authentication-method=normal", "--skip-test-db")
-	if out, err := install.CombinedOutput(); err != nil {
+	if err := initDataDir(opts.Flavor, dir); err != nil {
 		os.RemoveAll(dir)
-		return nil, fmt.Errorf("mariadb-install-db: %w: %s", err, errorLines(string(out), 5))
+		return nil, err
 	}
 	var lastErr error
 	for attempt := 0; attempt < 3; attempt++ {
@@ -172,6 +184,21 @@ func StartServer(opts Options) (*Server, error) {
 	}
 	os.RemoveAll(dir)
 	return nil, lastErr
+}
+
+// initDataDir creates dir/data: mariadb-install-db for MariaDB, a copy of
+// the run's template datadir for MySQL.
+func initDataDir(flavor Flavor, dir string) error {
+	if flavor == MySQL {
+		return mysqlDataDir(dir)
+	}
+	install := exec.Command("mariadb-install-db", "--no-defaults",
+		"--datadir="+filepath.Join(dir, "data"), "--tmpdir="+filepath.Join(dir, "tmp"),
+		"--user="+currentUser(), "--auth-root-authentication-method=normal", "--skip-test-db")
+	if out, err := install.CombinedOutput(); err != nil {
+		return fmt.Errorf("mariadb-install-db: %w: %s", err, errorLines(string(out), 5))
+	}
+	return nil
 }
 
 func (s *Server) launch() error {
@@ -205,23 +232,31 @@ func (s *Server) launch() error {
 		"--binlog-row-image=FULL",
 		"--binlog-row-metadata=" + meta,
 		"--server-id=" + strconv.Itoa(serverID),
-		"--gtid-strict-mode=ON",
-		"--log-slave-updates=ON",
 		"--character-set-server=utf8mb4",
-		"--collation-server=utf8mb4_general_ci",
 		"--default-time-zone=+00:00",
 		"--innodb-buffer-pool-size=256M",
-		"--innodb-log-file-size=256M",
 		"--innodb-flush-log-at-trx-commit=2",
 		"--sync-binlog=0",
 		"--max-connections=500",
 		"--max-allowed-packet=256M",
 	}
-	args = append(args, s.opts.Args...)
-	cmd := exec.Command(mariadbd(), args...)
+	var cmd *exec.Cmd
+	if s.Flavor == MySQL {
+		args = append(args, mysqlArgs()...)
+		args = append(args, s.opts.Args...)
+		cmd = mysqlCommand("mysqld", args...)
+	} else {
+		args = append(args,
+			"--gtid-strict-mode=ON",
+			"--log-slave-updates=ON",
+			"--collation-server=utf8mb4_general_ci",
+			"--innodb-log-file-size=256M")
+		args = append(args, s.opts.Args...)
+		cmd = exec.Command(mariadbd(), args...)
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start mariadbd: %w", err)
+		return fmt.Errorf("start %s server: %w", s.Flavor, err)
 	}
 	exited := make(chan struct{})
 	go func() { cmd.Wait(); close(exited) }()
@@ -231,7 +266,7 @@ func (s *Server) launch() error {
 	if err := s.waitReady(60 * time.Second); err != nil {
 		s.kill()
 		log, _ := os.ReadFile(filepath.Join(s.dataDir, "error.log"))
-		return fmt.Errorf("%w; mariadbd log: %s", err, lastLines(string(log), 8))
+		return fmt.Errorf("%w; %s server log: %s", err, s.Flavor, errorLines(string(log), 8))
 	}
 	return nil
 }
@@ -243,7 +278,7 @@ func (s *Server) waitReady(timeout time.Duration) error {
 		if s.exited != nil {
 			select {
 			case <-s.exited:
-				return errors.New("mariadbd exited during start-up")
+				return fmt.Errorf("%s server exited during start-up", s.Flavor)
 			default:
 			}
 		}
@@ -405,11 +440,15 @@ func freePort() (int, error) {
 
 var installMu sync.Mutex
 
-// ensureInstalled installs Debian's mariadb-server when the binaries are
-// missing (a fresh CI machine), as the project's own set-up step.
-func ensureInstalled() error {
+// ensureInstalled installs the flavour's server when its binaries are
+// missing (a fresh CI machine), as the project's own set-up step: Debian's
+// mariadb-server, or Oracle MySQL through .ci/install-mysql.
+func ensureInstalled(flavor Flavor) error {
 	installMu.Lock()
 	defer installMu.Unlock()
+	if flavor == MySQL {
+		return ensureMySQL()
+	}
 	if _, err := exec.LookPath("mariadb-install-db"); err == nil && mariadbd() != "" {
 		return nil
 	}

@@ -1,6 +1,7 @@
 package mysqltest
 
 import (
+	"os"
 	"testing"
 )
 
@@ -41,5 +42,75 @@ func TestRestartKeepsData(t *testing.T) {
 		if n != 2 {
 			t.Fatalf("rows after %s restart = %d, want 2", name, n)
 		}
+	}
+}
+
+func TestServerIsTheAskedFlavor(t *testing.T) {
+	s := Shared(t)
+	got, err := detectFlavor(s.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != s.Flavor {
+		t.Fatalf("server reports %s, harness says %s", got, s.Flavor)
+	}
+	if os.Getenv("CDCOUT_TEST_DSN") == "" && got != TestFlavor() {
+		t.Fatalf("CDCOUT_TEST_FLAVOR=%s started a %s server", TestFlavor(), got)
+	}
+}
+
+func TestServersHaveDistinctIdentities(t *testing.T) {
+	// Two throwaway servers never share a GTID source id: MySQL's is the
+	// server_uuid (every server copies one template datadir, so its
+	// auto.cnf must go), MariaDB's the server_id Options sets.
+	a, b := Start(t, Options{ServerID: 2}), Start(t, Options{ServerID: 3})
+	q := "SELECT @@server_id"
+	if a.Flavor == MySQL {
+		q = "SELECT @@server_uuid"
+	}
+	var ua, ub string
+	if err := a.Open(t).QueryRow(q).Scan(&ua); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Open(t).QueryRow(q).Scan(&ub); err != nil {
+		t.Fatal(err)
+	}
+	if ua == ub {
+		t.Fatalf("%s is %s on both servers", q, ua)
+	}
+}
+
+func TestSeqAndGTIDHelpers(t *testing.T) {
+	s := Shared(t)
+	db := s.Open(t)
+	name := s.CreateDB(t, "seq")
+	s.Exec(t, "CREATE TABLE `"+name+"`.t (id INT PRIMARY KEY)")
+	before := s.GTIDExecuted(t)
+	s.Exec(t, "INSERT INTO `"+name+"`.t SELECT seq FROM "+Seq(1234))
+	var n, min, max int
+	if err := db.QueryRow("SELECT COUNT(*), MIN(id), MAX(id) FROM `"+name+"`.t").Scan(&n, &min, &max); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1234 || min != 1 || max != 1234 {
+		t.Fatalf("Seq(1234) gave %d rows %d..%d", n, min, max)
+	}
+	// Rows come in seq order (tests rely on insertion order).
+	rows, err := db.Query("SELECT seq FROM " + Seq(1234))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	for want := 1; rows.Next(); want++ {
+		var got int
+		if err := rows.Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got != want {
+			t.Fatalf("Seq row %d is %d", want, got)
+		}
+	}
+	after := s.GTIDExecuted(t)
+	if after == "" || after == before {
+		t.Fatalf("GTIDExecuted did not move with a commit: %q -> %q", before, after)
 	}
 }

@@ -1,0 +1,184 @@
+package mysqltest
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// The helpers here hide the SQL that differs between MariaDB and MySQL, so
+// a test reads the same on both flavours.
+
+// Seq is a derived table of one column, seq, holding 1..n in ascending
+// order, for INSERT … SELECT seq FROM Seq(n). MariaDB's seq_1_to_N tables
+// exist only there; this cross join of digits works on both flavours and,
+// unlike a real helper table, writes nothing to the binary log.
+// The ORDER BY with a LIMIT cannot be dropped by the optimizer, so the
+// materialised rows are inserted (and their changes read) in seq order.
+func Seq(n int) string {
+	if n < 1 {
+		n = 1
+	}
+	digits := "(SELECT 0 d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4 " +
+		"UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9)"
+	var from, expr []string
+	scale := 1
+	for i := 0; scale < n || i == 0; i++ {
+		from = append(from, fmt.Sprintf("%s d%d", digits, i))
+		expr = append(expr, fmt.Sprintf("d%d.d*%d", i, scale))
+		scale *= 10
+	}
+	return fmt.Sprintf("(SELECT %s + 1 AS seq FROM %s ORDER BY seq LIMIT %d) seq_t",
+		strings.Join(expr, " + "), strings.Join(from, " CROSS JOIN "), n)
+}
+
+// GTIDExecuted is the set of GTIDs the server has written to its binary
+// log, in the form cdcout's --from gtid: accepts: MariaDB's
+// @@gtid_binlog_pos or MySQL's @@gtid_executed. It is "" before the first
+// transaction.
+func (s *Server) GTIDExecuted(tb testing.TB) string {
+	tb.Helper()
+	db, err := sql.Open("mysql", s.DSN)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer db.Close()
+	return GTIDPos(tb, db)
+}
+
+// GTIDPos is GTIDExecuted over a connection pool of the caller's, of
+// either flavour.
+func GTIDPos(tb testing.TB, db *sql.DB) string {
+	tb.Helper()
+	var version string
+	if err := db.QueryRow("SELECT VERSION()").Scan(&version); err != nil {
+		tb.Fatal(err)
+	}
+	q := "SELECT @@GLOBAL.gtid_executed"
+	if strings.Contains(strings.ToLower(version), "mariadb") {
+		q = "SELECT @@GLOBAL.gtid_binlog_pos"
+	}
+	var g string
+	if err := db.QueryRow(q).Scan(&g); err != nil {
+		tb.Fatalf("%s: %v", q, err)
+	}
+	return strings.ReplaceAll(g, "\n", "")
+}
+
+// LastGTID is the GTID of the last transaction conn committed. MariaDB
+// tracks it per session (@@last_gtid); on MySQL it is the highest GTID of
+// this server's own source id in gtid_executed, so call it only where no
+// other session commits in between.
+func (s *Server) LastGTID(tb testing.TB, conn *sql.Conn) string {
+	tb.Helper()
+	ctx := context.Background()
+	if s.Flavor != MySQL {
+		var g string
+		if err := conn.QueryRowContext(ctx, "SELECT @@last_gtid").Scan(&g); err != nil {
+			tb.Fatal(err)
+		}
+		return g
+	}
+	var uuid, set string
+	if err := conn.QueryRowContext(ctx, "SELECT @@server_uuid, @@GLOBAL.gtid_executed").Scan(&uuid, &set); err != nil {
+		tb.Fatal(err)
+	}
+	for _, part := range strings.Split(strings.ReplaceAll(set, "\n", ""), ",") {
+		fields := strings.Split(strings.TrimSpace(part), ":")
+		if len(fields) < 2 || fields[0] != uuid {
+			continue
+		}
+		// uuid:1-5:7-9 (untagged intervals follow the uuid directly).
+		last := fields[len(fields)-1]
+		if i := strings.LastIndexByte(last, '-'); i >= 0 {
+			last = last[i+1:]
+		}
+		if _, err := strconv.ParseUint(last, 10, 64); err != nil {
+			tb.Fatalf("gtid_executed %q: interval %q", set, last)
+		}
+		return uuid + ":" + last
+	}
+	tb.Fatalf("gtid_executed %q holds nothing of this server (%s)", set, uuid)
+	return ""
+}
+
+// BinlogStatus is the current binary log file and position (SHOW MASTER
+// STATUS, renamed SHOW BINARY LOG STATUS in MySQL 8.2 and removed in 8.4).
+func (s *Server) BinlogStatus(tb testing.TB) (string, uint32) {
+	tb.Helper()
+	db, err := sql.Open("mysql", s.DSN)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer db.Close()
+	for _, q := range []string{"SHOW BINARY LOG STATUS", "SHOW MASTER STATUS"} {
+		rows, err := db.Query(q)
+		if err != nil {
+			continue
+		}
+		cols, _ := rows.Columns()
+		vals := make([]sql.RawBytes, len(cols))
+		ptrs := make([]any, len(cols))
+		for i := range vals {
+			ptrs[i] = &vals[i]
+		}
+		if !rows.Next() {
+			rows.Close()
+			tb.Fatalf("%s returned no row", q)
+		}
+		if err := rows.Scan(ptrs...); err != nil {
+			rows.Close()
+			tb.Fatal(err)
+		}
+		file := string(vals[0])
+		pos, err := strconv.ParseUint(string(vals[1]), 10, 32)
+		rows.Close()
+		if err != nil {
+			tb.Fatalf("%s position %q: %v", q, vals[1], err)
+		}
+		return file, uint32(pos)
+	}
+	tb.Fatal("neither SHOW BINARY LOG STATUS nor SHOW MASTER STATUS works")
+	return "", 0
+}
+
+// ReplicaServerIDs are the server ids of the binlog readers connected to
+// the server (SHOW REPLICAS on MySQL 8.0.22+, SHOW SLAVE HOSTS elsewhere).
+func (s *Server) ReplicaServerIDs(tb testing.TB) []uint32 {
+	tb.Helper()
+	db, err := sql.Open("mysql", s.DSN)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer db.Close()
+	q := "SHOW SLAVE HOSTS"
+	if s.Flavor == MySQL {
+		q = "SHOW REPLICAS"
+	}
+	rows, err := db.Query(q)
+	if err != nil {
+		tb.Fatalf("%s: %v", q, err)
+	}
+	defer rows.Close()
+	cols, _ := rows.Columns()
+	var ids []uint32
+	for rows.Next() {
+		vals := make([]sql.RawBytes, len(cols))
+		ptrs := make([]any, len(cols))
+		for i := range vals {
+			ptrs[i] = &vals[i]
+		}
+		if err := rows.Scan(ptrs...); err != nil {
+			tb.Fatal(err)
+		}
+		id, err := strconv.ParseUint(string(vals[0]), 10, 32)
+		if err != nil {
+			tb.Fatalf("%s: server id %q: %v", q, vals[0], err)
+		}
+		ids = append(ids, uint32(id))
+	}
+	return ids
+}
