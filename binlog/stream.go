@@ -242,6 +242,9 @@ func (s *Stream) decodeRowsEvent(e *replication.RowsEvent, data []byte) error {
 		e.Rows = [][]any{{deferredRows{data: bytes.Clone(data), pos: pos}}}
 		return nil
 	}
+	if jsonCols := jsonColumns(e.Table); len(jsonCols) > 0 {
+		return decodeJSONRows(e, data, pos, jsonCols)
+	}
 	return e.DecodeData(pos, data)
 }
 
@@ -487,14 +490,18 @@ func (r *reader) event(ctx context.Context, ev *replication.BinlogEvent, outer *
 func (r *reader) rows(ctx context.Context, hdr, outer *replication.EventHeader, e *replication.RowsEvent) error {
 	op := canonical.OpCreate
 	step := 1
-	switch e.Type() {
-	case replication.EnumRowsEventTypeUpdate:
+	switch {
+	case e.Type() == replication.EnumRowsEventTypeUpdate, hdr.EventType == replication.PARTIAL_UPDATE_ROWS_EVENT:
+		// binlog_row_value_options=PARTIAL_JSON writes every update as a
+		// PARTIAL_UPDATE_ROWS_EVENT, whether or not a JSON column changed.
 		op, step = canonical.OpUpdate, 2
-	case replication.EnumRowsEventTypeDelete:
+	case e.Type() == replication.EnumRowsEventTypeDelete:
 		op = canonical.OpDelete
-	case replication.EnumRowsEventTypeInsert:
+	case e.Type() == replication.EnumRowsEventTypeInsert:
 	default:
-		return nil
+		// Skipping it would lose its rows and shift every later ordinal.
+		return &permanentError{fmt.Errorf("rows event of type %s at %s:%d is not one cdcout can decode; please report it",
+			hdr.EventType, r.file, outer.LogPos)}
 	}
 	tm := e.Table
 	db, name := string(tm.Schema), string(tm.Table)

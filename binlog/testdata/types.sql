@@ -186,6 +186,12 @@ INSERT INTO docs VALUES (4, '[1, "two", {"3": 3, "10": 10, "2": 2}, [], {}, null
 INSERT INTO docs VALUES (5, '"just a string"');
 INSERT INTO docs VALUES (6, 'null');
 INSERT INTO docs VALUES (7, NULL);
+-- Typed scalars inside documents (MySQL stores DATE, TIME, DATETIME and
+-- DECIMAL as opaque values, doubles as doubles): each must read as the
+-- server prints it. A document over 64 KiB uses MySQL's large format.
+INSERT INTO docs VALUES (8, JSON_OBJECT('date', CAST('2024-02-29' AS DATE), 'dt', CAST('2024-02-29 13:14:15.5' AS DATETIME(6)), 'time', CAST('-838:59:59' AS TIME), 't3', CAST('10:11:12.123' AS TIME(3)), 'dec', CAST(12.345 AS DECIMAL(10,3)), 'dec0', CAST(-7 AS DECIMAL(5,0)), 'small', CAST(0.001 AS DECIMAL(6,4)), 'wide', CAST(-123456789012345678.123456789012 AS DECIMAL(30,12))));
+INSERT INTO docs VALUES (9, JSON_ARRAY(CAST(0.1 AS DOUBLE), CAST(1e-7 AS DOUBLE), CAST(3 AS DOUBLE), CAST(1e15 AS DOUBLE), CAST(123456789012345678 AS DOUBLE), CAST(1e-15 AS DOUBLE), CAST(1e-16 AS DOUBLE), CAST(-2.2250738585072014e-308 AS DOUBLE), CAST(1.7976931348623157e308 AS DOUBLE), 18446744073709551615, -9223372036854775808, 'é 😀', JSON_OBJECT('nested', JSON_ARRAY(CAST(1.50 AS DECIMAL(4,2)), TRUE, NULL))));
+INSERT INTO docs VALUES (10, JSON_OBJECT('big', REPEAT('ab', 33000), 'n', 70000, 'arr', JSON_ARRAY(1, -1, 65536, -70000, 'x')));
 UPDATE docs SET j = '{"z": 1, "a": {"d": 4, "c": 3}}' WHERE id = 1;
 DELETE FROM docs WHERE id = 5;
 
