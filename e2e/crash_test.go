@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"fmt"
@@ -201,12 +202,7 @@ sinks:
 		release := func() { tx.Rollback() }
 		deadline := time.Now().Add(timeout)
 		for time.Now().Before(deadline) {
-			var n int
-			if err := db.QueryRow("SELECT COUNT(*) FROM information_schema.processlist WHERE command IN ('Query', 'Execute') AND info LIKE 'INSERT INTO %checkpoints%' AND info LIKE ?",
-				"%"+stateDB+"%").Scan(&n); err != nil {
-				t.Fatal(err)
-			}
-			if n > 0 {
+			if n := runningStatements(t, db, "INSERT INTO", "checkpoints", stateDB); n > 0 {
 				return true, release
 			}
 			time.Sleep(2 * time.Millisecond)
@@ -437,4 +433,43 @@ sinks:
 		mode, n, strings.Join(opList, " "), w.txs.Load(), len(rows), kills, inEnqueue, afterDelivery,
 		dupHTTP, len(dels), dupFile, len(torn), maxFirst.Round(time.Millisecond), firstSeen,
 		log.count("enqueue lease acquired"), elapsed.Round(time.Second))
+}
+
+// runningStatements counts the server's sessions running a statement that
+// starts with prefix and holds every one of parts. It reads SHOW FULL
+// PROCESSLIST and matches the bytes here: MySQL's
+// information_schema.processlist fails on a statement holding binary
+// parameters ("Cannot convert string … to utf8mb3"), and cdcout's own
+// statements do.
+func runningStatements(t *testing.T, db *sql.DB, prefix string, parts ...string) int {
+	t.Helper()
+	rows, err := db.Query("SHOW FULL PROCESSLIST")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	cols, _ := rows.Columns()
+	n := 0
+	for rows.Next() {
+		vals := make([]sql.RawBytes, len(cols))
+		ptrs := make([]any, len(cols))
+		for i := range vals {
+			ptrs[i] = &vals[i]
+		}
+		if err := rows.Scan(ptrs...); err != nil {
+			t.Fatal(err)
+		}
+		command, info := string(vals[4]), vals[7]
+		if command != "Query" && command != "Execute" || !bytes.HasPrefix(info, []byte(prefix)) {
+			continue
+		}
+		all := true
+		for _, p := range parts {
+			all = all && bytes.Contains(info, []byte(p))
+		}
+		if all {
+			n++
+		}
+	}
+	return n
 }

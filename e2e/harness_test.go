@@ -174,7 +174,9 @@ func (e *envelope) rowKey() string { return e.Source.Table + " " + string(e.Key)
 // pos orders changes in commit order: the GTID's sequence number (one
 // source server, one domain) and the row ordinal inside the transaction.
 func (e *envelope) pos() [2]uint64 {
-	i := strings.LastIndexByte(e.Source.GTID, '-')
+	// The sequence number ends the GTID in both notations: MariaDB's
+	// domain-server-seq, MySQL's uuid[:tag]:seq (one source here).
+	i := strings.LastIndexAny(e.Source.GTID, "-:")
 	seq, _ := strconv.ParseUint(e.Source.GTID[i+1:], 10, 64)
 	return [2]uint64{seq, uint64(e.Source.Row)}
 }

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	gomysql "github.com/go-mysql-org/go-mysql/mysql"
 )
 
 // The helpers here hide the SQL that differs between MariaDB and MySQL, so
@@ -181,4 +183,18 @@ func (s *Server) ReplicaServerIDs(tb testing.TB) []uint32 {
 		ids = append(ids, uint32(id))
 	}
 	return ids
+}
+
+// GTIDSetContains reports whether the GTID set holds gtid, for either
+// flavour's notation (MariaDB domain-server-seq, MySQL uuid[:tag]:n).
+func GTIDSetContains(flavor Flavor, set, gtid string) (bool, error) {
+	s, err := gomysql.ParseGTIDSet(string(flavor), set)
+	if err != nil {
+		return false, fmt.Errorf("GTID set %q: %w", set, err)
+	}
+	g, err := gomysql.ParseGTIDSet(string(flavor), gtid)
+	if err != nil {
+		return false, fmt.Errorf("GTID %q: %w", gtid, err)
+	}
+	return s.Contain(g), nil
 }
