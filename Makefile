@@ -13,11 +13,18 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/cdcout .
 
-# Every test, with the race detector, against throwaway MariaDB servers the
-# tests start themselves (set CDCOUT_TEST_DSN to use your own MySQL). setup
-# first installs what is missing (MariaDB, docker-compose, Chromium).
+# Every test, with the race detector, once per flavour against throwaway
+# servers the tests start themselves: MariaDB, then Oracle MySQL
+# (FLAVORS=mysql runs one; CDCOUT_TEST_DSN points both runs at your own
+# server). setup first installs what is missing (MariaDB, Oracle MySQL in a
+# private prefix, docker-compose, Chromium). Both runs always run; the
+# target fails if either did.
+FLAVORS ?= mariadb mysql
 test: setup
-	$(GO) test -race -count=1 -timeout 25m $(PKGS)
+	@status=0; for f in $(FLAVORS); do \
+	  echo "--- go test on $$f"; \
+	  CDCOUT_TEST_FLAVOR=$$f $(GO) test -race -count=1 -timeout 25m $(PKGS) || status=1; \
+	done; exit $$status
 
 lint:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
@@ -29,10 +36,11 @@ lint:
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 60m $(PKGS)
 
-# A throwaway MariaDB with the binlog on, for trying cdcout by hand; prints
-# its DSN and runs until Ctrl-C.
+# A throwaway server with the binary log on, for trying cdcout by hand; prints
+# its DSN and runs until Ctrl-C. MariaDB, or Oracle MySQL with FLAVOR=mysql.
+FLAVOR ?= mariadb
 db:
-	$(GO) run ./internal/mysqltest/testdb
+	CDCOUT_TEST_FLAVOR=$(FLAVOR) $(GO) run ./internal/mysqltest/testdb
 
 demo: setup
 	$(GO) run ./internal/demo

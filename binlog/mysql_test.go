@@ -1,6 +1,7 @@
 package binlog
 
 import (
+	"database/sql"
 	"fmt"
 	"strings"
 	"testing"
@@ -226,4 +227,46 @@ func valueJSON(t *testing.T, v any) string {
 		t.Fatalf("marshal %v: %v", v, err)
 	}
 	return string(b)
+}
+
+// TestCachingSHA2LoginMySQL: MySQL 8's default authentication,
+// caching_sha2_password, for a user whose password is not cached yet
+// needs the full exchange: over plain TCP the password goes RSA-encrypted
+// with the server's public key, over TLS in the clear inside the tunnel.
+// Both the SQL connection and the binlog connection must get through it.
+func TestCachingSHA2LoginMySQL(t *testing.T) {
+	srv := mysqltest.Shared(t)
+	mysqltest.OnlyFlavor(t, srv, mysqltest.MySQL, "caching_sha2_password is MySQL's")
+	db := srv.CreateDB(t, "sha2")
+	srv.Exec(t, "CREATE TABLE `"+db+"`.t (id INT PRIMARY KEY)")
+	user := fmt.Sprintf("sha2_%d", nextServerID())
+	const password = "sha2-Secret-pw"
+	srv.Exec(t, "CREATE USER '"+user+"'@'%' IDENTIFIED WITH caching_sha2_password BY '"+password+"'",
+		"GRANT REPLICATION SLAVE, REPLICATION CLIENT, SELECT ON *.* TO '"+user+"'@'%'")
+	t.Cleanup(func() { srv.Exec(t, "DROP USER '"+user+"'@'%'") })
+	for i, params := range []string{"", "tls=skip-verify"} {
+		name := map[int]string{0: "tcp-rsa", 1: "tls"}[i]
+		t.Run(name, func(t *testing.T) {
+			// An empty cache: the login takes the full exchange.
+			srv.Exec(t, "FLUSH PRIVILEGES")
+			cfg := testConfig(t, srv, db)
+			cfg.DSN = fmt.Sprintf("%s:%s@tcp(127.0.0.1:%d)/?%s", user, password, srv.Port, params)
+			c := collect(t, openStream(t, cfg))
+			srv.Exec(t, fmt.Sprintf("INSERT INTO `%s`.t VALUES (%d)", db, i))
+			checkLines(t, describe(t, c.waitChanges(t, 1)), []string{fmt.Sprintf(`c t null {"id":%d}`, i)})
+			// The DSN's transport is what the test says it is.
+			conn, err := sql.Open("mysql", cfg.DSN)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			var variable, cipher string
+			if err := conn.QueryRow("SHOW SESSION STATUS LIKE 'Ssl_cipher'").Scan(&variable, &cipher); err != nil {
+				t.Fatal(err)
+			}
+			if (cipher != "") != (params != "") {
+				t.Fatalf("Ssl_cipher %q with DSN parameters %q", cipher, params)
+			}
+		})
+	}
 }

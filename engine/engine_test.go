@@ -17,8 +17,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/cdcout/cdcout/binlog"
 	"github.com/cdcout/cdcout/config"
@@ -797,4 +799,66 @@ func TestXAAcrossRestart(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestLeastPrivilegeUser runs the engine as the least-privilege user the
+// README gives (its GRANT statements, read from README.md, for this
+// flavour): every start-up check runs without a warning that it could not,
+// the state database is created and migrated, and changes are delivered.
+func TestLeastPrivilegeUser(t *testing.T) {
+	h := newHooked(t, "lpriv", "gtid", nil)
+	user := fmt.Sprintf("lp_%d", os.Getpid())
+	const password = "Least-Priv-pw1"
+	h.srv.Exec(t, "CREATE USER '"+user+"'@'%' IDENTIFIED BY '"+password+"'")
+	t.Cleanup(func() { h.srv.Exec(t, "DROP USER '"+user+"'@'%'") })
+	grants := readmeGrants(t, h.srv.Flavor)
+	for _, g := range grants {
+		g = strings.ReplaceAll(g, "'cdcout'@'%'", "'"+user+"'@'%'")
+		g = strings.ReplaceAll(g, "cdcout.*", "`"+h.stateDB+"`.*")
+		h.srv.Exec(t, g)
+	}
+	dsn, err := mysql.ParseDSN(h.srv.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dsn.User, dsn.Passwd = user, password
+	h.cfg.DSN = config.DSN(dsn.FormatDSN())
+	core, logs := observer.New(zap.WarnLevel)
+	runEngine(t, h.cfg, zap.New(core))
+	h.srv.Exec(t, "INSERT INTO `"+h.src+"`.t VALUES (1, 1), (2, 2), (3, 3)")
+	waitFor(t, "3 deliveries", 30*time.Second, func() bool { return h.rcv.count() >= 3 })
+	for _, e := range logs.All() {
+		m := strings.ToLower(e.Message)
+		if strings.Contains(m, "skipping") || strings.Contains(m, "cannot") || strings.Contains(m, "grant") {
+			t.Errorf("warning as the README's user: %s %v", e.Message, e.ContextMap())
+		}
+	}
+}
+
+// readmeGrants are the GRANT statements of the README's least-privilege
+// user for the flavour: lines ending in "-- MariaDB only" or "-- MySQL
+// only" apply to that flavour alone.
+func readmeGrants(t *testing.T, flavor mysqltest.Flavor) []string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if !strings.HasPrefix(line, "GRANT ") || !strings.Contains(line, "'cdcout'@'%'") {
+			continue
+		}
+		stmt, comment, _ := strings.Cut(line, ";")
+		switch {
+		case strings.Contains(comment, "MariaDB only") && flavor != mysqltest.MariaDB,
+			strings.Contains(comment, "MySQL only") && flavor != mysqltest.MySQL:
+			continue
+		}
+		out = append(out, stmt)
+	}
+	if len(out) < 3 {
+		t.Fatalf("README.md has %d GRANT lines for 'cdcout'@'%%'", len(out))
+	}
+	return out
 }
