@@ -17,20 +17,25 @@ import (
 // server id, far from the ids tests and replicas use.
 var rawReaderIDs atomic.Uint32
 
-// RawReadRate reads the binlog from the MariaDB GTID position from with a
+// RawReadRate reads the binlog from the GTID position from (in the
+// server's flavour's notation) with a
 // bare go-mysql BinlogSyncer (rows parsed, nothing else) until it has seen
 // want row changes of database db (an update's two images count once), and
 // returns changes/s: the ceiling any binlog reader in Go has here, for
 // benchmarks to compare against.
 func (s *Server) RawReadRate(tb testing.TB, db, from string, want int) float64 {
 	tb.Helper()
-	gset, err := gomysql.ParseMariadbGTIDSet(from)
+	flavor := gomysql.MariaDBFlavor
+	if s.Flavor == MySQL {
+		flavor = gomysql.MySQLFlavor
+	}
+	gset, err := gomysql.ParseGTIDSet(flavor, from)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	syncer := replication.NewBinlogSyncer(replication.BinlogSyncerConfig{
 		ServerID:                2_000_000_000 + rawReaderIDs.Add(1),
-		Flavor:                  gomysql.MariaDBFlavor,
+		Flavor:                  flavor,
 		Host:                    s.Host,
 		Port:                    uint16(s.Port),
 		User:                    s.User,
@@ -57,7 +62,7 @@ func (s *Server) RawReadRate(tb testing.TB, db, from string, want int) float64 {
 			continue
 		}
 		switch ev.Header.EventType {
-		case replication.UPDATE_ROWS_EVENTv0, replication.UPDATE_ROWS_EVENTv1, replication.UPDATE_ROWS_EVENTv2:
+		case replication.UPDATE_ROWS_EVENTv0, replication.UPDATE_ROWS_EVENTv1, replication.UPDATE_ROWS_EVENTv2, replication.PARTIAL_UPDATE_ROWS_EVENT:
 			n += len(re.Rows) / 2 // before and after image per change
 		default:
 			n += len(re.Rows)
