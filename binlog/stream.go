@@ -409,7 +409,10 @@ func (r *reader) event(ctx context.Context, ev *replication.BinlogEvent, outer *
 		r.file = string(e.NextLogName)
 	case *replication.MariadbGTIDEvent:
 		g := e.GTID
-		r.tx = txState{gtid: g.String(), maria: &g}
+		// A group without FL_STANDALONE ends with a COMMIT or XID even
+		// when no BEGIN opens it: CREATE TABLE … SELECT logs its CREATE,
+		// then its rows, then COMMIT, all under this one GTID.
+		r.tx = txState{gtid: g.String(), maria: &g, inBegin: e.Flags&mariaFlagStandalone == 0}
 		if e.Flags&mariaFlagPreparedXA != 0 {
 			r.startXA()
 		}
@@ -450,6 +453,12 @@ func (r *reader) event(ctx context.Context, ev *replication.BinlogEvent, outer *
 					zap.String("gtid", r.tx.gtid), zap.String("file", r.file), zap.Uint32("pos", outer.LogPos))
 			}
 			if !r.tx.inBegin {
+				if opensTransaction(e.Query) {
+					// MySQL 8.0.21+'s atomic CREATE TABLE … SELECT: the
+					// CREATE, then the rows, then an XID end the transaction.
+					r.tx.inBegin = true
+					return nil
+				}
 				// A statement outside BEGIN (DDL) is a transaction of its own.
 				return r.commit(ctx, ev.Header, outer)
 			}
