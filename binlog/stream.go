@@ -59,6 +59,10 @@ type Stream struct {
 	// plaintext: tls=preferred and the server offered no TLS.
 	plaintext bool
 
+	// marked caches, per database, whether it holds cdcout's marker
+	// table (marker.go). Used by the reader only.
+	marked map[string]bool
+
 	mu      sync.Mutex
 	emitted Position // last Commit handed to the handler
 	// prepared XA transactions held (xa.go) and since when the oldest is
@@ -444,6 +448,7 @@ func (r *reader) event(ctx context.Context, ev *replication.BinlogEvent, outer *
 		default:
 			if isDDL(e.Query) {
 				r.s.schema.invalidate()
+				r.s.forgetUnmarked()
 			} else if verb := dmlVerb(e.Query); verb != "" {
 				// A session wrote with binlog_format=STATEMENT: its changes
 				// have no row images and cannot be captured. Say so loudly
@@ -518,13 +523,24 @@ func (r *reader) rows(ctx context.Context, hdr, outer *replication.EventHeader, 
 		r.tx.ordinal += len(e.Rows) / step
 		return nil
 	}
+	if marked, err := r.s.foreignMarked(ctx, db); err != nil {
+		return err
+	} else if marked {
+		// Another cdcout's state: counted, never captured (and its
+		// MINIMAL images are no error).
+		r.tx.ordinal += len(e.Rows) / step
+		return nil
+	}
 	if err := r.countDeferred(); err != nil {
 		return err
 	}
 	for _, sk := range e.SkippedColumns {
 		if len(sk) > 0 {
-			return &permanentError{fmt.Errorf("table %s.%s at %s:%d: row image is not FULL (binlog_row_image was changed, maybe for one session): "+
-				"cannot build complete before/after images; set binlog_row_image=FULL", db, name, r.file, outer.LogPos)}
+			return &permanentError{fmt.Errorf("table %s.%s at %s:%d: row image is not FULL: the session that wrote this row ran with "+
+				"binlog_row_image=MINIMAL or NOBLOB (set per session, or the server's default), so cdcout cannot build complete "+
+				"before/after images. Make every writer of the table use binlog_row_image=FULL; then, to go on past the rows "+
+				"already written, leave the table out of --tables, or restart with --reset-position --from now "+
+				"(which discards the checkpoint and skips everything up to now)", db, name, r.file, outer.LogPos)}
 		}
 	}
 	t, err := r.s.schema.table(ctx, tm)

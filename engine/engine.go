@@ -653,9 +653,12 @@ func (e *Engine) streamConfig(resume *binlog.Position) binlog.Config {
 		Resume:     resume,
 		Include:    withWatermarkTable(e.captureTables(), backfill.WatermarkDB(cfg.StateDB)+"."+backfill.WatermarkTable),
 		ExcludeDBs: []string{cfg.StateDB},
-		Instance:   cfg.Instance,
-		Version:    buildinfo.Version(),
-		Logger:     e.log,
+		// The watermark database carries cdcout's marker: without this
+		// the stream would not decode this instance's own watermarks.
+		OwnMarkedDBs: []string{backfill.WatermarkDB(cfg.StateDB)},
+		Instance:     cfg.Instance,
+		Version:      buildinfo.Version(),
+		Logger:       e.log,
 	}
 }
 
