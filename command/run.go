@@ -123,14 +123,15 @@ func runAction(c *cli.Context, set []config.Setting) error {
 	return nil
 }
 
-// scrub makes err one line and removes any password of the configured
-// DSNs from it, in case a lower layer quoted one.
+// scrub makes err one line and redacts it by structure
+// (config.RedactText), in case a lower layer quoted a DSN or a secret.
 func scrub(err error, cfg *config.Config) string {
 	msg := strings.Join(strings.Fields(err.Error()), " ")
+	var secrets []string
 	for _, dsn := range []config.DSN{cfg.DSN, cfg.StateDSN} {
 		if mc, perr := mysql.ParseDSN(dsn.Value()); perr == nil && mc.Passwd != "" {
-			msg = strings.ReplaceAll(msg, mc.Passwd, "[redacted]")
+			secrets = append(secrets, mc.Passwd)
 		}
 	}
-	return msg
+	return config.RedactText(msg, secrets...)
 }

@@ -120,6 +120,14 @@ func TestRunDatabaseErrors(t *testing.T) {
 		t.Errorf("not one line: %q", stderr)
 	}
 
+	// A short password is redacted by the DSN's structure, never by a
+	// search of the message: with "e", every e of it used to go.
+	wrong.Passwd = "e"
+	code, _, stderr = runArgs(t, ctx, "run", "--dsn", wrong.FormatDSN(), "--state-db", state, "--sink", "stdout:", "--http-addr", "off")
+	if line := lastLine(stderr); code != ExitConfig || !strings.Contains(line, "Access denied for user 'cdcrun'") || strings.Contains(line, "[redacted]") {
+		t.Errorf("short password: exit %d, error line %q", code, line)
+	}
+
 	unreachable := mc.Clone()
 	unreachable.User, unreachable.Passwd = "cdcrun", testPassword
 	unreachable.Addr = "127.0.0.1:1"

@@ -11,7 +11,6 @@
 package inspect
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"embed"
@@ -417,11 +416,10 @@ func (s *Server) writeText(w http.ResponseWriter, code int, text string) {
 	_, _ = w.Write(s.scrub([]byte(text)))
 }
 
+// scrub redacts by structure (config.RedactText): DSN and URL passwords,
+// and the secret values long enough not to occur by chance. A plain
+// substring search for every secret would mangle bodies around a short
+// password.
 func (s *Server) scrub(b []byte) []byte {
-	for _, sec := range s.deps.Secrets {
-		if sec != "" {
-			b = bytes.ReplaceAll(b, []byte(sec), []byte("[redacted]"))
-		}
-	}
-	return b
+	return []byte(config.RedactText(string(b), s.deps.Secrets...))
 }
