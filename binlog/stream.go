@@ -400,7 +400,7 @@ func (r *reader) classify(err error) error {
 	}
 	if isFatalReadError(err) {
 		if isPurgedError(err) {
-			return &permanentError{purgedError(r.resume.String(), "see SHOW BINARY LOGS")}
+			return &permanentError{purgedError(r.resume.String(), "see SHOW BINARY LOGS", r.s.cfg.Resume != nil)}
 		}
 		return &permanentError{fmt.Errorf("server refused to send the binlog from %s: %w", r.resume.String(), err)}
 	}
