@@ -13,8 +13,11 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/urfave/cli/v2"
 
+	"github.com/cdcout/cdcout/binlog"
+	"github.com/cdcout/cdcout/config"
 	"github.com/cdcout/cdcout/internal/buildinfo"
 )
 
@@ -91,13 +94,43 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if err == nil {
 		return ExitOK
 	}
-	fmt.Fprintf(stderr, "cdcout: %v\n", err)
+	err = classify(err)
+	fmt.Fprintf(stderr, "cdcout: %s\n", config.RedactText(strings.Join(strings.Fields(err.Error()), " ")))
 	var ce *configError
 	if errors.As(err, &ce) || isUsageError(err) {
 		return ExitConfig
 	}
 	return ExitFailure
 }
+
+// classify gives an error its exit code and hint by its cause, the same
+// for every command (the README's exit-code table): what only a change of
+// configuration can fix — a refused login, an unknown database, a server
+// that cannot be captured — exits with ExitConfig, whichever command met it.
+func classify(err error) error {
+	var ce *configError
+	if errors.As(err, &ce) {
+		return err
+	}
+	var me *mysql.MySQLError
+	switch {
+	case errors.As(err, &me) && (me.Number == 1045 || me.Number == 1044 || me.Number == 1049):
+		return &configError{fmt.Errorf("%w (check the user, password and database in the DSN)", err)}
+	case errors.Is(err, binlog.ErrServerNotReady):
+		return &configError{err}
+	}
+	return err
+}
+
+// scrubbedError is an error whose message was redacted (scrub) but which
+// still unwraps to its cause, for classify.
+type scrubbedError struct {
+	msg string
+	err error
+}
+
+func (e *scrubbedError) Error() string { return e.msg }
+func (e *scrubbedError) Unwrap() error { return e.err }
 
 // isUsageError recognises urfave/cli's own complaints about the command line.
 func isUsageError(err error) bool {

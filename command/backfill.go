@@ -177,7 +177,7 @@ func backfillAction(c *cli.Context) error {
 		return fmt.Errorf("connect to source %s: %s", config.DSNAddr(cfg.DSN.Value()), scrub(err, cfg))
 	}
 	if err := state.Migrate(ctx, stateDB, cfg.StateDB); err != nil {
-		return errors.New(scrub(err, cfg))
+		return scrubErr(err, cfg)
 	}
 
 	runners := make([]*backfill.Runner, len(specs))
@@ -188,7 +188,7 @@ func backfillAction(c *cli.Context) error {
 			if errors.Is(err, backfill.ErrBadInput) {
 				return ConfigErrorf("%s", strings.TrimPrefix(scrub(err, cfg), backfill.ErrBadInput.Error()+": "))
 			}
-			return errors.New(scrub(err, cfg))
+			return scrubErr(err, cfg)
 		}
 		if spec.ResumeID != "" {
 			if _, err := backfillSinks(cfg, info.Sinks, strings.Split(info.Table, ".")[0], strings.SplitN(info.Table, ".", 2)[1]); err != nil {
@@ -244,7 +244,7 @@ func backfillAction(c *cli.Context) error {
 	case runErr != nil && ctx.Err() != nil:
 		return fmt.Errorf("backfill interrupted; run the same command again (or --resume) to continue")
 	case runErr != nil:
-		return errors.New(scrub(runErr, cfg))
+		return scrubErr(runErr, cfg)
 	}
 	return nil
 }

@@ -1,7 +1,6 @@
 package command
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -9,7 +8,6 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/urfave/cli/v2"
 
-	"github.com/cdcout/cdcout/binlog"
 	"github.com/cdcout/cdcout/config"
 	"github.com/cdcout/cdcout/engine"
 )
@@ -109,18 +107,15 @@ func runAction(c *cli.Context, set []config.Setting) error {
 		return ConfigErrorf("%s", scrub(err, cfg))
 	}
 	if err := e.Run(c.Context); err != nil {
-		msg := scrub(err, cfg)
-		var me *mysql.MySQLError
-		switch {
-		case errors.As(err, &me) && (me.Number == 1045 || me.Number == 1044 || me.Number == 1049):
-			// Wrong password, no access, unknown database: fix the DSN.
-			return ConfigErrorf("%s (check the user, password and database in the DSN)", msg)
-		case errors.Is(err, binlog.ErrServerNotReady):
-			return ConfigErrorf("%s", msg)
-		}
-		return errors.New(msg)
+		// Exit code and hint: classify, shared by every command.
+		return scrubErr(err, cfg)
 	}
 	return nil
+}
+
+// scrubErr is err with a scrubbed message, still unwrapping to err.
+func scrubErr(err error, cfg *config.Config) error {
+	return &scrubbedError{msg: scrub(err, cfg), err: err}
 }
 
 // scrub makes err one line and redacts it by structure

@@ -139,6 +139,10 @@ func TestRunDatabaseErrors(t *testing.T) {
 	if !strings.Contains(stderr, "127.0.0.1:1") || strings.Contains(stderr, testPassword) {
 		t.Errorf("unreachable: stderr %q should name the address and not the password", stderr)
 	}
+	// The state database is on that server too: no promise of a retry.
+	if strings.Contains(stderr, "keep trying") {
+		t.Errorf("unreachable: the log promises a retry, then the command exits: %s", stderr)
+	}
 }
 
 // lastLine is the cdcout: error line (log lines may precede it).

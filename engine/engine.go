@@ -252,9 +252,16 @@ func (e *Engine) Run(parent context.Context) error {
 	err := binlog.Preflight(pctx, cfg.DSN.Value())
 	pcancel()
 	switch {
-	case errors.Is(err, binlog.ErrServerNotReady):
+	case err == nil || ctx.Err() != nil:
+	case errors.Is(err, binlog.ErrServerNotReady) || refused(err):
+		// No retry can fix these (wrong password, no access, unknown
+		// database, binary log off): stop now instead of promising one.
 		return err
-	case err != nil && ctx.Err() == nil:
+	case sameServer(cfg.DSN.Value(), cfg.EffectiveStateDSN().Value()):
+		// The state database lives there too, and cdcout cannot start
+		// without it: saying the stream will keep trying would be untrue.
+		return fmt.Errorf("source (and state database) not reachable: %w", err)
+	default:
 		e.log.Warn("source not reachable yet; the stream will keep trying", zap.Error(err))
 	}
 	db, err := openDB(cfg.EffectiveStateDSN().Value(), cfg.LeaseTTL)
@@ -968,6 +975,20 @@ func (e *Engine) Stats() Stats {
 		RowsWritten: q.rowsWritten, Batches: q.flushes, EnqueueTime: q.flushTime,
 		Buffered: len(q.ready) + len(q.open), MaxBuffered: q.maxBuffered, Unwritten: q.cp != nil,
 	}
+}
+
+// refused reports a server's refusal that no retry fixes: access denied
+// (1044, 1045) or an unknown database (1049).
+func refused(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && (me.Number == 1044 || me.Number == 1045 || me.Number == 1049)
+}
+
+// sameServer reports whether two DSNs name one server address.
+func sameServer(a, b string) bool {
+	ca, err1 := mysql.ParseDSN(a)
+	cb, err2 := mysql.ParseDSN(b)
+	return err1 == nil && err2 == nil && ca.Net == cb.Net && ca.Addr == cb.Addr
 }
 
 // transient reports whether err is the database going away (restart,
