@@ -17,7 +17,6 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/cdcout/cdcout/binlog"
-	"github.com/cdcout/cdcout/config"
 	"github.com/cdcout/cdcout/internal/buildinfo"
 )
 
@@ -42,7 +41,7 @@ func ConfigErrorf(format string, args ...any) error {
 
 // NewApp builds the cdcout command tree writing to the given streams.
 func NewApp(stdin io.Reader, stdout, stderr io.Writer) *cli.App {
-	return &cli.App{
+	app := &cli.App{
 		Name:                 "cdcout",
 		Usage:                "stream MySQL/MariaDB row changes to webhooks, Kafka, NATS and files",
 		Version:              buildinfo.Version(),
@@ -65,6 +64,21 @@ func NewApp(stdin io.Reader, stdout, stderr io.Writer) *cli.App {
 		// Errors are printed once, by Main, as one line.
 		ExitErrHandler: func(*cli.Context, error) {},
 	}
+	// A wrong flag is reported as one line on stderr with where to look,
+	// not with the whole usage text on stdout (where it would pollute a
+	// pipe such as cdcout tail | jq).
+	var wire func(cmds []*cli.Command, path string)
+	wire = func(cmds []*cli.Command, path string) {
+		for _, c := range cmds {
+			name := path + " " + c.Name
+			c.OnUsageError = func(_ *cli.Context, err error, _ bool) error {
+				return fmt.Errorf("%w (see %s --help)", err, name)
+			}
+			wire(c.Subcommands, name)
+		}
+	}
+	wire(app.Commands, "cdcout")
+	return app
 }
 
 // Main runs cdcout with args (args[0] is the program name) and returns the
@@ -95,7 +109,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return ExitOK
 	}
 	err = classify(err)
-	fmt.Fprintf(stderr, "cdcout: %s\n", config.RedactText(strings.Join(strings.Fields(err.Error()), " ")))
+	fmt.Fprintf(stderr, "cdcout: %s\n", strings.Join(strings.Fields(err.Error()), " "))
 	var ce *configError
 	if errors.As(err, &ce) || isUsageError(err) {
 		return ExitConfig

@@ -45,6 +45,11 @@ var runFlags = []struct {
 	{name: "http-keep-alive", usage: "inspect server idle keep-alive timeout; keep it above your proxy's idle timeout (default 72s)"},
 	{name: "http-headers-timeout", usage: "inspect server header read deadline, must exceed --http-keep-alive (default keep-alive + 5s)"},
 	{name: "handoff-buffer-size", usage: "changes a standby replica buffers for a takeover (default 10000)"},
+	{name: "dedup-window", usage: "how long enqueue claims are kept (default max(60s, 4 x lease TTL))"},
+	{name: "enqueue-batch-size", usage: "outbox rows per enqueue transaction (default 1000)"},
+	{name: "enqueue-flush-interval", usage: "longest a change waits before its batch is written (default 20ms)"},
+	{name: "enqueue-max-buffer", usage: "buffered rows before a mid-transaction flush (default 5000)"},
+	{name: "shutdown-timeout", usage: "how long a stop waits for in-flight deliveries (default 30s)"},
 }
 
 func runCommand() *cli.Command {

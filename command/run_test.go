@@ -56,6 +56,9 @@ func TestRunBadInput(t *testing.T) {
 		{"unknown scheme", []string{"run", "--dsn", dsn, "--sink", "ftp://h/x"}, []string{`sinks[0].url: unknown scheme "ftp" (want stdout:, file://, http://, https://, kafka://, nats://)`}},
 		{"bad duration flag", []string{"run", "--dsn", dsn, "--sink", "stdout:", "--lease-ttl", "fast"}, []string{`--lease-ttl: "fast" is not a duration`}},
 		{"no dsn", []string{"run", "--sink", "stdout:"}, []string{"dsn: required"}},
+		{"tuning flags", []string{"run", "--dsn", dsn, "--sink", "stdout:", "--enqueue-batch-size", "0", "--enqueue-flush-interval", "0s",
+			"--enqueue-max-buffer", "1", "--shutdown-timeout", "0s", "--dedup-window", "1s"},
+			[]string{"enqueue_batch_size: must be positive", "enqueue_flush_interval: must be positive", "shutdown_timeout: must be positive", "dedup_window: 1s must exceed lease_ttl"}},
 		{"claim lease", []string{"run", "--dsn", dsn, "--sink", "stdout:", "--claim-lease", "5s"}, []string{"sinks[0].timeout: 10s must be shorter than claim_lease 5s"}},
 		{"bad webhook secret", []string{"run", "--dsn", dsn, "--config", yamlFile(t, "sinks:\n  - url: http://h.example/x\n    secret: \"whsec_"+testPassword+"!\"\n")}, []string{"whsec_ but the rest is not base64"}},
 	} {

@@ -14,11 +14,13 @@ const minWholeSecret = 8
 
 var (
 	// scheme://user:password@host
-	urlUserinfo = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]*):\S*?@`)
+	urlUserinfo = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://[^\s:/@"']*):[^\s/@"']*@`)
 	// user:password@tcp(host)/db, user:password@unix(/sock)/db,
 	// user:password@/db: the driver splits at the last '@', so may the
-	// password hold '@' and ':'; the greedy \S* does the same.
-	dsnUserinfo = regexp.MustCompile(`(^|[\s"'=,;(\[])([^\s:@/"'(=,;\[]*):\S*@((?:tcp|tcp4|tcp6|udp|unix)\(|/)`)
+	// password hold '@' and ':'; the greedy match does the same. It stops
+	// at quotes so that it never spans two JSON strings
+	// ({"connected":true,"dsn":"u@tcp(…)"}).
+	dsnUserinfo = regexp.MustCompile(`(^|[\s"'=,;(\[])([^\s:@/"'(=,;\[]*):[^\s"']*@((?:tcp|tcp4|tcp6|udp|unix)\(|/)`)
 )
 
 // RedactText removes secrets from a message by structure: the password of

@@ -19,6 +19,9 @@ func TestRedactText(t *testing.T) {
 		{`time 12:30 at host:3306, user@host`, `time 12:30 at host:3306, user@host`},
 		{`signature with ` + long + ` rejected`, `signature with [redacted] rejected`},
 		{`the e in every word stays`, `the e in every word stays`},
+		{`{"url":"http://h:8080/x","by":"a@b"}`, `{"url":"http://h:8080/x","by":"a@b"}`},
+		{`{"connected":true,"dsn":"root@tcp(127.0.0.1:3306)/"}`, `{"connected":true,"dsn":"root@tcp(127.0.0.1:3306)/"}`},
+		{`{"ok":true,"dsn":"root:e@tcp(127.0.0.1:3306)/"}`, `{"ok":true,"dsn":"root:[redacted]@tcp(127.0.0.1:3306)/"}`},
 	} {
 		if got := RedactText(tc.in, long, "e"); got != tc.want {
 			t.Errorf("RedactText(%q)\n got %q\nwant %q", tc.in, got, tc.want)
