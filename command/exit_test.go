@@ -43,3 +43,22 @@ func TestExitCodesAgree(t *testing.T) {
 		}
 	}
 }
+
+// TestNoStateDatabase: status and dead list against a server where run
+// never ran say so, name the state databases that are there, and exit 2.
+func TestNoStateDatabase(t *testing.T) {
+	srv := mysqltest.Shared(t)
+	missing := srv.CreateDB(t, "nostate") // exists, but holds no state
+	for _, args := range [][]string{
+		{"status", "--dsn", srv.DSN, "--state-db", missing},
+		{"dead", "list", "--dsn", srv.DSN, "--state-db", missing},
+		{"status", "--dsn", srv.DSN, "--state-db", missing + "_none"},
+	} {
+		code, _, stderr := runCmd(t, args...)
+		line := lastLine(stderr)
+		if code != ExitConfig || !strings.Contains(line, "no cdcout state in database "+args[len(args)-1]) ||
+			!strings.Contains(line, "--state-db") || strings.Contains(line, "doesn't exist") {
+			t.Errorf("%v: exit %d, error %q", args, code, line)
+		}
+	}
+}
