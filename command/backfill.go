@@ -124,11 +124,8 @@ func backfillAction(c *cli.Context) error {
 			set = append(set, config.Setting{Name: n, Value: c.String(n)})
 		}
 	}
-	cfg, err := config.Resolve(config.Sources{Flags: set, Env: os.LookupEnv})
+	cfg, err := config.Load(config.Sources{Flags: set, Env: os.LookupEnv})
 	if err != nil {
-		return ConfigErrorf("config: %v", err)
-	}
-	if err := cfg.Validate(); err != nil {
 		return ConfigErrorf("config: %v", err)
 	}
 	tables := c.StringSlice("table")

@@ -92,11 +92,8 @@ func runCommand() *cli.Command {
 }
 
 func runAction(c *cli.Context, set []config.Setting) error {
-	cfg, err := config.Resolve(config.Sources{Flags: set, Env: os.LookupEnv})
+	cfg, err := config.Load(config.Sources{Flags: set, Env: os.LookupEnv})
 	if err != nil {
-		return ConfigErrorf("config: %v", err)
-	}
-	if err := cfg.Validate(); err != nil {
 		return ConfigErrorf("config: %v", err)
 	}
 	logger, err := newLogger(c.App.ErrWriter, cfg.LogLevel, cfg.LogFormat)

@@ -56,6 +56,10 @@ func TestRunBadInput(t *testing.T) {
 		{"unknown scheme", []string{"run", "--dsn", dsn, "--sink", "ftp://h/x"}, []string{`sinks[0].url: unknown scheme "ftp" (want stdout:, file://, http://, https://, kafka://, nats://)`}},
 		{"bad duration flag", []string{"run", "--dsn", dsn, "--sink", "stdout:", "--lease-ttl", "fast"}, []string{`--lease-ttl: "fast" is not a duration`}},
 		{"no dsn", []string{"run", "--sink", "stdout:"}, []string{"dsn: required"}},
+		{"unquoted colon", []string{"run", "--config", yamlFile(t, "dsn: u:p@tcp(h:1)/\nsinks:\n  - name: out\n    url: stdout:\n")},
+			[]string{"cdcout.yaml: line 4: mapping values are not allowed in this context", `must be quoted, e.g. url: "stdout:"`}},
+		{"every problem in one round", []string{"run", "--lease-ttl", "fast", "--config", yamlFile(t, "sinks:\n  - url: http://h.example/x\n    secret: \"whsec_!!\"\n")},
+			[]string{`--lease-ttl: "fast" is not a duration`, "dsn: required", "sinks[0].secret: secret starts with whsec_ but the rest is not base64"}},
 		{"tuning flags", []string{"run", "--dsn", dsn, "--sink", "stdout:", "--enqueue-batch-size", "0", "--enqueue-flush-interval", "0s",
 			"--enqueue-max-buffer", "1", "--shutdown-timeout", "0s", "--dedup-window", "1s"},
 			[]string{"enqueue_batch_size: must be positive", "enqueue_flush_interval: must be positive", "shutdown_timeout: must be positive", "dedup_window: 1s must exceed lease_ttl"}},
@@ -74,6 +78,9 @@ func TestRunBadInput(t *testing.T) {
 			}
 			if strings.Count(strings.TrimSpace(stderr), "\n") != 0 {
 				t.Errorf("error is not one line: %q", stderr)
+			}
+			if strings.Contains(stderr, "config: config:") {
+				t.Errorf("prefix doubled: %q", stderr)
 			}
 			if strings.Contains(stderr, testPassword) || strings.Contains(stderr, "goroutine") {
 				t.Errorf("stderr leaks the password or a stack trace: %q", stderr)
