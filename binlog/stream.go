@@ -19,7 +19,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/cdcout/cdcout/canonical"
-	"github.com/cdcout/cdcout/internal/logbridge"
 )
 
 // Defaults for Config.HeartbeatPeriod and Config.ReadTimeout.
@@ -210,7 +209,7 @@ func (s *Stream) syncerConfig() (replication.BinlogSyncerConfig, error) {
 		// invariant 6) and costs no throughput: the reader is the
 		// bottleneck either way.
 		EventCacheCount:     128,
-		Logger:              logbridge.New(s.log.Named("go-mysql")),
+		Logger:              goMySQLLogger(s.log.Named("go-mysql")),
 		RowsEventDecodeFunc: s.decodeRowsEvent,
 	}, nil
 }
