@@ -2,6 +2,7 @@ package command
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -226,6 +227,27 @@ func TestRunStopsGracefully(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("run did not stop")
+	}
+	// The stopped replica says so at once: not the leader, not expected.
+	code, out, errOut := runCmd(t, "status", "--dsn", srv.DSN, "--state-db", state, "--instance", state, "--json")
+	if code != ExitOK {
+		t.Fatalf("status: exit %d: %s", code, errOut)
+	}
+	var st struct {
+		Fleet struct {
+			Expected int `json:"expected"`
+			Replicas []struct {
+				Payload struct {
+					Role string `json:"role"`
+				} `json:"payload"`
+			} `json:"replicas"`
+		} `json:"fleet"`
+	}
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("status json: %v\n%s", err, out)
+	}
+	if f := st.Fleet; len(f.Replicas) != 1 || f.Replicas[0].Payload.Role != "stopped" || f.Expected != 0 {
+		t.Errorf("fleet after a graceful stop: %s", out)
 	}
 }
 

@@ -338,7 +338,8 @@ func (e *Engine) Run(parent context.Context) error {
 	// The fleet observation: who this replica is and what it holds.
 	hctx, stopHeartbeat := context.WithCancel(ctx)
 	heartbeatDone := make(chan struct{})
-	hb := &fleet.Heartbeat{DB: db, Schema: cfg.StateDB, Every: heartbeatEvery(cfg.LeaseTTL), Observe: e.observation, Logger: e.log, Changed: e.roleChanged}
+	hb := &fleet.Heartbeat{DB: db, Schema: cfg.StateDB, Every: heartbeatEvery(cfg.LeaseTTL), Observe: e.observation, Logger: e.log, Changed: e.roleChanged,
+		Final: e.stoppedObservation}
 	go func() { defer close(heartbeatDone); _ = hb.Run(hctx) }()
 	defer func() { stopHeartbeat(); <-heartbeatDone }()
 	// Drainers stop claiming as soon as the stop is asked for.
@@ -628,6 +629,17 @@ func (e *Engine) reportDropped() {
 	if d > 0 {
 		e.metrics.AddHandoffDroppedPending(d)
 	}
+}
+
+// stoppedObservation is the fleet row a stopping replica leaves behind:
+// role "stopped", no drain leases.
+func (e *Engine) stoppedObservation() fleet.Observation {
+	o := e.observation()
+	if info, ok := o.Payload.(inspect.EngineInfo); ok {
+		info.Role, info.DrainLeases = inspect.RoleStopped, 0
+		o.Payload = info
+	}
+	return o
 }
 
 // observation is this replica's fleet row.

@@ -95,11 +95,16 @@ type EngineInfo struct {
 	Instance string `json:"instance"`
 	// Holder is the replica's lease holder id ("<replica-id>/<nonce>").
 	Holder string `json:"holder,omitempty"`
-	// Role is "leader" while it holds the enqueue lease, else "standby".
+	// Role is "leader" while it holds the enqueue lease, else "standby";
+	// RoleStopped once it stopped.
 	Role string `json:"role,omitempty"`
 	// DrainLeases is how many drain leases it holds.
 	DrainLeases int `json:"drainLeases"`
 }
+
+// RoleStopped is the role in the row a replica writes as it stops. Such a
+// replica is listed but no longer expected to answer.
+const RoleStopped = "stopped"
 
 // Fleet is the merged fleet view of one instance.
 type Fleet = fleet.Result[EngineInfo]
@@ -476,17 +481,23 @@ func (r Reader) Fleet(ctx context.Context) (Fleet, error) {
 	if err != nil {
 		return Fleet{}, err
 	}
-	var rows []fleet.Row
+	var rows, running []fleet.Row
 	for _, row := range all {
 		var info EngineInfo
-		if len(row.Payload) > 0 && json.Unmarshal(row.Payload, &info) == nil && info.Instance != r.Instance {
+		decoded := len(row.Payload) > 0 && json.Unmarshal(row.Payload, &info) == nil
+		if decoded && info.Instance != r.Instance {
 			continue
 		}
 		// Undecodable payloads stay in: Merge reports them as unreadable
 		// (their member missing) rather than this filter hiding them.
 		rows = append(rows, row)
+		if !decoded || info.Role != RoleStopped {
+			running = append(running, row)
+		}
 	}
-	members, err := fleet.Members(ctx, r.DB, r.Schema, r.Instance, rows, r.StaleAfter)
+	// A stopped replica's row does not make it a member (expected to
+	// answer); a live lease it still holds would.
+	members, err := fleet.Members(ctx, r.DB, r.Schema, r.Instance, running, r.StaleAfter)
 	if err != nil {
 		return Fleet{}, err
 	}
