@@ -631,6 +631,17 @@ func (e *Engine) reportDropped() {
 	}
 }
 
+// servedSinks says which sinks this replica delivers to and what reaches
+// each (names and table patterns only: never a URL, which may hold a
+// credential).
+func (e *Engine) servedSinks() []inspect.ServedSink {
+	out := make([]inspect.ServedSink, 0, len(e.cfg.Sinks))
+	for _, s := range e.cfg.Sinks {
+		out = append(out, inspect.ServedSink{Name: s.Name, Capture: e.cfg.Tables, Include: s.Tables.Include, Exclude: s.Tables.Exclude, Ops: s.Ops})
+	}
+	return out
+}
+
 // stoppedObservation is the fleet row a stopping replica leaves behind:
 // role "stopped", no drain leases.
 func (e *Engine) stoppedObservation() fleet.Observation {
@@ -657,7 +668,7 @@ func (e *Engine) observation() fleet.Observation {
 	}
 	return fleet.Observation{
 		ReplicaID: e.cfg.ReplicaID, Kind: fleet.KindEngine, StartedAt: e.started, Version: buildinfo.Version(),
-		Payload:     inspect.EngineInfo{Instance: e.cfg.Instance, Holder: e.holder, Role: role, DrainLeases: n},
+		Payload:     inspect.EngineInfo{Instance: e.cfg.Instance, Holder: e.holder, Role: role, DrainLeases: n, Sinks: e.servedSinks()},
 		ReachableAt: reach,
 	}
 }

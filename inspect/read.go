@@ -5,10 +5,12 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
 
+	"github.com/cdcout/cdcout/config"
 	"github.com/cdcout/cdcout/fleet"
 	"github.com/cdcout/cdcout/metrics"
 	"github.com/cdcout/cdcout/state"
@@ -100,6 +102,32 @@ type EngineInfo struct {
 	Role string `json:"role,omitempty"`
 	// DrainLeases is how many drain leases it holds.
 	DrainLeases int `json:"drainLeases"`
+	// Sinks are the sinks it delivers to, with the tables each takes, so
+	// that cdcout backfill can feed the pipes the fleet serves.
+	Sinks []ServedSink `json:"sinks,omitempty"`
+}
+
+// ServedSink is one sink a replica delivers to and what reaches it: the
+// replica's capture patterns (--tables; empty: all), the sink's tables:
+// filter and its ops (empty: all).
+type ServedSink struct {
+	Name    string   `json:"name"`
+	Capture []string `json:"capture,omitempty"`
+	Include []string `json:"include,omitempty"`
+	Exclude []string `json:"exclude,omitempty"`
+	Ops     []string `json:"ops,omitempty"`
+}
+
+// Serves reports whether backfilled rows (inserts to a subscriber) of
+// db.table reach the sink.
+func (s ServedSink) Serves(db, table string) bool {
+	if len(s.Ops) > 0 && !slices.Contains(s.Ops, "insert") {
+		return false
+	}
+	if len(s.Capture) > 0 && !slices.ContainsFunc(s.Capture, func(p string) bool { return config.MatchTable(p, db, table) }) {
+		return false
+	}
+	return config.TableFilter{Include: s.Include, Exclude: s.Exclude}.Matches(db, table)
 }
 
 // RoleStopped is the role in the row a replica writes as it stops. Such a
