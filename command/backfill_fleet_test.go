@@ -60,7 +60,7 @@ func TestBackfillFeedsTheFleetsSinks(t *testing.T) {
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		var n int
-		_ = db.QueryRow("SELECT COUNT(*) FROM `"+stateDB+"`.replicas WHERE payload LIKE '%\"role\":\"leader\"%'").Scan(&n)
+		_ = db.QueryRow("SELECT COUNT(*) FROM `" + stateDB + "`.replicas WHERE payload LIKE '%\"role\":\"leader\"%'").Scan(&n)
 		if n > 0 {
 			break
 		}
