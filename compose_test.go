@@ -33,11 +33,11 @@ func TestDockerCompose(t *testing.T) {
 			Command     []string
 			Healthcheck struct{ Test []string }
 			// docker-compose v1 prints "127.0.0.1:13306:3306/tcp", v2 a map.
-			Ports []any
+			Ports     []any
 			BuildArgs struct {
 				Args map[string]string
 			} `yaml:"build"`
-			DependsOn   map[string]struct{ Condition string } `yaml:"depends_on"`
+			DependsOn map[string]struct{ Condition string } `yaml:"depends_on"`
 		}
 	}
 	if err := yaml.Unmarshal(out, &cfg); err != nil {
