@@ -163,6 +163,9 @@ func versionCommand() *cli.Command {
 		Usage: "print cdcout's version and commit",
 		Action: func(c *cli.Context) error {
 			fmt.Fprintf(c.App.Writer, "cdcout %s (commit %s)\n", buildinfo.Version(), buildinfo.Commit())
+			if why := buildinfo.Why(); why != "" {
+				fmt.Fprintf(c.App.ErrWriter, "cdcout: %s\n", why)
+			}
 			return nil
 		},
 	}
