@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -82,9 +83,11 @@ type Checkpoint struct {
 
 // DeadRow is a dead-lettered row as the dashboard lists it.
 type DeadRow struct {
-	ID          string     `json:"id"`
-	Pipe        string     `json:"pipe"`
-	Table       string     `json:"table"`
+	ID    string `json:"id"`
+	Pipe  string `json:"pipe"`
+	Table string `json:"table"`
+	// RowKey is the row's key as JSON ({"id":42}), cut to rowKeyShown.
+	RowKey      string     `json:"rowKey"`
 	Op          string     `json:"op"`
 	Attempts    int        `json:"attempts"`
 	LastError   string     `json:"lastError"`
@@ -532,6 +535,10 @@ func (r Reader) Fleet(ctx context.Context) (Fleet, error) {
 	return fleet.Merge[EngineInfo](rows, members, r.StaleAfter), nil
 }
 
+// rowKeyShown bounds the row key a dead row shows (a key of wide
+// columns can be long).
+const rowKeyShown = 200
+
 // Dead returns up to limit dead rows of the instance, newest first.
 func (r Reader) Dead(ctx context.Context, limit int) ([]DeadRow, error) {
 	if err := state.CheckName(r.Schema); err != nil {
@@ -540,7 +547,7 @@ func (r Reader) Dead(ctx context.Context, limit int) ([]DeadRow, error) {
 	if limit <= 0 || limit > 1000 {
 		limit = 50
 	}
-	rows, err := r.DB.QueryContext(ctx, `SELECT id, pipe, db, tbl, op, attempts, last_error, last_error_at
+	rows, err := r.DB.QueryContext(ctx, `SELECT id, pipe, db, tbl, LEFT(row_key, `+strconv.Itoa(rowKeyShown)+`), op, attempts, last_error, last_error_at
 FROM `+r.table("outbox")+` WHERE status = 'dead' AND pipe LIKE ?
 ORDER BY created_at DESC, id DESC LIMIT ?`, r.pipeLike(), limit)
 	if err != nil {
@@ -555,7 +562,7 @@ ORDER BY created_at DESC, id DESC LIMIT ?`, r.pipeLike(), limit)
 			msg     sql.NullString
 			at      sqlTime
 		)
-		if err := rows.Scan(&d.ID, &d.Pipe, &db, &tbl, &d.Op, &d.Attempts, &msg, &at); err != nil {
+		if err := rows.Scan(&d.ID, &d.Pipe, &db, &tbl, &d.RowKey, &d.Op, &d.Attempts, &msg, &at); err != nil {
 			return nil, fmt.Errorf("list dead rows: %w", err)
 		}
 		d.Table, d.LastError, d.LastErrorAt = db+"."+tbl, msg.String, timePtr(at.T)
