@@ -8,7 +8,7 @@ COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -s -w -X github.com/cdcout/cdcout/internal/buildinfo.version=$(VERSION) -X github.com/cdcout/cdcout/internal/buildinfo.commit=$(COMMIT)
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: build test lint bench demo db setup clean
+.PHONY: build test lint bench demo db setup clean compose
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/cdcout .
@@ -44,6 +44,10 @@ db:
 
 demo: setup
 	$(GO) run ./internal/demo
+
+# The Docker demo, its image stamped with this checkout's version and commit.
+compose:
+	CDCOUT_VERSION=$(VERSION) CDCOUT_COMMIT=$(COMMIT) docker compose up --build
 
 # Installs what the tests need on a fresh Debian machine.
 setup:

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"slices"
@@ -30,9 +31,13 @@ func TestDockerCompose(t *testing.T) {
 		Services map[string]struct {
 			Image       string
 			Command     []string
-			Build       any
 			Healthcheck struct{ Test []string }
-			DependsOn   map[string]struct{ Condition string } `yaml:"depends_on"`
+			// docker-compose v1 prints "127.0.0.1:13306:3306/tcp", v2 a map.
+			Ports     []any
+			BuildArgs struct {
+				Args map[string]string
+			} `yaml:"build"`
+			DependsOn map[string]struct{ Condition string } `yaml:"depends_on"`
 		}
 	}
 	if err := yaml.Unmarshal(out, &cfg); err != nil {
@@ -48,6 +53,30 @@ func TestDockerCompose(t *testing.T) {
 		}
 	}
 	mysql := cfg.Services["mysql"]
+	for _, p := range mysql.Ports {
+		hostIP, published := "", ""
+		switch p := p.(type) {
+		case string:
+			parts := strings.Split(p, ":")
+			if len(parts) == 3 {
+				hostIP, published = parts[0], parts[1]
+			}
+		case map[string]any:
+			hostIP, published = fmt.Sprint(p["host_ip"]), fmt.Sprint(p["published"])
+		}
+		if published == "3306" || hostIP != "127.0.0.1" {
+			t.Errorf("mysql publishes %v: it must not take the host's 3306 nor listen beyond loopback", p)
+		}
+	}
+	for _, name := range []string{"receiver", "cdcout-1", "cdcout-2"} {
+		args := cfg.Services[name].BuildArgs.Args
+		if _, ok := args["VERSION"]; !ok {
+			t.Errorf("%s's image build does not pass VERSION: %v", name, args)
+		}
+		if _, ok := args["COMMIT"]; !ok {
+			t.Errorf("%s's image build does not pass COMMIT: %v", name, args)
+		}
+	}
 	if got, want := mysql.Image, "mysql:8.4"; got != want {
 		t.Errorf("mysql image = %q, want %q", got, want)
 	}

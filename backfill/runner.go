@@ -172,6 +172,9 @@ func (r *Runner) ensureWatermarkTable(ctx context.Context) error {
 	if _, err := r.Source.ExecContext(ctx, "CREATE DATABASE IF NOT EXISTS "+quoteIdent(WatermarkDB(r.StateSchema))); err != nil {
 		return fmt.Errorf("create watermark database %s on the source (grant CREATE on it, or create it): %w", WatermarkDB(r.StateSchema), err)
 	}
+	if err := state.CreateMarker(ctx, r.Source, WatermarkDB(r.StateSchema)); err != nil {
+		return fmt.Errorf("watermark database on the source: %w", err)
+	}
 	if _, err := r.Source.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS "+r.wm+` (
   id VARCHAR(64) NOT NULL,
   instance VARCHAR(255) NOT NULL,

@@ -230,7 +230,12 @@ func (s *Stream) checkReplicaIDs(ctx context.Context) error {
 		}
 	}
 	if err != nil {
-		s.log.Warn("cannot list connected replicas; skipping the server id collision check", zap.Error(err))
+		fix := "GRANT REPLICATION SLAVE ON *.* TO the user"
+		if s.info.Flavor == gomysql.MariaDBFlavor {
+			// MariaDB 10.5.2+ lists replicas only to this privilege.
+			fix = "GRANT REPLICATION MASTER ADMIN ON *.* TO the user"
+		}
+		s.log.Warn("cannot list connected replicas; skipping the server id collision check", zap.Error(err), zap.String("fix", fix))
 		return nil
 	}
 	defer rows.Close()

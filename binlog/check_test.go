@@ -128,3 +128,41 @@ func TestCheckServerID(t *testing.T) {
 	}
 	wantNotReady(t, openErr(t, cfg), fmt.Sprintf("server id %d is already used by a connected replica", cfg.ServerID))
 }
+
+// TestLeastPrivilegeUserMariaDB: the README's least-privilege grants for
+// MariaDB let every start-up check run, the server id collision check
+// included (SHOW SLAVE HOSTS needs REPLICATION MASTER ADMIN since 10.5.2).
+// MariaDB-only: the grants are MariaDB's; keep them in step with README.md.
+func TestLeastPrivilegeUserMariaDB(t *testing.T) {
+	srv := mysqltest.Shared(t)
+	user := fmt.Sprintf("lp_%d", nextServerID())
+	srv.Exec(t,
+		"CREATE USER '"+user+"'@'%' IDENTIFIED BY 'lp-pw'",
+		"GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO '"+user+"'@'%'",
+		"GRANT SELECT ON *.* TO '"+user+"'@'%'",
+		"GRANT REPLICATION MASTER ADMIN ON *.* TO '"+user+"'@'%'",
+		"GRANT ALL PRIVILEGES ON cdcout.* TO '"+user+"'@'%'",
+	)
+	t.Cleanup(func() { srv.Exec(t, "DROP USER '"+user+"'@'%'") })
+	dsn, err := mysql.ParseDSN(srv.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dsn.User, dsn.Passwd = user, "lp-pw"
+
+	first := testConfig(t, srv)
+	collect(t, openStream(t, first))
+	cfg := testConfig(t, srv)
+	cfg.DSN, cfg.ServerID = dsn.FormatDSN(), first.ServerID
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		err := openErr(t, cfg)
+		if err != nil && strings.Contains(err.Error(), "already used by a connected replica") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the least-privilege user's reader did not see the colliding replica: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

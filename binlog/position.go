@@ -208,7 +208,17 @@ func mariadbGTIDListAt(ctx context.Context, db *sql.DB, file string) (gomysql.GT
 }
 
 // purgedError names the missing position and the operator's choices.
-func purgedError(pos, oldest string) error {
+//
+// checkpoint says the position is a resume position (Config.Resume), which
+// wins over --from: the advice is then the command that discards it.
+func purgedError(pos, oldest string, checkpoint bool) error {
+	if checkpoint {
+		return fmt.Errorf("the checkpoint position %s is no longer in the server's binary logs (oldest available: %s); "+
+			"changes after it are lost to this reader, and --from alone cannot help: the checkpoint wins over it. "+
+			"Decide, then discard the checkpoint with cdcout run --reset-position --from start (capture what the server still has; "+
+			"the changes in between are lost) or --reset-position --from now (skip everything up to now), "+
+			"and re-backfill the tables (cdcout backfill) if the lost changes matter: %w", pos, oldest, ErrPositionUnavailable)
+	}
 	return fmt.Errorf("start position %s is no longer in the server's binary logs (oldest available: %s); "+
 		"changes after it are lost to this reader. Decide, then run with --from start or --from now explicitly "+
 		"to skip them, or re-backfill the tables: %w", pos, oldest, ErrPositionUnavailable)
@@ -327,7 +337,7 @@ func (s *Stream) gtidStart(ctx context.Context, text, oldest string) (startPoint
 		for domain, g := range first.(*gomysql.MariadbGTIDSet).Sets {
 			have, ok := want.Sets[domain]
 			if !ok || have.SequenceNumber < g.SequenceNumber {
-				return startPoint{}, purgedError("gtid "+text, fmt.Sprintf("%s, which starts after gtid %s", oldest, first.String()))
+				return startPoint{}, purgedError("gtid "+text, fmt.Sprintf("%s, which starts after gtid %s", oldest, first.String()), s.cfg.Resume != nil)
 			}
 		}
 	} else {
@@ -340,7 +350,7 @@ func (s *Stream) gtidStart(ctx context.Context, text, oldest string) (startPoint
 			return startPoint{}, fmt.Errorf("parse gtid_purged: %w", err)
 		}
 		if !set.Contain(ps) {
-			return startPoint{}, purgedError("gtid "+text, "gtid_purged "+ps.String())
+			return startPoint{}, purgedError("gtid "+text, "gtid_purged "+ps.String(), s.cfg.Resume != nil)
 		}
 	}
 	return startPoint{gset: set, useGTID: true}, nil
@@ -356,7 +366,7 @@ func (s *Stream) filePosStart(ctx context.Context, file string, pos uint32, file
 	}
 	if !found {
 		if gomysql.CompareBinlogFileName(file, files[0]) < 0 {
-			return startPoint{}, purgedError(fmt.Sprintf("%s:%d", file, pos), files[0])
+			return startPoint{}, purgedError(fmt.Sprintf("%s:%d", file, pos), files[0], s.cfg.Resume != nil)
 		}
 		return startPoint{}, fmt.Errorf("binlog file %s is not on the server (it has %s … %s)", file, files[0], files[len(files)-1])
 	}

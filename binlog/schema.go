@@ -90,6 +90,13 @@ func isDDL(q []byte) bool {
 	return false
 }
 
+// opensTransaction reports a statement logged outside BEGIN that a COMMIT
+// or XID still ends: MySQL 8.0.21+ writes an atomic CREATE TABLE … SELECT
+// as "CREATE TABLE … START TRANSACTION" followed by the rows and an XID.
+func opensTransaction(q []byte) bool {
+	return firstWord(q) == "CREATE" && bytes.HasSuffix(bytes.TrimSpace(q), []byte("START TRANSACTION"))
+}
+
 // dmlVerb returns the statement's verb when it is a row-changing statement
 // (INSERT, UPDATE, DELETE, REPLACE, LOAD), else "".
 func dmlVerb(q []byte) string {

@@ -19,7 +19,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/cdcout/cdcout/canonical"
-	"github.com/cdcout/cdcout/internal/logbridge"
 )
 
 // Defaults for Config.HeartbeatPeriod and Config.ReadTimeout.
@@ -58,6 +57,10 @@ type Stream struct {
 	start  startPoint
 	// plaintext: tls=preferred and the server offered no TLS.
 	plaintext bool
+
+	// marked caches, per database, whether it holds cdcout's marker
+	// table (marker.go). Used by the reader only.
+	marked map[string]bool
 
 	mu      sync.Mutex
 	emitted Position // last Commit handed to the handler
@@ -206,7 +209,7 @@ func (s *Stream) syncerConfig() (replication.BinlogSyncerConfig, error) {
 		// invariant 6) and costs no throughput: the reader is the
 		// bottleneck either way.
 		EventCacheCount:     128,
-		Logger:              logbridge.New(s.log.Named("go-mysql")),
+		Logger:              goMySQLLogger(s.log.Named("go-mysql")),
 		RowsEventDecodeFunc: s.decodeRowsEvent,
 	}, nil
 }
@@ -399,7 +402,7 @@ func (r *reader) classify(err error) error {
 	}
 	if isFatalReadError(err) {
 		if isPurgedError(err) {
-			return &permanentError{purgedError(r.resume.String(), "see SHOW BINARY LOGS")}
+			return &permanentError{purgedError(r.resume.String(), "see SHOW BINARY LOGS", r.s.cfg.Resume != nil)}
 		}
 		return &permanentError{fmt.Errorf("server refused to send the binlog from %s: %w", r.resume.String(), err)}
 	}
@@ -412,7 +415,10 @@ func (r *reader) event(ctx context.Context, ev *replication.BinlogEvent, outer *
 		r.file = string(e.NextLogName)
 	case *replication.MariadbGTIDEvent:
 		g := e.GTID
-		r.tx = txState{gtid: g.String(), maria: &g}
+		// A group without FL_STANDALONE ends with a COMMIT or XID even
+		// when no BEGIN opens it: CREATE TABLE … SELECT logs its CREATE,
+		// then its rows, then COMMIT, all under this one GTID.
+		r.tx = txState{gtid: g.String(), maria: &g, inBegin: e.Flags&mariaFlagStandalone == 0}
 		if e.Flags&mariaFlagPreparedXA != 0 {
 			r.startXA()
 		}
@@ -444,6 +450,7 @@ func (r *reader) event(ctx context.Context, ev *replication.BinlogEvent, outer *
 		default:
 			if isDDL(e.Query) {
 				r.s.schema.invalidate()
+				r.s.forgetUnmarked()
 			} else if verb := dmlVerb(e.Query); verb != "" {
 				// A session wrote with binlog_format=STATEMENT: its changes
 				// have no row images and cannot be captured. Say so loudly
@@ -453,6 +460,12 @@ func (r *reader) event(ctx context.Context, ev *replication.BinlogEvent, outer *
 					zap.String("gtid", r.tx.gtid), zap.String("file", r.file), zap.Uint32("pos", outer.LogPos))
 			}
 			if !r.tx.inBegin {
+				if opensTransaction(e.Query) {
+					// MySQL 8.0.21+'s atomic CREATE TABLE … SELECT: the
+					// CREATE, then the rows, then an XID end the transaction.
+					r.tx.inBegin = true
+					return nil
+				}
 				// A statement outside BEGIN (DDL) is a transaction of its own.
 				return r.commit(ctx, ev.Header, outer)
 			}
@@ -516,13 +529,24 @@ func (r *reader) rows(ctx context.Context, hdr, outer *replication.EventHeader, 
 		r.tx.ordinal += len(e.Rows) / step
 		return nil
 	}
+	if marked, err := r.s.foreignMarked(ctx, db); err != nil {
+		return err
+	} else if marked {
+		// Another cdcout's state: counted, never captured (and its
+		// MINIMAL images are no error).
+		r.tx.ordinal += len(e.Rows) / step
+		return nil
+	}
 	if err := r.countDeferred(); err != nil {
 		return err
 	}
 	for _, sk := range e.SkippedColumns {
 		if len(sk) > 0 {
-			return &permanentError{fmt.Errorf("table %s.%s at %s:%d: row image is not FULL (binlog_row_image was changed, maybe for one session): "+
-				"cannot build complete before/after images; set binlog_row_image=FULL", db, name, r.file, outer.LogPos)}
+			return &permanentError{fmt.Errorf("table %s.%s at %s:%d: row image is not FULL: the session that wrote this row ran with "+
+				"binlog_row_image=MINIMAL or NOBLOB (set per session, or the server's default), so cdcout cannot build complete "+
+				"before/after images. Make every writer of the table use binlog_row_image=FULL; then, to go on past the rows "+
+				"already written, leave the table out of --tables, or restart with --reset-position --from now "+
+				"(which discards the checkpoint and skips everything up to now)", db, name, r.file, outer.LogPos)}
 		}
 	}
 	t, err := r.s.schema.table(ctx, tm)

@@ -51,6 +51,11 @@ type Config struct {
 	Include []string
 	// ExcludeDBs are never captured (cdcout's own state database).
 	ExcludeDBs []string
+	// OwnMarkedDBs are databases holding cdcout's marker table
+	// (state.MarkerTable) that this stream still decodes for its own use:
+	// its backfill watermark database. Every other marked database —
+	// another installation's state or watermarks — is never captured.
+	OwnMarkedDBs []string
 	// Instance and Version fill the envelope's source block.
 	Instance string
 	Version  string

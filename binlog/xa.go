@@ -26,6 +26,7 @@ import (
 // MariaDB marks the groups in the GTID event's flags; MySQL writes an
 // "XA START" query.
 const (
+	mariaFlagStandalone  = 1   // FL_STANDALONE: no COMMIT or XID ends the group
 	mariaFlagPreparedXA  = 64  // FL_PREPARED_XA: the group is an XA PREPARE
 	mariaFlagCompletedXA = 128 // FL_COMPLETED_XA: the group is XA COMMIT/ROLLBACK
 )

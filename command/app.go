@@ -13,8 +13,10 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/urfave/cli/v2"
 
+	"github.com/cdcout/cdcout/binlog"
 	"github.com/cdcout/cdcout/internal/buildinfo"
 )
 
@@ -39,7 +41,7 @@ func ConfigErrorf(format string, args ...any) error {
 
 // NewApp builds the cdcout command tree writing to the given streams.
 func NewApp(stdin io.Reader, stdout, stderr io.Writer) *cli.App {
-	return &cli.App{
+	app := &cli.App{
 		Name:                 "cdcout",
 		Usage:                "stream MySQL/MariaDB row changes to webhooks, Kafka, NATS and files",
 		Version:              buildinfo.Version(),
@@ -62,6 +64,21 @@ func NewApp(stdin io.Reader, stdout, stderr io.Writer) *cli.App {
 		// Errors are printed once, by Main, as one line.
 		ExitErrHandler: func(*cli.Context, error) {},
 	}
+	// A wrong flag is reported as one line on stderr with where to look,
+	// not with the whole usage text on stdout (where it would pollute a
+	// pipe such as cdcout tail | jq).
+	var wire func(cmds []*cli.Command, path string)
+	wire = func(cmds []*cli.Command, path string) {
+		for _, c := range cmds {
+			name := path + " " + c.Name
+			c.OnUsageError = func(_ *cli.Context, err error, _ bool) error {
+				return fmt.Errorf("%w (see %s --help)", err, name)
+			}
+			wire(c.Subcommands, name)
+		}
+	}
+	wire(app.Commands, "cdcout")
+	return app
 }
 
 // Main runs cdcout with args (args[0] is the program name) and returns the
@@ -91,13 +108,43 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if err == nil {
 		return ExitOK
 	}
-	fmt.Fprintf(stderr, "cdcout: %v\n", err)
+	err = classify(err)
+	fmt.Fprintf(stderr, "cdcout: %s\n", strings.Join(strings.Fields(err.Error()), " "))
 	var ce *configError
 	if errors.As(err, &ce) || isUsageError(err) {
 		return ExitConfig
 	}
 	return ExitFailure
 }
+
+// classify gives an error its exit code and hint by its cause, the same
+// for every command (the README's exit-code table): what only a change of
+// configuration can fix — a refused login, an unknown database, a server
+// that cannot be captured — exits with ExitConfig, whichever command met it.
+func classify(err error) error {
+	var ce *configError
+	if errors.As(err, &ce) {
+		return err
+	}
+	var me *mysql.MySQLError
+	switch {
+	case errors.As(err, &me) && (me.Number == 1045 || me.Number == 1044 || me.Number == 1049):
+		return &configError{fmt.Errorf("%w (check the user, password and database in the DSN)", err)}
+	case errors.Is(err, binlog.ErrServerNotReady):
+		return &configError{err}
+	}
+	return err
+}
+
+// scrubbedError is an error whose message was redacted (scrub) but which
+// still unwraps to its cause, for classify.
+type scrubbedError struct {
+	msg string
+	err error
+}
+
+func (e *scrubbedError) Error() string { return e.msg }
+func (e *scrubbedError) Unwrap() error { return e.err }
 
 // isUsageError recognises urfave/cli's own complaints about the command line.
 func isUsageError(err error) bool {
@@ -116,6 +163,9 @@ func versionCommand() *cli.Command {
 		Usage: "print cdcout's version and commit",
 		Action: func(c *cli.Context) error {
 			fmt.Fprintf(c.App.Writer, "cdcout %s (commit %s)\n", buildinfo.Version(), buildinfo.Commit())
+			if why := buildinfo.Why(); why != "" {
+				fmt.Fprintf(c.App.ErrWriter, "cdcout: %s\n", why)
+			}
 			return nil
 		},
 	}

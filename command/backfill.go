@@ -20,6 +20,7 @@ import (
 	"github.com/cdcout/cdcout/backfill"
 	"github.com/cdcout/cdcout/config"
 	"github.com/cdcout/cdcout/engine"
+	"github.com/cdcout/cdcout/inspect"
 	"github.com/cdcout/cdcout/state"
 )
 
@@ -37,7 +38,8 @@ func backfillCommand() *cli.Command {
 	flags := []cli.Flag{
 		&cli.StringFlag{Name: "dsn", Usage: "source server DSN ($CDCOUT_DSN)"},
 		&cli.StringSliceFlag{Name: "table", Usage: "table to backfill, db.table; repeatable"},
-		&cli.StringSliceFlag{Name: "sink", Usage: "name of a configured sink to feed; repeatable (default: every sink subscribed to the table)"},
+		&cli.StringSliceFlag{Name: "sink", Usage: "[NAME=]URL of a sink, as for cdcout run, or the name of a sink of --config or of the running fleet; repeatable " +
+			"(default: every sink that takes the table: the config's, else the running fleet's)"},
 		&cli.StringFlag{Name: "where", Usage: "SQL condition limiting the rows"},
 		&cli.IntFlag{Name: "chunk-size", Value: backfill.DefaultChunkSize, Usage: "rows per chunk"},
 		&cli.StringFlag{Name: "state-dsn", Usage: "server for the state database (default: --dsn) ($CDCOUT_STATE_DSN)"},
@@ -51,7 +53,7 @@ func backfillCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "backfill",
 		Usage:     "snapshot the rows tables already have into the outbox, consistent with live changes",
-		UsageText: "cdcout backfill --dsn DSN --table db.tbl [--table …] [--sink NAME …] [--where SQL] [--chunk-size 1000] [--config FILE]\ncdcout backfill status\ncdcout backfill cancel ID",
+		UsageText: "cdcout backfill --dsn DSN --table db.tbl [--table …] [--sink [NAME=]URL|NAME …] [--where SQL] [--chunk-size 1000] [--config FILE]\ncdcout backfill status\ncdcout backfill cancel ID",
 		Description: "Rows are read in key order, chunk by chunk, between watermarks written to <state_db>_watermark.watermarks on the source,\n" +
 			"and enqueued as op \"r\" by the replica holding the enqueue lease (this command's own engine when no cdcout run streams).\n" +
 			"Running the same command again (or --resume ID) continues an interrupted backfill. Bad input exits with code 2.",
@@ -124,12 +126,30 @@ func backfillAction(c *cli.Context) error {
 			set = append(set, config.Setting{Name: n, Value: c.String(n)})
 		}
 	}
-	cfg, err := config.Resolve(config.Sources{Flags: set, Env: os.LookupEnv})
+	// --sink takes run's forms, [NAME=]URL (a sink of this command's own),
+	// or names a sink: one of the config file's, or one the running fleet
+	// serves.
+	var names, urls []string
+	for _, v := range c.StringSlice("sink") {
+		if strings.Contains(v, ":") {
+			set = append(set, config.Setting{Name: "sink", Value: v})
+			urls = append(urls, v)
+		} else {
+			names = append(names, v)
+		}
+	}
+	cfg, err := config.Load(config.Sources{Flags: set, Env: os.LookupEnv, SinksOptional: true})
 	if err != nil {
 		return ConfigErrorf("config: %v", err)
 	}
-	if err := cfg.Validate(); err != nil {
-		return ConfigErrorf("config: %v", err)
+	for _, v := range urls {
+		name, url := config.ParseSinkArg(v)
+		for _, s := range cfg.Sinks {
+			if (name != "" && s.Name == name) || (name == "" && s.URL == url) {
+				names = append(names, s.Name)
+				break
+			}
+		}
 	}
 	tables := c.StringSlice("table")
 	if len(tables) == 0 && c.String("resume") == "" {
@@ -138,21 +158,10 @@ func backfillAction(c *cli.Context) error {
 	if c.String("resume") != "" && len(tables) > 0 {
 		return ConfigErrorf("--resume continues one backfill with its own table; leave out --table")
 	}
-	// Every table's sinks are resolved before anything is read.
-	specs := make([]backfill.Spec, 0, len(tables))
 	for _, t := range tables {
-		db, name, ok := strings.Cut(t, ".")
-		if !ok || db == "" || name == "" || strings.Contains(name, ".") {
+		if db, name, ok := strings.Cut(t, "."); !ok || db == "" || name == "" || strings.Contains(name, ".") {
 			return ConfigErrorf("--table %q: want db.table", t)
 		}
-		sinks, err := backfillSinks(cfg, c.StringSlice("sink"), db, name)
-		if err != nil {
-			return err
-		}
-		specs = append(specs, backfill.Spec{Table: t, Sinks: sinks, Where: c.String("where"), ChunkSize: c.Int("chunk-size"), Instance: cfg.Instance})
-	}
-	if id := c.String("resume"); id != "" {
-		specs = append(specs, backfill.Spec{ResumeID: id, Instance: cfg.Instance})
 	}
 	logger, err := newLogger(c.App.ErrWriter, cfg.LogLevel, cfg.LogFormat)
 	if err != nil {
@@ -174,10 +183,43 @@ func backfillAction(c *cli.Context) error {
 	}
 	ctx := c.Context
 	if err := source.PingContext(ctx); err != nil {
-		return fmt.Errorf("connect to source %s: %s", config.DSNAddr(cfg.DSN.Value()), scrub(err, cfg))
+		return &scrubbedError{msg: fmt.Sprintf("connect to source %s: %s", config.DSNAddr(cfg.DSN.Value()), scrub(err, cfg)), err: err}
 	}
 	if err := state.Migrate(ctx, stateDB, cfg.StateDB); err != nil {
-		return errors.New(scrub(err, cfg))
+		return scrubErr(err, cfg)
+	}
+
+	// Without sinks of its own the command feeds the pipes the running
+	// fleet serves, and the fleet's leader applies the chunks: no engine
+	// of its own, which would have nothing to deliver to.
+	own := len(cfg.Sinks) > 0
+	var fl fleetSinks
+	if !own {
+		if fl, err = readFleetSinks(ctx, stateDB, cfg); err != nil {
+			return scrubErr(err, cfg)
+		}
+	}
+	// Every table's sinks are resolved before anything is read.
+	specs := make([]backfill.Spec, 0, len(tables))
+	for _, t := range tables {
+		db, name, _ := strings.Cut(t, ".")
+		var sinks []string
+		if own {
+			sinks, err = backfillSinks(cfg, names, db, name)
+		} else {
+			sinks, err = fl.resolve(cfg.Instance, names, db, name)
+		}
+		if err != nil {
+			return err
+		}
+		specs = append(specs, backfill.Spec{Table: t, Sinks: sinks, Where: c.String("where"), ChunkSize: c.Int("chunk-size"), Instance: cfg.Instance})
+	}
+	if id := c.String("resume"); id != "" {
+		specs = append(specs, backfill.Spec{ResumeID: id, Instance: cfg.Instance})
+	}
+	if !own && !fl.leader {
+		return ConfigErrorf("no cdcout run of instance %q is streaming now (no live leader in its fleet rows), and this command has no sinks of its own: "+
+			"start cdcout run (it applies the backfill), or give --sink [NAME=]URL or --config with the sinks to feed", cfg.Instance)
 	}
 
 	runners := make([]*backfill.Runner, len(specs))
@@ -188,10 +230,16 @@ func backfillAction(c *cli.Context) error {
 			if errors.Is(err, backfill.ErrBadInput) {
 				return ConfigErrorf("%s", strings.TrimPrefix(scrub(err, cfg), backfill.ErrBadInput.Error()+": "))
 			}
-			return errors.New(scrub(err, cfg))
+			return scrubErr(err, cfg)
 		}
 		if spec.ResumeID != "" {
-			if _, err := backfillSinks(cfg, info.Sinks, strings.Split(info.Table, ".")[0], strings.SplitN(info.Table, ".", 2)[1]); err != nil {
+			db, name, _ := strings.Cut(info.Table, ".")
+			if own {
+				_, err = backfillSinks(cfg, info.Sinks, db, name)
+			} else {
+				_, err = fl.resolve(cfg.Instance, info.Sinks, db, name)
+			}
+			if err != nil {
 				return err
 			}
 		}
@@ -199,6 +247,9 @@ func backfillAction(c *cli.Context) error {
 		fmt.Fprintf(c.App.Writer, "backfill %s: %s → %s\n", info.ID, info.Table, strings.Join(info.Sinks, ", "))
 	}
 
+	if !own {
+		return runBackfills(c, logger, runners, cfg)
+	}
 	// The in-process engine: standby when a cdcout run streams, the
 	// streamer otherwise.
 	ecfg := *cfg
@@ -244,9 +295,94 @@ func backfillAction(c *cli.Context) error {
 	case runErr != nil && ctx.Err() != nil:
 		return fmt.Errorf("backfill interrupted; run the same command again (or --resume) to continue")
 	case runErr != nil:
-		return errors.New(scrub(runErr, cfg))
+		return scrubErr(runErr, cfg)
 	}
 	return nil
+}
+
+// runBackfills runs the backfills one after the other, the running
+// fleet's leader applying them.
+func runBackfills(c *cli.Context, logger *zap.Logger, runners []*backfill.Runner, cfg *config.Config) error {
+	for _, r := range runners {
+		p := newProgressPrinter(c.App.ErrWriter, logger, r.ID())
+		r.OnProgress = p.update
+		err := r.Run(c.Context)
+		p.finish(err)
+		switch {
+		case errors.Is(err, backfill.ErrCancelled):
+			fmt.Fprintln(c.App.Writer, "backfill cancelled")
+			return nil
+		case err != nil && c.Context.Err() != nil:
+			return fmt.Errorf("backfill interrupted; run the same command again (or --resume) to continue")
+		case err != nil:
+			return scrubErr(err, cfg)
+		}
+	}
+	return nil
+}
+
+// fleetSinks is what the running replicas of an instance deliver to.
+type fleetSinks struct {
+	sinks  []inspect.ServedSink
+	leader bool // a live replica holds the enqueue lease
+}
+
+// readFleetSinks reads the instance's live (not stale, not stopped) fleet
+// rows.
+func readFleetSinks(ctx context.Context, db *sql.DB, cfg *config.Config) (fleetSinks, error) {
+	f, err := inspect.Reader{DB: db, Schema: cfg.StateDB, Instance: cfg.Instance}.Fleet(ctx)
+	if err != nil {
+		return fleetSinks{}, fmt.Errorf("read the fleet of instance %q: %w", cfg.Instance, err)
+	}
+	var out fleetSinks
+	seen := map[string]bool{}
+	for _, r := range f.Replicas {
+		if r.Stale || r.Payload.Role == inspect.RoleStopped {
+			continue
+		}
+		if r.Payload.Role == "leader" {
+			out.leader = true
+		}
+		for _, s := range r.Payload.Sinks {
+			if !seen[s.Name] {
+				seen[s.Name] = true
+				out.sinks = append(out.sinks, s)
+			}
+		}
+	}
+	return out, nil
+}
+
+// resolve is backfillSinks for the fleet's sinks.
+func (f fleetSinks) resolve(instance string, names []string, db, name string) ([]string, error) {
+	var all, serving []string
+	for _, s := range f.sinks {
+		all = append(all, s.Name)
+		if s.Serves(db, name) {
+			serving = append(serving, s.Name)
+		}
+	}
+	slices.Sort(all)
+	if len(all) == 0 {
+		return nil, ConfigErrorf("no running cdcout run of instance %q says which sinks it serves (none is running, or it is older): "+
+			"start one, or give --sink [NAME=]URL or --config with the sinks to feed", instance)
+	}
+	if len(names) == 0 {
+		if len(serving) == 0 {
+			return nil, ConfigErrorf("the running fleet of instance %q delivers nothing of %s.%s (its sinks: %s); give --sink [NAME=]URL to feed another sink",
+				instance, db, name, strings.Join(all, ", "))
+		}
+		return serving, nil
+	}
+	for _, n := range names {
+		if !slices.Contains(all, n) {
+			return nil, ConfigErrorf("--sink %q: the running fleet of instance %q has no such sink (its sinks: %s)", n, instance, strings.Join(all, ", "))
+		}
+		if !slices.Contains(serving, n) {
+			return nil, ConfigErrorf("--sink %q does not take %s.%s in the running fleet (its tables: filter or --tables leave it out)", n, db, name)
+		}
+	}
+	return names, nil
 }
 
 // backfillSinks resolves --sink names for db.name: each must be configured

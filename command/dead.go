@@ -120,7 +120,50 @@ func deadStateDB(c *cli.Context) (*sql.DB, string, error) {
 		db.Close()
 		return nil, "", fmt.Errorf("connect to state database %s: %w", config.RedactDSN(dsn), err)
 	}
+	if err := checkStateThere(ctx, db, schema, config.DSNAddr(dsn)); err != nil {
+		db.Close()
+		return nil, "", err
+	}
 	return db, schema, nil
+}
+
+// checkStateThere says, instead of a raw "Table 'x.checkpoints' doesn't
+// exist", that there is no cdcout state where the flags point, and where
+// there is some on that server.
+func checkStateThere(ctx context.Context, db *sql.DB, schema, addr string) error {
+	var n int
+	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = ? AND TABLE_NAME = 'checkpoints'", schema).Scan(&n); err != nil {
+		return fmt.Errorf("look up the state database %s on %s: %w", schema, addr, err)
+	}
+	if n > 0 {
+		return nil
+	}
+	// Databases holding cdcout's state: marked (state.MarkerTable), or,
+	// written before the marker existed, with cdcout's checkpoints and
+	// leases tables. Watermark databases hold a marker but no checkpoints.
+	rows, err := db.QueryContext(ctx, "SELECT TABLE_SCHEMA FROM information_schema.TABLES WHERE TABLE_NAME IN ('checkpoints', 'leases') "+
+		"GROUP BY TABLE_SCHEMA HAVING COUNT(*) = 2 ORDER BY TABLE_SCHEMA")
+	if err != nil {
+		return fmt.Errorf("look up the state database %s on %s: %w", schema, addr, err)
+	}
+	defer rows.Close()
+	var found []string
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			return fmt.Errorf("look up the state database %s on %s: %w", schema, addr, err)
+		}
+		found = append(found, name)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("look up the state database %s on %s: %w", schema, addr, err)
+	}
+	where := "there is no cdcout state database on that server"
+	if len(found) > 0 {
+		where = "cdcout state databases there: " + strings.Join(found, ", ")
+	}
+	return ConfigErrorf("no cdcout state in database %s on %s (cdcout run never ran with --state-db %s against this server); "+
+		"%s. Point --state-dsn (the server) and --state-db (the database) where cdcout run keeps its state", schema, addr, schema, where)
 }
 
 func writeDeadJSONL(w io.Writer, rows []outbox.DeadRow) error {

@@ -1,7 +1,6 @@
 package command
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -9,7 +8,6 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/urfave/cli/v2"
 
-	"github.com/cdcout/cdcout/binlog"
 	"github.com/cdcout/cdcout/config"
 	"github.com/cdcout/cdcout/engine"
 )
@@ -47,6 +45,11 @@ var runFlags = []struct {
 	{name: "http-keep-alive", usage: "inspect server idle keep-alive timeout; keep it above your proxy's idle timeout (default 72s)"},
 	{name: "http-headers-timeout", usage: "inspect server header read deadline, must exceed --http-keep-alive (default keep-alive + 5s)"},
 	{name: "handoff-buffer-size", usage: "changes a standby replica buffers for a takeover (default 10000)"},
+	{name: "dedup-window", usage: "how long enqueue claims are kept (default max(60s, 4 x lease TTL))"},
+	{name: "enqueue-batch-size", usage: "outbox rows per enqueue transaction (default 1000)"},
+	{name: "enqueue-flush-interval", usage: "longest a change waits before its batch is written (default 20ms)"},
+	{name: "enqueue-max-buffer", usage: "buffered rows before a mid-transaction flush (default 5000)"},
+	{name: "shutdown-timeout", usage: "how long a stop waits for in-flight deliveries (default 30s)"},
 }
 
 func runCommand() *cli.Command {
@@ -89,11 +92,8 @@ func runCommand() *cli.Command {
 }
 
 func runAction(c *cli.Context, set []config.Setting) error {
-	cfg, err := config.Resolve(config.Sources{Flags: set, Env: os.LookupEnv})
+	cfg, err := config.Load(config.Sources{Flags: set, Env: os.LookupEnv})
 	if err != nil {
-		return ConfigErrorf("config: %v", err)
-	}
-	if err := cfg.Validate(); err != nil {
 		return ConfigErrorf("config: %v", err)
 	}
 	logger, err := newLogger(c.App.ErrWriter, cfg.LogLevel, cfg.LogFormat)
@@ -109,28 +109,26 @@ func runAction(c *cli.Context, set []config.Setting) error {
 		return ConfigErrorf("%s", scrub(err, cfg))
 	}
 	if err := e.Run(c.Context); err != nil {
-		msg := scrub(err, cfg)
-		var me *mysql.MySQLError
-		switch {
-		case errors.As(err, &me) && (me.Number == 1045 || me.Number == 1044 || me.Number == 1049):
-			// Wrong password, no access, unknown database: fix the DSN.
-			return ConfigErrorf("%s (check the user, password and database in the DSN)", msg)
-		case errors.Is(err, binlog.ErrServerNotReady):
-			return ConfigErrorf("%s", msg)
-		}
-		return errors.New(msg)
+		// Exit code and hint: classify, shared by every command.
+		return scrubErr(err, cfg)
 	}
 	return nil
 }
 
-// scrub makes err one line and removes any password of the configured
-// DSNs from it, in case a lower layer quoted one.
+// scrubErr is err with a scrubbed message, still unwrapping to err.
+func scrubErr(err error, cfg *config.Config) error {
+	return &scrubbedError{msg: scrub(err, cfg), err: err}
+}
+
+// scrub makes err one line and redacts it by structure
+// (config.RedactText), in case a lower layer quoted a DSN or a secret.
 func scrub(err error, cfg *config.Config) string {
 	msg := strings.Join(strings.Fields(err.Error()), " ")
+	var secrets []string
 	for _, dsn := range []config.DSN{cfg.DSN, cfg.StateDSN} {
 		if mc, perr := mysql.ParseDSN(dsn.Value()); perr == nil && mc.Passwd != "" {
-			msg = strings.ReplaceAll(msg, mc.Passwd, "[redacted]")
+			secrets = append(secrets, mc.Passwd)
 		}
 	}
-	return msg
+	return config.RedactText(msg, secrets...)
 }

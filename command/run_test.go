@@ -2,6 +2,7 @@ package command
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -56,6 +57,13 @@ func TestRunBadInput(t *testing.T) {
 		{"unknown scheme", []string{"run", "--dsn", dsn, "--sink", "ftp://h/x"}, []string{`sinks[0].url: unknown scheme "ftp" (want stdout:, file://, http://, https://, kafka://, nats://)`}},
 		{"bad duration flag", []string{"run", "--dsn", dsn, "--sink", "stdout:", "--lease-ttl", "fast"}, []string{`--lease-ttl: "fast" is not a duration`}},
 		{"no dsn", []string{"run", "--sink", "stdout:"}, []string{"dsn: required"}},
+		{"unquoted colon", []string{"run", "--config", yamlFile(t, "dsn: u:p@tcp(h:1)/\nsinks:\n  - name: out\n    url: stdout:\n")},
+			[]string{"cdcout.yaml: line 4: mapping values are not allowed in this context", `must be quoted, e.g. url: "stdout:"`}},
+		{"every problem in one round", []string{"run", "--lease-ttl", "fast", "--config", yamlFile(t, "sinks:\n  - url: http://h.example/x\n    secret: \"whsec_!!\"\n")},
+			[]string{`--lease-ttl: "fast" is not a duration`, "dsn: required", "sinks[0].secret: secret starts with whsec_ but the rest is not base64"}},
+		{"tuning flags", []string{"run", "--dsn", dsn, "--sink", "stdout:", "--enqueue-batch-size", "0", "--enqueue-flush-interval", "0s",
+			"--enqueue-max-buffer", "1", "--shutdown-timeout", "0s", "--dedup-window", "1s"},
+			[]string{"enqueue_batch_size: must be positive", "enqueue_flush_interval: must be positive", "shutdown_timeout: must be positive", "dedup_window: 1s must exceed lease_ttl"}},
 		{"claim lease", []string{"run", "--dsn", dsn, "--sink", "stdout:", "--claim-lease", "5s"}, []string{"sinks[0].timeout: 10s must be shorter than claim_lease 5s"}},
 		{"bad webhook secret", []string{"run", "--dsn", dsn, "--config", yamlFile(t, "sinks:\n  - url: http://h.example/x\n    secret: \"whsec_"+testPassword+"!\"\n")}, []string{"whsec_ but the rest is not base64"}},
 	} {
@@ -71,6 +79,9 @@ func TestRunBadInput(t *testing.T) {
 			}
 			if strings.Count(strings.TrimSpace(stderr), "\n") != 0 {
 				t.Errorf("error is not one line: %q", stderr)
+			}
+			if strings.Contains(stderr, "config: config:") {
+				t.Errorf("prefix doubled: %q", stderr)
 			}
 			if strings.Contains(stderr, testPassword) || strings.Contains(stderr, "goroutine") {
 				t.Errorf("stderr leaks the password or a stack trace: %q", stderr)
@@ -120,6 +131,14 @@ func TestRunDatabaseErrors(t *testing.T) {
 		t.Errorf("not one line: %q", stderr)
 	}
 
+	// A short password is redacted by the DSN's structure, never by a
+	// search of the message: with "e", every e of it used to go.
+	wrong.Passwd = "e"
+	code, _, stderr = runArgs(t, ctx, "run", "--dsn", wrong.FormatDSN(), "--state-db", state, "--sink", "stdout:", "--http-addr", "off")
+	if line := lastLine(stderr); code != ExitConfig || !strings.Contains(line, "Access denied for user 'cdcrun'") || strings.Contains(line, "[redacted]") {
+		t.Errorf("short password: exit %d, error line %q", code, line)
+	}
+
 	unreachable := mc.Clone()
 	unreachable.User, unreachable.Passwd = "cdcrun", testPassword
 	unreachable.Addr = "127.0.0.1:1"
@@ -130,6 +149,10 @@ func TestRunDatabaseErrors(t *testing.T) {
 	}
 	if !strings.Contains(stderr, "127.0.0.1:1") || strings.Contains(stderr, testPassword) {
 		t.Errorf("unreachable: stderr %q should name the address and not the password", stderr)
+	}
+	// The state database is on that server too: no promise of a retry.
+	if strings.Contains(stderr, "keep trying") {
+		t.Errorf("unreachable: the log promises a retry, then the command exits: %s", stderr)
 	}
 }
 
@@ -204,6 +227,27 @@ func TestRunStopsGracefully(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("run did not stop")
+	}
+	// The stopped replica says so at once: not the leader, not expected.
+	code, out, errOut := runCmd(t, "status", "--dsn", srv.DSN, "--state-db", state, "--instance", state, "--json")
+	if code != ExitOK {
+		t.Fatalf("status: exit %d: %s", code, errOut)
+	}
+	var st struct {
+		Fleet struct {
+			Expected int `json:"expected"`
+			Replicas []struct {
+				Payload struct {
+					Role string `json:"role"`
+				} `json:"payload"`
+			} `json:"replicas"`
+		} `json:"fleet"`
+	}
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("status json: %v\n%s", err, out)
+	}
+	if f := st.Fleet; len(f.Replicas) != 1 || f.Replicas[0].Payload.Role != "stopped" || f.Expected != 0 {
+		t.Errorf("fleet after a graceful stop: %s", out)
 	}
 }
 

@@ -111,7 +111,7 @@ func TestTail(t *testing.T) {
 		defer srv.Exec(t, "SET GLOBAL binlog_format = 'ROW'")
 		code, _, errOut := runCmd(t, "tail", "--dsn", srv.DSN, "--log-level", "error")
 		lines := strings.Split(strings.TrimSpace(errOut), "\n")
-		if code != ExitFailure || len(lines) != 1 || !strings.Contains(lines[0], "SET GLOBAL binlog_format = 'ROW'") {
+		if code != ExitConfig || len(lines) != 1 || !strings.Contains(lines[0], "SET GLOBAL binlog_format = 'ROW'") {
 			t.Fatalf("exit %d, stderr:\n%s", code, errOut)
 		}
 	})

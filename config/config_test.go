@@ -177,7 +177,7 @@ func TestFileErrors(t *testing.T) {
 		name, yaml string
 		want       []string
 	}{
-		{"malformed", "sinks: [\n  - url: x\n", []string{"config:"}},
+		{"malformed", "sinks: [\n  - url: x\n", []string{"config file: line 1: did not find expected node content"}},
 		{"unknown top key", "dsn: x\nsinkz: []\n", []string{"sinkz: unknown key (line 2)"}},
 		{"unknown sink key", "sinks:\n  - url: \"stdout:\"\n    headerz: {}\n", []string{"sinks[0].headerz: unknown key (line 3)"}},
 		{"unknown nested key", "sinks:\n  - url: kafka://b:9092/t\n    kafka:\n      sasl:\n        mech: PLAIN\n", []string{"sinks[0].kafka.sasl.mech: unknown key"}},

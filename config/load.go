@@ -59,6 +59,9 @@ type Sources struct {
 	Flags []Setting
 	// Env looks up environment variables (os.LookupEnv); nil means none.
 	Env func(string) (string, bool)
+	// SinksOptional lets Load accept a configuration without sinks
+	// (cdcout backfill can feed the pipes the running fleet serves).
+	SinksOptional bool
 }
 
 // EnvName is the environment variable of a flag: "lease-ttl" →
@@ -167,7 +170,34 @@ func splitList(v string) []string {
 // So a file can hold a sink's options while the URL (and any credential in
 // it) comes from the environment.
 func Resolve(src Sources) (*Config, error) {
+	cfg, errs, _ := resolve(src)
+	return cfg, errs.err()
+}
+
+// Load is Resolve and then Validate, reporting every problem of both in
+// one round: a bad webhook secret alongside a bad duration, not after it
+// is fixed. Validate is skipped only when the file could not be read or
+// decoded, since every setting it holds would then be reported missing.
+func Load(src Sources) (*Config, error) {
+	cfg, errs, fileOK := resolve(src)
+	if fileOK {
+		var verrs Errors
+		if err := cfg.Validate(); err != nil && !errors.As(err, &verrs) {
+			return cfg, err
+		}
+		for _, fe := range verrs {
+			if src.SinksOptional && fe.Path == "sinks" && len(cfg.Sinks) == 0 {
+				continue
+			}
+			errs = append(errs, fe)
+		}
+	}
+	return cfg, errs.err()
+}
+
+func resolve(src Sources) (*Config, Errors, bool) {
 	cfg := Default()
+	fileOK := true
 	env := src.Env
 	if env == nil {
 		env = func(string) (string, bool) { return "", false }
@@ -182,6 +212,7 @@ func Resolve(src Sources) (*Config, error) {
 	}
 	if file != "" {
 		if err := LoadFile(cfg, file); err != nil {
+			fileOK = false
 			var fe Errors
 			if errors.As(err, &fe) {
 				errs = append(errs, fe...)
@@ -236,7 +267,7 @@ func Resolve(src Sources) (*Config, error) {
 		cfg.ReplicaID = Default().ReplicaID
 	}
 	cfg.FillSinkDefaults()
-	return cfg, errs.err()
+	return cfg, errs, fileOK
 }
 
 // ParseSinkArg splits a --sink value "[NAME=]URL". The part before the first
@@ -292,7 +323,31 @@ func LoadFile(cfg *Config, path string) error {
 		return Errors{{Path: "--config", Msg: fmt.Sprintf("read %s: %v", path, unwrapPathError(err))}}
 	}
 	cfg.File = path
-	return Parse(cfg, data)
+	err = Parse(cfg, data)
+	var errs Errors
+	if errors.As(err, &errs) {
+		for i := range errs {
+			if errs[i].Path == fileLevel {
+				errs[i].Path = path
+			}
+		}
+	}
+	return err
+}
+
+// fileLevel is the path of a problem with the file as a whole (its YAML
+// syntax); LoadFile puts the file's name there.
+const fileLevel = "config file"
+
+// yamlError is a YAML parser's error as one line without the parser's
+// "yaml: " prefix, with a hint for the mistake everyone makes: an
+// unquoted value holding ": " or ending in ':' (url: stdout:).
+func yamlError(err error) string {
+	msg := strings.TrimPrefix(oneLine(err.Error()), "yaml: ")
+	if strings.Contains(msg, "mapping values are not allowed") {
+		msg += ` (a value that contains ": " or ends with ':' must be quoted, e.g. url: "stdout:")`
+	}
+	return msg
 }
 
 func unwrapPathError(err error) error {
@@ -308,7 +363,7 @@ func unwrapPathError(err error) error {
 func Parse(cfg *Config, data []byte) error {
 	var root yaml.Node
 	if err := yaml.Unmarshal(data, &root); err != nil {
-		return Errors{{Path: "config", Msg: oneLine(err.Error())}}
+		return Errors{{Path: fileLevel, Msg: yamlError(err)}}
 	}
 	if root.Kind == 0 || len(root.Content) == 0 {
 		return nil // an empty file
@@ -323,7 +378,7 @@ func Parse(cfg *Config, data []byte) error {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(cfg); err != nil && !errors.Is(err, io.EOF) {
-		return Errors{{Path: "config", Msg: oneLine(err.Error())}}
+		return Errors{{Path: fileLevel, Msg: yamlError(err)}}
 	}
 	return nil
 }

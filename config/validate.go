@@ -1,6 +1,8 @@
 package config
 
 import (
+	"encoding/base64"
+	"errors"
 	"fmt"
 	"net"
 	neturl "net/url"
@@ -204,6 +206,8 @@ func (s *Sink) validate(errs *Errors, at string, claimLease time.Duration) {
 	}
 	if s.Secret != "" && scheme != "http" && scheme != "https" {
 		errs.add(at+".secret", "only http(s) sinks sign requests")
+	} else if _, err := WebhookKey(s.Secret.Value()); err != nil {
+		errs.add(at+".secret", "%v", err)
 	}
 	if len(s.Headers) > 0 && scheme != "http" && scheme != "https" {
 		errs.add(at+".headers", "only http(s) sinks send headers")
@@ -370,4 +374,19 @@ func checkFrom(from string) error {
 		}
 	}
 	return nil
+}
+
+// WebhookKey turns a configured webhook secret into key bytes:
+// "whsec_<base64>" is decoded as the Standard Webhooks spec defines;
+// anything else is used as it is. Validate checks it, so that a bad secret
+// is reported with every other problem, not after they are fixed.
+func WebhookKey(s string) ([]byte, error) {
+	if rest, ok := strings.CutPrefix(s, "whsec_"); ok {
+		key, err := base64.StdEncoding.DecodeString(rest)
+		if err != nil {
+			return nil, errors.New("secret starts with whsec_ but the rest is not base64")
+		}
+		return key, nil
+	}
+	return []byte(s), nil
 }

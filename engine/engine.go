@@ -252,9 +252,16 @@ func (e *Engine) Run(parent context.Context) error {
 	err := binlog.Preflight(pctx, cfg.DSN.Value())
 	pcancel()
 	switch {
-	case errors.Is(err, binlog.ErrServerNotReady):
+	case err == nil || ctx.Err() != nil:
+	case errors.Is(err, binlog.ErrServerNotReady) || refused(err):
+		// No retry can fix these (wrong password, no access, unknown
+		// database, binary log off): stop now instead of promising one.
 		return err
-	case err != nil && ctx.Err() == nil:
+	case sameServer(cfg.DSN.Value(), cfg.EffectiveStateDSN().Value()):
+		// The state database lives there too, and cdcout cannot start
+		// without it: saying the stream will keep trying would be untrue.
+		return fmt.Errorf("source (and state database) not reachable: %w", err)
+	default:
 		e.log.Warn("source not reachable yet; the stream will keep trying", zap.Error(err))
 	}
 	db, err := openDB(cfg.EffectiveStateDSN().Value(), cfg.LeaseTTL)
@@ -331,7 +338,8 @@ func (e *Engine) Run(parent context.Context) error {
 	// The fleet observation: who this replica is and what it holds.
 	hctx, stopHeartbeat := context.WithCancel(ctx)
 	heartbeatDone := make(chan struct{})
-	hb := &fleet.Heartbeat{DB: db, Schema: cfg.StateDB, Every: heartbeatEvery(cfg.LeaseTTL), Observe: e.observation, Logger: e.log, Changed: e.roleChanged}
+	hb := &fleet.Heartbeat{DB: db, Schema: cfg.StateDB, Every: heartbeatEvery(cfg.LeaseTTL), Observe: e.observation, Logger: e.log, Changed: e.roleChanged,
+		Final: e.stoppedObservation}
 	go func() { defer close(heartbeatDone); _ = hb.Run(hctx) }()
 	defer func() { stopHeartbeat(); <-heartbeatDone }()
 	// Drainers stop claiming as soon as the stop is asked for.
@@ -623,6 +631,28 @@ func (e *Engine) reportDropped() {
 	}
 }
 
+// servedSinks says which sinks this replica delivers to and what reaches
+// each (names and table patterns only: never a URL, which may hold a
+// credential).
+func (e *Engine) servedSinks() []inspect.ServedSink {
+	out := make([]inspect.ServedSink, 0, len(e.cfg.Sinks))
+	for _, s := range e.cfg.Sinks {
+		out = append(out, inspect.ServedSink{Name: s.Name, Capture: e.cfg.Tables, Include: s.Tables.Include, Exclude: s.Tables.Exclude, Ops: s.Ops})
+	}
+	return out
+}
+
+// stoppedObservation is the fleet row a stopping replica leaves behind:
+// role "stopped", no drain leases.
+func (e *Engine) stoppedObservation() fleet.Observation {
+	o := e.observation()
+	if info, ok := o.Payload.(inspect.EngineInfo); ok {
+		info.Role, info.DrainLeases = inspect.RoleStopped, 0
+		o.Payload = info
+	}
+	return o
+}
+
 // observation is this replica's fleet row.
 func (e *Engine) observation() fleet.Observation {
 	e.mu.Lock()
@@ -638,7 +668,7 @@ func (e *Engine) observation() fleet.Observation {
 	}
 	return fleet.Observation{
 		ReplicaID: e.cfg.ReplicaID, Kind: fleet.KindEngine, StartedAt: e.started, Version: buildinfo.Version(),
-		Payload:     inspect.EngineInfo{Instance: e.cfg.Instance, Holder: e.holder, Role: role, DrainLeases: n},
+		Payload:     inspect.EngineInfo{Instance: e.cfg.Instance, Holder: e.holder, Role: role, DrainLeases: n, Sinks: e.servedSinks()},
 		ReachableAt: reach,
 	}
 }
@@ -653,9 +683,12 @@ func (e *Engine) streamConfig(resume *binlog.Position) binlog.Config {
 		Resume:     resume,
 		Include:    withWatermarkTable(e.captureTables(), backfill.WatermarkDB(cfg.StateDB)+"."+backfill.WatermarkTable),
 		ExcludeDBs: []string{cfg.StateDB},
-		Instance:   cfg.Instance,
-		Version:    buildinfo.Version(),
-		Logger:     e.log,
+		// The watermark database carries cdcout's marker: without this
+		// the stream would not decode this instance's own watermarks.
+		OwnMarkedDBs: []string{backfill.WatermarkDB(cfg.StateDB)},
+		Instance:     cfg.Instance,
+		Version:      buildinfo.Version(),
+		Logger:       e.log,
 	}
 }
 
@@ -965,6 +998,20 @@ func (e *Engine) Stats() Stats {
 		RowsWritten: q.rowsWritten, Batches: q.flushes, EnqueueTime: q.flushTime,
 		Buffered: len(q.ready) + len(q.open), MaxBuffered: q.maxBuffered, Unwritten: q.cp != nil,
 	}
+}
+
+// refused reports a server's refusal that no retry fixes: access denied
+// (1044, 1045) or an unknown database (1049).
+func refused(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && (me.Number == 1044 || me.Number == 1045 || me.Number == 1049)
+}
+
+// sameServer reports whether two DSNs name one server address.
+func sameServer(a, b string) bool {
+	ca, err1 := mysql.ParseDSN(a)
+	cb, err2 := mysql.ParseDSN(b)
+	return err1 == nil && err2 == nil && ca.Net == cb.Net && ca.Addr == cb.Addr
 }
 
 // transient reports whether err is the database going away (restart,

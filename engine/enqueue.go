@@ -228,7 +228,12 @@ func (q *enqueuer) keyOpen() error {
 			key = dedup.DigestKey(digest, n)
 		} else {
 			if ch.ChangeKey == "" {
-				return fmt.Errorf("change of %s.%s has no GTID key: the source is not writing GTIDs (use --change-identity digest)", ch.Source.DB, ch.Source.Table)
+				// Only reached with a source that writes GTIDs (else digest
+				// mode is on or Open refused change_identity gtid): the
+				// change was not tied to its transaction's GTID.
+				return fmt.Errorf("change of %s.%s at %s:%d has no GTID although the source writes GTIDs: "+
+					"cdcout could not tie it to its transaction (please report this with the position); "+
+					"--change-identity digest captures such changes meanwhile", ch.Source.DB, ch.Source.Table, ch.Source.File, ch.Source.Pos)
 			}
 			key = ch.ChangeKey
 			unit = dedup.GTIDUnitOf(key)

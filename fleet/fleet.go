@@ -240,6 +240,10 @@ type Heartbeat struct {
 	// Changed, when set, asks for a write now (a role change must not wait
 	// a whole period to show in the fleet view).
 	Changed <-chan struct{}
+	// Final, when set, is written once when Run's context ends: a replica
+	// that stops says so at once, instead of looking alive (and, say, the
+	// leader) until its row turns stale.
+	Final func() Observation
 }
 
 // Run writes at once, then every Every and on every Changed signal, and
@@ -265,6 +269,13 @@ func (h *Heartbeat) Run(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
+			if h.Final != nil {
+				fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+				if err := Write(fctx, h.DB, h.Schema, h.Final()); err != nil {
+					log.Warn("write final fleet observation", zap.Error(err))
+				}
+				cancel()
+			}
 			return nil
 		case <-t.C:
 		case <-h.Changed:

@@ -95,6 +95,7 @@ func TestDashboardRendersInChromium(t *testing.T) {
 	for _, want := range []string{
 		`data-pipe="inst:shop.orders:hook"`, // a pipe row, built by the script
 		deadError,                           // the dead letter's error
+		`<code>{"id":6}</code>`,             // and its row key
 		"0-1-4242",                          // the source position
 		"drain/inst:shop.orders:hook",       // a lease
 		"replica-b",                         // missing from the fleet

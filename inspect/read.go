@@ -5,10 +5,13 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/cdcout/cdcout/config"
 	"github.com/cdcout/cdcout/fleet"
 	"github.com/cdcout/cdcout/metrics"
 	"github.com/cdcout/cdcout/state"
@@ -80,9 +83,11 @@ type Checkpoint struct {
 
 // DeadRow is a dead-lettered row as the dashboard lists it.
 type DeadRow struct {
-	ID          string     `json:"id"`
-	Pipe        string     `json:"pipe"`
-	Table       string     `json:"table"`
+	ID    string `json:"id"`
+	Pipe  string `json:"pipe"`
+	Table string `json:"table"`
+	// RowKey is the row's key as JSON ({"id":42}), cut to rowKeyShown.
+	RowKey      string     `json:"rowKey"`
 	Op          string     `json:"op"`
 	Attempts    int        `json:"attempts"`
 	LastError   string     `json:"lastError"`
@@ -95,11 +100,42 @@ type EngineInfo struct {
 	Instance string `json:"instance"`
 	// Holder is the replica's lease holder id ("<replica-id>/<nonce>").
 	Holder string `json:"holder,omitempty"`
-	// Role is "leader" while it holds the enqueue lease, else "standby".
+	// Role is "leader" while it holds the enqueue lease, else "standby";
+	// RoleStopped once it stopped.
 	Role string `json:"role,omitempty"`
 	// DrainLeases is how many drain leases it holds.
 	DrainLeases int `json:"drainLeases"`
+	// Sinks are the sinks it delivers to, with the tables each takes, so
+	// that cdcout backfill can feed the pipes the fleet serves.
+	Sinks []ServedSink `json:"sinks,omitempty"`
 }
+
+// ServedSink is one sink a replica delivers to and what reaches it: the
+// replica's capture patterns (--tables; empty: all), the sink's tables:
+// filter and its ops (empty: all).
+type ServedSink struct {
+	Name    string   `json:"name"`
+	Capture []string `json:"capture,omitempty"`
+	Include []string `json:"include,omitempty"`
+	Exclude []string `json:"exclude,omitempty"`
+	Ops     []string `json:"ops,omitempty"`
+}
+
+// Serves reports whether backfilled rows (inserts to a subscriber) of
+// db.table reach the sink.
+func (s ServedSink) Serves(db, table string) bool {
+	if len(s.Ops) > 0 && !slices.Contains(s.Ops, "insert") {
+		return false
+	}
+	if len(s.Capture) > 0 && !slices.ContainsFunc(s.Capture, func(p string) bool { return config.MatchTable(p, db, table) }) {
+		return false
+	}
+	return config.TableFilter{Include: s.Include, Exclude: s.Exclude}.Matches(db, table)
+}
+
+// RoleStopped is the role in the row a replica writes as it stops. Such a
+// replica is listed but no longer expected to answer.
+const RoleStopped = "stopped"
 
 // Fleet is the merged fleet view of one instance.
 type Fleet = fleet.Result[EngineInfo]
@@ -476,22 +512,32 @@ func (r Reader) Fleet(ctx context.Context) (Fleet, error) {
 	if err != nil {
 		return Fleet{}, err
 	}
-	var rows []fleet.Row
+	var rows, running []fleet.Row
 	for _, row := range all {
 		var info EngineInfo
-		if len(row.Payload) > 0 && json.Unmarshal(row.Payload, &info) == nil && info.Instance != r.Instance {
+		decoded := len(row.Payload) > 0 && json.Unmarshal(row.Payload, &info) == nil
+		if decoded && info.Instance != r.Instance {
 			continue
 		}
 		// Undecodable payloads stay in: Merge reports them as unreadable
 		// (their member missing) rather than this filter hiding them.
 		rows = append(rows, row)
+		if !decoded || info.Role != RoleStopped {
+			running = append(running, row)
+		}
 	}
-	members, err := fleet.Members(ctx, r.DB, r.Schema, r.Instance, rows, r.StaleAfter)
+	// A stopped replica's row does not make it a member (expected to
+	// answer); a live lease it still holds would.
+	members, err := fleet.Members(ctx, r.DB, r.Schema, r.Instance, running, r.StaleAfter)
 	if err != nil {
 		return Fleet{}, err
 	}
 	return fleet.Merge[EngineInfo](rows, members, r.StaleAfter), nil
 }
+
+// rowKeyShown bounds the row key a dead row shows (a key of wide
+// columns can be long).
+const rowKeyShown = 200
 
 // Dead returns up to limit dead rows of the instance, newest first.
 func (r Reader) Dead(ctx context.Context, limit int) ([]DeadRow, error) {
@@ -501,7 +547,7 @@ func (r Reader) Dead(ctx context.Context, limit int) ([]DeadRow, error) {
 	if limit <= 0 || limit > 1000 {
 		limit = 50
 	}
-	rows, err := r.DB.QueryContext(ctx, `SELECT id, pipe, db, tbl, op, attempts, last_error, last_error_at
+	rows, err := r.DB.QueryContext(ctx, `SELECT id, pipe, db, tbl, LEFT(row_key, `+strconv.Itoa(rowKeyShown)+`), op, attempts, last_error, last_error_at
 FROM `+r.table("outbox")+` WHERE status = 'dead' AND pipe LIKE ?
 ORDER BY created_at DESC, id DESC LIMIT ?`, r.pipeLike(), limit)
 	if err != nil {
@@ -516,7 +562,7 @@ ORDER BY created_at DESC, id DESC LIMIT ?`, r.pipeLike(), limit)
 			msg     sql.NullString
 			at      sqlTime
 		)
-		if err := rows.Scan(&d.ID, &d.Pipe, &db, &tbl, &d.Op, &d.Attempts, &msg, &at); err != nil {
+		if err := rows.Scan(&d.ID, &d.Pipe, &db, &tbl, &d.RowKey, &d.Op, &d.Attempts, &msg, &at); err != nil {
 			return nil, fmt.Errorf("list dead rows: %w", err)
 		}
 		d.Table, d.LastError, d.LastErrorAt = db+"."+tbl, msg.String, timePtr(at.T)

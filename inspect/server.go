@@ -11,7 +11,6 @@
 package inspect
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"embed"
@@ -155,6 +154,8 @@ type Server struct {
 	pipesMu    sync.Mutex
 	pipesAt    time.Time
 	pipesCache []PipeStatus
+
+	history lagHistory // source lag samples (history.go)
 }
 
 const pipesCacheFor = time.Second
@@ -227,14 +228,30 @@ func (s *Server) Run(ctx context.Context) error {
 	s.log.Info("serving", zap.String("addr", ln.Addr().String()))
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
+	sctx, stopSampling := context.WithCancel(ctx)
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		t := time.NewTicker(historyEvery)
+		defer t.Stop()
+		for {
+			s.history.add(time.Now(), s.source())
+			select {
+			case <-sctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	defer func() { stopSampling(); <-sampled }()
 	select {
 	case err := <-errc:
 		return fmt.Errorf("inspect: serve: %w", err)
 	case <-ctx.Done():
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
+	shctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
 	defer cancel()
-	err = srv.Shutdown(sctx)
+	err = srv.Shutdown(shctx)
 	if serr := <-errc; serr != nil && !errors.Is(serr, http.ErrServerClosed) && err == nil {
 		err = serr
 	}
@@ -254,6 +271,7 @@ func (s *Server) routes() {
 		s.writeJSON(w, http.StatusOK, s.sourceView())
 	})
 	s.mux.HandleFunc("GET /v1/sinks", s.sinks)
+	s.mux.HandleFunc("GET /v1/source/history", s.lagHistory)
 	s.mux.HandleFunc("GET /v1/leases", func(w http.ResponseWriter, r *http.Request) {
 		leases, err := s.reader.Leases(r.Context())
 		s.reply(w, map[string]any{"instance": s.deps.Instance, "leases": leases}, err)
@@ -417,11 +435,10 @@ func (s *Server) writeText(w http.ResponseWriter, code int, text string) {
 	_, _ = w.Write(s.scrub([]byte(text)))
 }
 
+// scrub redacts by structure (config.RedactText): DSN and URL passwords,
+// and the secret values long enough not to occur by chance. A plain
+// substring search for every secret would mangle bodies around a short
+// password.
 func (s *Server) scrub(b []byte) []byte {
-	for _, sec := range s.deps.Secrets {
-		if sec != "" {
-			b = bytes.ReplaceAll(b, []byte(sec), []byte("[redacted]"))
-		}
-	}
-	return b
+	return []byte(config.RedactText(string(b), s.deps.Secrets...))
 }

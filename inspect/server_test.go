@@ -153,7 +153,7 @@ func TestEndpoints(t *testing.T) {
 	t.Run("dead", func(t *testing.T) {
 		var v struct{ Dead []DeadRow }
 		getJSON(t, hs.URL+"/v1/dead?limit=50", &v)
-		if len(v.Dead) != 1 || v.Dead[0].LastError != deadError || v.Dead[0].Attempts != 10 || v.Dead[0].Table != "shop.orders" {
+		if len(v.Dead) != 1 || v.Dead[0].LastError != deadError || v.Dead[0].Attempts != 10 || v.Dead[0].Table != "shop.orders" || v.Dead[0].RowKey != `{"id":6}` {
 			t.Fatalf("dead = %+v", v.Dead)
 		}
 	})

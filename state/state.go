@@ -102,6 +102,9 @@ func Migrate(ctx context.Context, db *sql.DB, schema string) error {
 	if err := ensureDatabase(ctx, conn, schema); err != nil {
 		return err
 	}
+	if err := CreateMarker(ctx, conn, schema); err != nil {
+		return fmt.Errorf("migrate %s: %w", schema, err)
+	}
 	if _, err := conn.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS "+Table(schema, "schema_migrations")+` (
   version INT NOT NULL PRIMARY KEY,
   applied_at DATETIME(6) NOT NULL DEFAULT NOW(6)

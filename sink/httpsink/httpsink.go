@@ -50,6 +50,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/cdcout/cdcout/config"
 	"github.com/cdcout/cdcout/format"
 	"github.com/cdcout/cdcout/outbox"
 	"github.com/cdcout/cdcout/sink"
@@ -104,16 +105,7 @@ const snippetBytes = 256
 // ParseSecret turns a configured secret into key bytes: "whsec_<base64>"
 // is decoded as the Standard Webhooks spec defines; anything else is used
 // as it is.
-func ParseSecret(s string) ([]byte, error) {
-	if rest, ok := strings.CutPrefix(s, "whsec_"); ok {
-		key, err := base64.StdEncoding.DecodeString(rest)
-		if err != nil {
-			return nil, errors.New("secret starts with whsec_ but the rest is not base64")
-		}
-		return key, nil
-	}
-	return []byte(s), nil
-}
+func ParseSecret(s string) ([]byte, error) { return config.WebhookKey(s) }
 
 // New returns a webhook sink.
 func New(opts Options) (*Sink, error) {

@@ -1,0 +1,64 @@
+package command
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/cdcout/cdcout/internal/mysqltest"
+)
+
+// TestExitCodesAgree: one cause, one exit code and one hint, whichever
+// command meets it. A wrong password exits 2 with the hint to check the
+// DSN from run, tail, status and dead list alike; run does not promise to
+// keep trying a source it will not retry.
+func TestExitCodesAgree(t *testing.T) {
+	srv := mysqltest.Shared(t)
+	mc, err := mysql.ParseDSN(srv.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Exec(t, "CREATE USER IF NOT EXISTS 'cdcexit'@'%' IDENTIFIED BY 'right'")
+	wrong := mc.Clone()
+	wrong.User, wrong.Passwd = "cdcexit", "wrong"
+	dsn := wrong.FormatDSN()
+	for _, args := range [][]string{
+		{"run", "--dsn", dsn, "--sink", "stdout:", "--http-addr", "off"},
+		{"tail", "--dsn", dsn},
+		{"status", "--dsn", dsn},
+		{"dead", "list", "--dsn", dsn},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		code, _, stderr := runArgs(t, ctx, args...)
+		cancel()
+		line := lastLine(stderr)
+		if code != ExitConfig || !strings.Contains(line, "Access denied") || !strings.Contains(line, "check the user, password and database in the DSN") {
+			t.Errorf("%s: exit %d, error %q", args[0], code, line)
+		}
+		if strings.Contains(stderr, "keep trying") {
+			t.Errorf("%s: promises a retry it will not make: %s", args[0], stderr)
+		}
+	}
+}
+
+// TestNoStateDatabase: status and dead list against a server where run
+// never ran say so, name the state databases that are there, and exit 2.
+func TestNoStateDatabase(t *testing.T) {
+	srv := mysqltest.Shared(t)
+	missing := srv.CreateDB(t, "nostate") // exists, but holds no state
+	for _, args := range [][]string{
+		{"status", "--dsn", srv.DSN, "--state-db", missing},
+		{"dead", "list", "--dsn", srv.DSN, "--state-db", missing},
+		{"status", "--dsn", srv.DSN, "--state-db", missing + "_none"},
+	} {
+		code, _, stderr := runCmd(t, args...)
+		line := lastLine(stderr)
+		if code != ExitConfig || !strings.Contains(line, "no cdcout state in database "+args[len(args)-1]) ||
+			!strings.Contains(line, "--state-db") || strings.Contains(line, "doesn't exist") {
+			t.Errorf("%v: exit %d, error %q", args, code, line)
+		}
+	}
+}

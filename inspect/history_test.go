@@ -1,0 +1,70 @@
+package inspect
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+)
+
+// TestLagHistoryRing: the ring keeps the newest historyLen samples, oldest
+// first, and a disconnected source is a gap (null), not a zero lag.
+func TestLagHistoryRing(t *testing.T) {
+	var h lagHistory
+	base := time.UnixMilli(1_000_000)
+	for i := range historyLen + 7 {
+		h.add(base.Add(time.Duration(i)*time.Second), SourceStatus{Connected: i%2 == 0, Lag: time.Duration(i) * time.Second})
+	}
+	got := h.snapshot()
+	if len(got) != historyLen {
+		t.Fatalf("%d samples, want %d", len(got), historyLen)
+	}
+	for i, smp := range got {
+		n := i + 7
+		if smp.TimeMs != base.Add(time.Duration(n)*time.Second).UnixMilli() {
+			t.Fatalf("sample %d at %d, want the %dth", i, smp.TimeMs, n)
+		}
+		if (n%2 == 0) != (smp.LagSeconds != nil) || (smp.LagSeconds != nil && *smp.LagSeconds != float64(n)) {
+			t.Fatalf("sample %d: lag %v", i, smp.LagSeconds)
+		}
+	}
+}
+
+// TestLagHistoryServed: a running server samples the source by itself and
+// serves the history, so a dashboard opened now sees the past.
+func TestLagHistoryServed(t *testing.T) {
+	deps := testDeps(t)
+	deps.Source = func() SourceStatus { return SourceStatus{Connected: true, Lag: 1500 * time.Millisecond} }
+	s := New(Config{Addr: "127.0.0.1:0"}, deps)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for s.Addr() == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("server did not listen")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	var v struct {
+		IntervalSeconds   float64
+		ResolutionSeconds float64
+		Samples           []LagSample
+	}
+	for {
+		getJSON(t, fmt.Sprintf("http://%s/v1/source/history", s.Addr()), &v)
+		if len(v.Samples) > 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if len(v.Samples) == 0 || v.Samples[0].LagSeconds == nil || *v.Samples[0].LagSeconds != 1.5 || v.IntervalSeconds != 2 || v.ResolutionSeconds != 1 {
+		t.Fatalf("history %+v", v)
+	}
+}
