@@ -65,6 +65,9 @@ type enqueuer struct {
 	valid func() bool
 	// observe, when set, is told every enqueue's result (metrics).
 	observe func(outbox.EnqueueResult)
+	// report, when set, is told every enqueue's outcome (nil for a
+	// success), for readiness: the rows and the checkpoint are one write.
+	report func(error)
 	// hook, when set, sees changes before routing (backfill watermarks;
 	// see backfill_hook.go).
 	hook WatermarkHook
@@ -275,6 +278,9 @@ func (q *enqueuer) flush(ctx context.Context, cp *outbox.Checkpoint) error {
 		t0 := time.Now()
 		res, err := q.store.Enqueue(ctx, q.claimedBy, q.fence, q.ready, cp)
 		q.flushTime += time.Since(t0)
+		if q.report != nil && ctx.Err() == nil {
+			q.report(err)
+		}
 		if err == nil {
 			q.rowsWritten += int64(res.Inserted)
 			q.flushes++
