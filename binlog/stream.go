@@ -525,6 +525,7 @@ func (r *reader) event(ctx context.Context, ev *replication.BinlogEvent, outer *
 		default:
 			if isDDL(e.Query) {
 				r.s.schema.invalidate()
+				r.tableDDL(e.Query, string(e.Schema), outer.LogPos)
 			} else if verb := dmlVerb(e.Query); verb != "" {
 				// A session wrote with binlog_format=STATEMENT: its changes
 				// have no row images and cannot be captured. Say so loudly

@@ -735,6 +735,7 @@ func (e *Engine) streamConfig(resume *binlog.Position) binlog.Config {
 		Instance:   cfg.Instance,
 		Version:    buildinfo.Version(),
 		Logger:     e.log,
+		OnTableDDL: func(d binlog.TableDDL) { e.metrics.ObserveTableDDL(d.DB+"."+d.Table, d.Statement) },
 	}
 }
 
