@@ -47,6 +47,7 @@ var runFlags = []struct {
 	{name: "http-keep-alive", usage: "inspect server idle keep-alive timeout; keep it above your proxy's idle timeout (default 72s)"},
 	{name: "http-headers-timeout", usage: "inspect server header read deadline, must exceed --http-keep-alive (default keep-alive + 5s)"},
 	{name: "handoff-buffer-size", usage: "changes a standby replica buffers for a takeover (default 10000)"},
+	{name: "max-row-bytes", usage: "dead-letter a change whose row images exceed this many bytes, e.g. 16MiB (default 0: no ceiling)"},
 }
 
 func runCommand() *cli.Command {

@@ -198,3 +198,55 @@ func TestReadyzTellsTheTruth(t *testing.T) {
 		return strings.Contains(body, series)
 	})
 }
+
+// Issue 14, defect 4: a change whose row images exceed max_row_bytes is
+// not delivered but dead-lettered with the reason, keeping its key and
+// position and dropping its images; the key's later changes are delivered
+// as usual.
+func TestMaxRowBytesDeadLetters(t *testing.T) {
+	rcv := newReceiver(t)
+	s := newSource(t, "maxrow", "id INT PRIMARY KEY, v INT, data LONGBLOB", func(cfg *config.Config) {
+		cfg.Sinks = []config.Sink{{Name: "hook", URL: rcv.srv.URL}}
+		cfg.MaxRowBytes = 64 << 10
+	})
+	runEngine(t, s.cfg, zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel+1)))
+	exec := func(q string, args ...any) {
+		t.Helper()
+		if _, err := s.db.Exec(q, args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	big := strings.Repeat("x", 100<<10)
+	exec("INSERT INTO `"+s.src+"`.t VALUES (1, 1, 'small')")
+	exec("UPDATE `"+s.src+"`.t SET v = 2, data = ? WHERE id = 1", big) // 100 KiB after: over the ceiling
+	exec("UPDATE `"+s.src+"`.t SET v = 3, data = 'small again' WHERE id = 1") // 100 KiB before: over too
+	exec("UPDATE `"+s.src+"`.t SET v = 4 WHERE id = 1")
+	waitFor(t, "two deliveries", 20*time.Second, func() bool { return rcv.count() >= 2 })
+	var dead []string
+	waitFor(t, "two dead letters", 10*time.Second, func() bool {
+		dead = dead[:0]
+		for _, r := range records(t, s.db, s.stateDB, "%") {
+			if r.Status == "dead" {
+				dead = append(dead, string(r.Payload))
+			}
+		}
+		return len(dead) == 2
+	})
+	for _, p := range dead {
+		if strings.Contains(p, `"after":{`) || strings.Contains(p, `"before":{`) || !strings.Contains(p, `"key":{"id":1}`) {
+			t.Fatalf("dead letter payload = %.300s, want the key without row images", p)
+		}
+	}
+	var reason string
+	if err := s.db.QueryRow("SELECT last_error FROM `" + s.stateDB + "`.outbox WHERE status = 'dead' LIMIT 1").Scan(&reason); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(reason, "exceed max_row_bytes 65536") {
+		t.Fatalf("dead letter reason = %q, want it to name max_row_bytes", reason)
+	}
+	rcv.mu.Lock()
+	defer rcv.mu.Unlock()
+	if got := fmt.Sprint(rcv.order[0].v, rcv.order[1].v); got != "1 4" || rcv.dups != 0 {
+		t.Fatalf("delivered v = %s (dups %d), want 1 4: the small changes, in order, once", got, rcv.dups)
+	}
+}
