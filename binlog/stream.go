@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/cdcout/cdcout/canonical"
+	"github.com/cdcout/cdcout/internal/gctune"
 	"github.com/cdcout/cdcout/internal/logbridge"
 )
 
@@ -310,12 +311,29 @@ func (s *Stream) decodeRowsEvent(e *replication.RowsEvent, data []byte) error {
 	if err != nil {
 		return err
 	}
+	if len(data) >= wideEventBytes {
+		gctune.Wide(len(data))
+	}
 	if !s.filter.match(string(e.Table.Schema), string(e.Table.Table)) {
+		if len(data) > maxDeferredBytes {
+			// Counted at once (the reader only reads len(e.Rows)): a copy
+			// of one huge event, typically our own write of a wide record,
+			// would cost its size once more.
+			if err := e.DecodeData(pos, data); err != nil {
+				return err
+			}
+			e.Rows = make([][]any, len(e.Rows))
+			return nil
+		}
 		e.Rows = [][]any{{deferredRows{data: bytes.Clone(data), pos: pos}}}
 		return nil
 	}
 	return e.DecodeData(pos, data)
 }
+
+// wideEventBytes is the rows event size from which the garbage collector
+// is told a wide row is passing (gctune.Wide).
+const wideEventBytes = 1 << 20
 
 // deferredOf returns the deferredRows standing in for e's rows.
 func deferredOf(e *replication.RowsEvent) (deferredRows, bool) {

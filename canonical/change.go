@@ -93,6 +93,9 @@ func (c *Change) keyImage() Row {
 // 8 per other value. It is what max_row_bytes bounds, cheap enough to ask
 // of every change (no encoding).
 func (c *Change) ImageBytes() int {
+	if c == nil {
+		return 0
+	}
 	return valueBytes(c.Before) + valueBytes(c.After)
 }
 

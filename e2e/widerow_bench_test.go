@@ -47,7 +47,7 @@ func wideRow(b *testing.B, srv *mysqltest.Server, mib int) {
 	db, src, stateDB, from := benchSource(b, srv, "bench_wide", "id INT PRIMARY KEY, data LONGBLOB NOT NULL")
 	hook := newCountingHook(b, nil)
 	instance := fmt.Sprintf("wide%d", mib)
-	p, _ := benchRun(b, srv, stateDB, instance, "--tables", src+".t", "--from", from, "--sink", "hook="+hook.srv.URL)
+	p, log := benchRun(b, srv, stateDB, instance, "--tables", src+".t", "--from", from, "--sink", "hook="+hook.srv.URL)
 	time.Sleep(time.Second) // settle: the idle baseline
 	base := peakRSS(p.cmd.Process.Pid)
 	value := func() []byte {
@@ -73,6 +73,9 @@ func wideRow(b *testing.B, srv *mysqltest.Server, mib int) {
 	}
 	if code := p.stop(30 * time.Second); code != 0 {
 		b.Fatalf("cdcout exit code %d after SIGTERM", code)
+	}
+	if os.Getenv("CDCOUT_BENCH_GCTRACE") != "" {
+		b.Log(log.tail(60))
 	}
 	mb := func(n int64) float64 { return float64(n) / (1 << 20) }
 	b.ReportMetric(mb(base), "idle_rss_MB")

@@ -474,6 +474,11 @@ func (s *Store) readBackClaims(ctx context.Context, tx *sql.Tx, claimedBy string
 	return nil
 }
 
+// wideSegmentBytes is the segment size beyond which its buffers are not
+// kept for the next segment (a wide record's would stay live for the
+// whole enqueue).
+const wideSegmentBytes = 1 << 20
+
 // insertDead writes a change that is not to be delivered (Pending.Dead) as
 // a dead outbox row carrying the reason.
 func (s *Store) insertDead(ctx context.Context, tx *sql.Tx, it *pendingRow) error {
@@ -517,12 +522,23 @@ func (s *Store) insertSegments(ctx context.Context, tx *sql.Tx, ours []*pendingR
 		}
 		buf = appendSegment(buf[:0], recs)
 		zbuf = compressSegment(zbuf, buf)
+		if len(buf) > wideSegmentBytes {
+			// A wide record: let its plain forms go before the statement
+			// makes one more copy (the packet), rather than hold three.
+			buf = nil
+			for _, r := range recs {
+				r.payload = nil
+			}
+		}
 		if _, err := tx.ExecContext(ctx, "INSERT INTO "+s.segments+
 			" (id, pipe, sink, records, last_id, first_commit_ts, payload) VALUES (?,?,?,?,?,?,?)",
 			recs[0].id, pipe, sink, len(recs), recs[len(recs)-1].id, recs[0].commitTS, zbuf); err != nil {
 			return fmt.Errorf("enqueue: insert segment of %d records for pipe %s: %w", len(recs), pipe, err)
 		}
 		recs, size = recs[:0], 0
+		if cap(zbuf) > wideSegmentBytes {
+			zbuf = nil
+		}
 		return nil
 	}
 	for _, pipe := range pipes {

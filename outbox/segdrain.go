@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"errors"
@@ -151,19 +152,50 @@ WHERE pipe = ? AND status = 'pending' ORDER BY id LIMIT 1`, p.name).Scan(&id)
 		return nil, nil // claimed by another drainer, or our lease is gone
 	}
 	seg := &segment{id: id, claimedAt: time.Now()}
-	var payload []byte
-	if err := d.cfg.DB.QueryRowContext(cctx, `SELECT sink, attempts, payload FROM `+d.segments+`
-WHERE id = ? AND status = 'pending' AND claimer = ?`, id, d.claimer).Scan(&seg.sink, &seg.attempt, &payload); err != nil {
+	if seg.recs, err = p.readSegment(cctx, seg); err != nil {
 		p.releaseSegment(cctx, id)
 		return nil, fmt.Errorf("read segment %s of %s: %w", id, p.name, err)
 	}
-	if seg.recs, err = parseSegment(payload); err != nil {
+	return seg, nil
+}
+
+// readSegment reads and parses a claimed segment. The payload is parsed
+// from the driver's buffer (sql.RawBytes) rather than a copy of it: a
+// wide record's segment would otherwise be held three times at once
+// (packet, copy, decompressed).
+func (p *pipeDrainer) readSegment(ctx context.Context, seg *segment) ([]segRecord, error) {
+	d := p.d
+	rows, err := d.cfg.DB.QueryContext(ctx, `SELECT sink, attempts, payload FROM `+d.segments+`
+WHERE id = ? AND status = 'pending' AND claimer = ?`, seg.id, d.claimer)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+		return nil, sql.ErrNoRows
+	}
+	var raw sql.RawBytes
+	if err := rows.Scan(&seg.sink, &seg.attempt, &raw); err != nil {
+		return nil, err
+	}
+	payload := []byte(raw)
+	if len(raw) == 0 || raw[0] != segmentS2 {
+		// Uncompressed, the records would alias the driver's buffer.
+		payload = bytes.Clone(raw)
+	}
+	recs, err := parseSegment(payload)
+	if err != nil {
 		// Not something a retry fixes, and not something to skip: the
 		// pipe stops here, loudly, until an operator looks.
-		p.releaseSegment(cctx, id)
-		return nil, fmt.Errorf("segment %s of %s: %w", id, p.name, err)
+		return nil, err
 	}
-	return seg, nil
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	return recs, nil
 }
 
 // releaseSegment gives up our claim of a segment we did not deliver. If
