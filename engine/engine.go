@@ -844,6 +844,18 @@ func (e *Engine) tenure(ctx context.Context, db *sql.DB, l lease.Lease, leases *
 		return err
 	}
 	defer stream.Close()
+	if pos == nil {
+		// Pin --from (now, above all) to the position it resolved to, at
+		// once: otherwise a tenure that ends before its first write (a
+		// crash, a database restart) starts the next one at a new "now"
+		// and the changes in between are never captured (found by
+		// e2e.TestFaults).
+		start := stream.Position()
+		if _, err := store.Enqueue(tctx, cfg.ReplicaID, outbox.FenceOf(l), nil, &outbox.Checkpoint{Source: e.leaseName, Pos: start}); err != nil {
+			return fmt.Errorf("write the start position as the checkpoint: %w", err)
+		}
+		e.log.Info("start position written as the checkpoint", zap.String("position", start.String()))
+	}
 	info := stream.Info()
 	digestMode := false
 	switch cfg.ChangeIdentity {
