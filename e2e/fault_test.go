@@ -43,56 +43,12 @@ import (
 // Flavour notes: read_only and REVOKE behave alike on MariaDB and MySQL
 // for a user without SUPER; the rest is plain SQL and TCP.
 func TestFaults(t *testing.T) {
-	srv := mysqltest.Start(t, mysqltest.Options{})
-	src := srv.CreateDB(t, "e2e_fault")
-	stateDB := srv.CreateDB(t, "e2e_fault_state")
-	srv.Exec(t, "CREATE TABLE `"+src+"`.t (id INT PRIMARY KEY, v BIGINT NOT NULL)")
-	user, pass := "cdc_fault", "fault-pass-3"
-	srv.Exec(t, "CREATE USER '"+user+"'@'%' IDENTIFIED BY '"+pass+"'",
-		"GRANT ALL PRIVILEGES ON `"+stateDB+"`.* TO '"+user+"'@'%'")
-	r := &faultRig{t: t, srv: srv, src: src, stateDB: stateDB, user: user, committed: map[int][]int64{}}
-	r.db = srv.Open(t)
-	r.db.SetMaxOpenConns(4)
-	r.rcv = newFaultReceiver(t)
-	target := net.JoinHostPort(srv.Host, strconv.Itoa(srv.Port))
-	r.srcProxy, r.stateProxy = startProxy(t, target), startProxy(t, target)
-	r.sinkProxy = startProxy(t, strings.TrimPrefix(r.rcv.srv.URL, "http://"))
-	srcDSN := proxiedDSN(t, srv.DSN, r.srcProxy, "", "")
-	stateDSN := proxiedDSN(t, srv.DSN, r.stateProxy, user, pass)
-	r.addr = freeAddr(t)
-	cfgPath := t.TempDir() + "/cdcout.yaml"
-	cfg := fmt.Sprintf(`instance: fault
-lease_ttl: 3s
-http_addr: %q
-enqueue_flush_interval: 20ms
-sinks:
-  - name: hook
-    url: http://%s/hook
-    timeout: 3s
-`, r.addr, r.sinkProxy.Addr())
-	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	r.log = newLogFile(t, "fault")
-	r.args = []string{"run", "--config", cfgPath, "--dsn", srcDSN, "--state-dsn", stateDSN, "--state-db", stateDB,
-		"--tables", src + ".t", "--from", "now", "--replica-id", "f1", "--log-format", "json"}
+	r := newFaultRig(t, "fault")
+	srv, src, stateDB, user := r.srv, r.src, r.stateDB, r.user
 	r.start()
-	// Connected, not only ready (a standby is ready): with --from now,
-	// changes before the stream's start are not captured.
-	waitFor(t, 60*time.Second, func() (bool, string) {
-		body := r.get("/v1/source")
-		return strings.Contains(body, `"connected":true`), "stream not connected: " + body
-	})
-
-	ctx, stopWriter := context.WithCancel(context.Background())
-	writerDone := make(chan error, 1)
-	go func() { writerDone <- r.write(ctx) }()
-	defer func() {
-		stopWriter()
-		if err := <-writerDone; err != nil {
-			t.Errorf("writer: %v", err)
-		}
-	}()
+	r.waitConnected(r.addr)
+	stop := r.startWriter()
+	defer stop()
 	r.settle("warm-up")
 
 	srv.Exec(t, "SET GLOBAL read_only = OFF") // in case a phase fails midway
@@ -154,6 +110,77 @@ sinks:
 	r.checkLogIsJSON()
 }
 
+// newFaultRig starts a server with a source table and a state user, a
+// webhook receiver, proxies for the source, the state database and the
+// webhook, and writes the binary's config (replica "f1", not started).
+func newFaultRig(t *testing.T, name string) *faultRig {
+	srv := mysqltest.Start(t, mysqltest.Options{})
+	src := srv.CreateDB(t, "e2e_"+name)
+	stateDB := srv.CreateDB(t, "e2e_"+name+"_state")
+	srv.Exec(t, "CREATE TABLE `"+src+"`.t (id INT PRIMARY KEY, v BIGINT NOT NULL)")
+	user, pass := "cdc_fault", "fault-pass-3"
+	srv.Exec(t, "CREATE USER '"+user+"'@'%' IDENTIFIED BY '"+pass+"'",
+		"GRANT ALL PRIVILEGES ON `"+stateDB+"`.* TO '"+user+"'@'%'")
+	r := &faultRig{t: t, srv: srv, src: src, stateDB: stateDB, user: user, pass: pass, committed: map[int][]int64{}}
+	r.db = srv.Open(t)
+	r.db.SetMaxOpenConns(4)
+	r.rcv = newFaultReceiver(t)
+	r.srcProxy, r.stateProxy = r.dbProxy(), r.dbProxy()
+	r.sinkProxy = startProxy(t, strings.TrimPrefix(r.rcv.srv.URL, "http://"))
+	r.addr = freeAddr(t)
+	r.cfgPath = t.TempDir() + "/cdcout.yaml"
+	cfg := fmt.Sprintf(`instance: fault
+lease_ttl: 3s
+enqueue_flush_interval: 20ms
+sinks:
+  - name: hook
+    url: http://%s/hook
+    timeout: 3s
+`, r.sinkProxy.Addr())
+	if err := os.WriteFile(r.cfgPath, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r.log = newLogFile(t, name)
+	r.args = r.replicaArgs("f1", r.srcProxy, r.stateProxy, r.addr)
+	return r
+}
+
+func (r *faultRig) dbProxy() *faultproxy.Proxy {
+	return startProxy(r.t, net.JoinHostPort(r.srv.Host, strconv.Itoa(r.srv.Port)))
+}
+
+// replicaArgs are `cdcout run`'s arguments for a replica reaching the
+// source and the state database through the given proxies.
+func (r *faultRig) replicaArgs(id string, src, st *faultproxy.Proxy, httpAddr string) []string {
+	return []string{"run", "--config", r.cfgPath, "--dsn", proxiedDSN(r.t, r.srv.DSN, src, "", ""),
+		"--state-dsn", proxiedDSN(r.t, r.srv.DSN, st, r.user, r.pass), "--state-db", r.stateDB,
+		"--tables", r.src + ".t", "--from", "now", "--replica-id", id, "--http-addr", httpAddr, "--log-format", "json"}
+}
+
+// waitConnected waits until the replica at addr streams the binlog (a
+// standby is ready too; with --from now, changes before the stream's
+// start are not captured).
+func (r *faultRig) waitConnected(addr string) {
+	waitFor(r.t, 60*time.Second, func() (bool, string) {
+		body := r.getAt(addr, "/v1/source")
+		return strings.Contains(body, `"connected":true`), "stream not connected: " + body
+	})
+}
+
+// startWriter starts the ground-truth writer; the returned stop waits for
+// it and reports its error.
+func (r *faultRig) startWriter() (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.write(ctx) }()
+	return func() {
+		cancel()
+		if err := <-done; err != nil {
+			r.t.Errorf("writer: %v", err)
+		}
+	}
+}
+
 type faultPhase struct {
 	name        string
 	fault, heal func()
@@ -166,7 +193,8 @@ type faultPhase struct {
 type faultRig struct {
 	t                               *testing.T
 	srv                             *mysqltest.Server
-	src, stateDB, user              string
+	src, stateDB, user, pass        string
+	cfgPath                         string
 	db                              *sql.DB
 	srcProxy, stateProxy, sinkProxy *faultproxy.Proxy
 	rcv                             *faultReceiver
@@ -314,9 +342,11 @@ func (r *faultRig) resetStorm(resets int, d time.Duration, txs, rows int) {
 	}
 }
 
-func (r *faultRig) get(path string) string {
+func (r *faultRig) get(path string) string { return r.getAt(r.addr, path) }
+
+func (r *faultRig) getAt(addr, path string) string {
 	c := http.Client{Timeout: 5 * time.Second}
-	resp, err := c.Get("http://" + r.addr + path)
+	resp, err := c.Get("http://" + addr + path)
 	if err != nil {
 		return err.Error()
 	}
@@ -586,4 +616,69 @@ func (f *faultReceiver) firstAfter(t time.Time) (time.Time, bool) {
 		}
 	}
 	return time.Time{}, false
+}
+
+// TestFaultsLeaderPartitioned runs two replicas, each reaching the
+// database through proxies of its own, and partitions the enqueue leader
+// (both its links blackholed) for longer than the lease TTL: the other
+// replica must take over within about a TTL, the partitioned one must
+// report unready, and after the heal its held writes must be fenced —
+// nothing lost, nothing enqueued twice, every key in order.
+func TestFaultsLeaderPartitioned(t *testing.T) {
+	r := newFaultRig(t, "fault_part")
+	r.start()
+	r.waitConnected(r.addr)
+	src2, st2 := r.dbProxy(), r.dbProxy()
+	addr2 := freeAddr(t)
+	p2 := startCdcout(t, r.log, r.replicaArgs("f2", src2, st2, addr2)...)
+	stop := r.startWriter()
+	defer stop()
+	r.settle("warm-up")
+
+	var holder string
+	if err := r.db.QueryRow("SELECT holder FROM `" + r.stateDB + "`.leases WHERE name = 'enqueue/fault'").Scan(&holder); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(holder, "f1/") {
+		t.Fatalf("enqueue lease held by %q, want f1 (started first)", holder)
+	}
+	start := time.Now()
+	r.srcProxy.Blackhole()
+	r.stateProxy.Blackhole()
+	var takeover, unready time.Duration = -1, -1
+	for time.Since(start) < 12*time.Second {
+		if unready < 0 {
+			if code, _ := r.readyz(); code != 200 {
+				unready = time.Since(start)
+			}
+		}
+		if takeover < 0 {
+			var h string
+			if err := r.db.QueryRow("SELECT holder FROM `" + r.stateDB + "`.leases WHERE name = 'enqueue/fault' AND expires_at > NOW(6)").Scan(&h); err == nil && strings.HasPrefix(h, "f2/") {
+				takeover = time.Since(start)
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if takeover < 0 {
+		t.Fatalf("the standby did not take the enqueue lease during a 12 s partition of the leader\n%s", r.log.tail(40))
+	}
+	if unready < 0 || unready > 10*time.Second {
+		t.Errorf("the partitioned leader's /readyz reported the fault after %v, want ≤ 10 s", unready)
+	}
+	// Delivery went on during the partition, through the new leader.
+	if _, ok := r.rcv.firstAfter(start.Add(takeover)); !ok {
+		t.Fatalf("nothing delivered after the takeover\n%s", r.log.tail(40))
+	}
+	r.srcProxy.Heal()
+	r.stateProxy.Heal()
+	r.settle("leader partitioned 12 s")
+	if p2.exited() {
+		t.Fatalf("the second replica exited: %v", p2.err)
+	}
+	r.mu.Lock()
+	n := r.changes
+	r.mu.Unlock()
+	t.Logf("| leader partitioned 12 s (TTL 3 s), 2 replicas | %d | 0 | 0 | %d | takeover after %.1f s | %.1f s |",
+		n, r.rcv.redeliveries(), takeover.Seconds(), unready.Seconds())
 }
