@@ -217,10 +217,10 @@ func TestMaxRowBytesDeadLetters(t *testing.T) {
 		}
 	}
 	big := strings.Repeat("x", 100<<10)
-	exec("INSERT INTO `"+s.src+"`.t VALUES (1, 1, 'small')")
-	exec("UPDATE `"+s.src+"`.t SET v = 2, data = ? WHERE id = 1", big) // 100 KiB after: over the ceiling
-	exec("UPDATE `"+s.src+"`.t SET v = 3, data = 'small again' WHERE id = 1") // 100 KiB before: over too
-	exec("UPDATE `"+s.src+"`.t SET v = 4 WHERE id = 1")
+	exec("INSERT INTO `" + s.src + "`.t VALUES (1, 1, 'small')")
+	exec("UPDATE `"+s.src+"`.t SET v = 2, data = ? WHERE id = 1", big)            // 100 KiB after: over the ceiling
+	exec("UPDATE `" + s.src + "`.t SET v = 3, data = 'small again' WHERE id = 1") // 100 KiB before: over too
+	exec("UPDATE `" + s.src + "`.t SET v = 4 WHERE id = 1")
 	waitFor(t, "two deliveries", 20*time.Second, func() bool { return rcv.count() >= 2 })
 	var dead []string
 	waitFor(t, "two dead letters", 10*time.Second, func() bool {
