@@ -505,6 +505,11 @@ func (r *faultRig) run(ph faultPhase) string {
 	case ph.unready:
 		r.t.Errorf("%s: /readyz never reported the fault", ph.name)
 	}
+	// The target is 3 s beyond a Retry-After; the bound here is loose for
+	// a loaded CI box, and still catches a stall of a lease or a backoff.
+	if limit := ph.retryAfter + 10*time.Second; resumed > limit {
+		r.t.Errorf("%s: delivery resumed %v after the heal, want ≤ %v", ph.name, resumed, limit)
+	}
 	if ph.unready && unready > 10*time.Second {
 		r.t.Errorf("%s: /readyz reported the fault after %v, want ≤ 10 s", ph.name, unready)
 	}
