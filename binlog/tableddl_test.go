@@ -67,8 +67,9 @@ func TestTableDDLIsReported(t *testing.T) {
 	var seen []string
 	for _, d := range got {
 		seen = append(seen, d.Statement+" "+d.DB+"."+d.Table)
-		if d.File == "" || d.Pos == 0 || d.GTID == "" {
-			t.Fatalf("%+v: want its binlog file, position and GTID", d)
+		// (GTID is "" on a MySQL source without gtid_mode.)
+		if d.File == "" || d.Pos == 0 {
+			t.Fatalf("%+v: want its binlog file and position", d)
 		}
 	}
 	want := fmt.Sprint([]string{"TRUNCATE " + db + ".a", "DROP TABLE " + db + ".a", "DROP TABLE " + db + ".b"})
