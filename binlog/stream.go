@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	gomysql "github.com/go-mysql-org/go-mysql/mysql"
@@ -19,13 +20,23 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/cdcout/cdcout/canonical"
+	"github.com/cdcout/cdcout/internal/gctune"
 )
 
-// Defaults for Config.HeartbeatPeriod and Config.ReadTimeout.
+// Defaults for Config.HeartbeatPeriod and Config.ReadTimeout. The server
+// sends a heartbeat after a second without events, so a link that carries
+// nothing for silentAfter heartbeat periods is reported down (Health) at
+// once, and closed and reconnected after ReadTimeout. A heartbeat is a few
+// dozen bytes; a minute's detection, as with 5 s and 30 s, let readiness
+// lie for that long (issue 14).
 const (
-	DefaultHeartbeatPeriod = 5 * time.Second
-	DefaultReadTimeout     = 30 * time.Second
+	DefaultHeartbeatPeriod = time.Second
+	DefaultReadTimeout     = 10 * time.Second
 )
+
+// silentAfter is how many heartbeat periods without any event or
+// heartbeat make Health report the connection down.
+const silentAfter = 3
 
 // emptyCommitEvery bounds how often a transaction that carried no emitted
 // row still produces a Commit. Such commits only let the checkpoint move
@@ -61,8 +72,15 @@ type Stream struct {
 	// marked caches, per database, whether it holds cdcout's marker
 	// table (marker.go). Used by the reader only.
 	marked map[string]bool
+	// contact is the unix ns of the last event or heartbeat read, or of
+	// the last connect; closing owns the syncers being closed in the
+	// background (Close waits for them).
+	contact atomic.Int64
+	closing sync.WaitGroup
 
 	mu      sync.Mutex
+	up      bool     // a session is connected
+	lastErr string   // why the last session ended
 	emitted Position // last Commit handed to the handler
 	// prepared XA transactions held (xa.go) and since when the oldest is
 	xaHeld  int
@@ -167,8 +185,62 @@ func (s *Stream) PreparedXA() (n int, since time.Time) {
 	return s.xaHeld, s.xaSince
 }
 
-// Close releases the database connections. Run must have returned.
-func (s *Stream) Close() error { return s.db.Close() }
+// Health is the state of the binlog connection, for readiness and metrics.
+type Health struct {
+	// Connected: a session is up and the server spoke within the last
+	// few heartbeat periods.
+	Connected bool
+	// LastContact is when the last event or heartbeat was read (or the
+	// connection made); zero before the first connect.
+	LastContact time.Time
+	// Error says why the stream is not connected ("" when it is).
+	Error string
+}
+
+// Health reports the binlog connection's real state: a session that has
+// heard nothing, not even a heartbeat, for silentAfter heartbeat periods
+// counts as down even before its read timeout closes it.
+func (s *Stream) Health() Health {
+	s.mu.Lock()
+	up, lastErr := s.up, s.lastErr
+	s.mu.Unlock()
+	h := Health{}
+	if ns := s.contact.Load(); ns != 0 {
+		h.LastContact = time.Unix(0, ns)
+	}
+	silent := time.Since(h.LastContact)
+	switch {
+	case !up && lastErr != "":
+		h.Error = lastErr
+	case !up:
+		h.Error = "not connected"
+	case silent > silentAfter*s.cfg.HeartbeatPeriod:
+		h.Error = fmt.Sprintf("no event or heartbeat from the server for %s (heartbeat period %s)", silent.Round(100*time.Millisecond), s.cfg.HeartbeatPeriod)
+	default:
+		h.Connected = true
+	}
+	return h
+}
+
+func (s *Stream) touch() { s.contact.Store(time.Now().UnixNano()) }
+
+func (s *Stream) setUp(up bool, err error) {
+	s.mu.Lock()
+	s.up = up
+	if err != nil {
+		s.lastErr = err.Error()
+	} else if up {
+		s.lastErr = ""
+	}
+	s.mu.Unlock()
+}
+
+// Close releases the database connections, after the syncers of ended
+// sessions have closed. Run must have returned.
+func (s *Stream) Close() error {
+	s.closing.Wait()
+	return s.db.Close()
+}
 
 func (s *Stream) syncerConfig() (replication.BinlogSyncerConfig, error) {
 	host, portStr, err := net.SplitHostPort(s.dsn.Addr)
@@ -241,7 +313,20 @@ func (s *Stream) decodeRowsEvent(e *replication.RowsEvent, data []byte) error {
 	if err != nil {
 		return err
 	}
+	if len(data) >= wideEventBytes {
+		gctune.Wide(len(data))
+	}
 	if !s.filter.match(string(e.Table.Schema), string(e.Table.Table)) {
+		if len(data) > maxDeferredBytes {
+			// Counted at once (the reader only reads len(e.Rows)): a copy
+			// of one huge event, typically our own write of a wide record,
+			// would cost its size once more.
+			if err := e.DecodeData(pos, data); err != nil {
+				return err
+			}
+			e.Rows = make([][]any, len(e.Rows))
+			return nil
+		}
 		e.Rows = [][]any{{deferredRows{data: bytes.Clone(data), pos: pos}}}
 		return nil
 	}
@@ -250,6 +335,10 @@ func (s *Stream) decodeRowsEvent(e *replication.RowsEvent, data []byte) error {
 	}
 	return e.DecodeData(pos, data)
 }
+
+// wideEventBytes is the rows event size from which the garbage collector
+// is told a wide row is passing (gctune.Wide).
+const wideEventBytes = 1 << 20
 
 // deferredOf returns the deferredRows standing in for e's rows.
 func deferredOf(e *replication.RowsEvent) (deferredRows, bool) {
@@ -368,11 +457,20 @@ type deferredEvent struct {
 }
 
 // session runs one connection until it fails.
-func (r *reader) session(ctx context.Context, scfg replication.BinlogSyncerConfig) error {
+func (r *reader) session(ctx context.Context, scfg replication.BinlogSyncerConfig) (err error) {
 	syncer := replication.NewBinlogSyncer(scfg)
-	defer syncer.Close()
+	defer func() {
+		r.s.setUp(false, err)
+		// Closing kills the server's dump thread over a new connection,
+		// which on a dead link blocks for a read timeout: it must not
+		// delay the reconnect.
+		r.s.closing.Add(1)
+		go func() {
+			defer r.s.closing.Done()
+			syncer.Close()
+		}()
+	}()
 	var streamer *replication.BinlogStreamer
-	var err error
 	sp := r.resume
 	if sp.gset != nil && (sp.useGTID || sp.file == "") {
 		streamer, err = syncer.StartSyncGTID(sp.gset.Clone())
@@ -384,11 +482,14 @@ func (r *reader) session(ctx context.Context, scfg replication.BinlogSyncerConfi
 	}
 	r.file = sp.file
 	r.tx = txState{}
+	r.s.touch()
+	r.s.setUp(true, nil)
 	for {
 		ev, err := streamer.GetEvent(ctx)
 		if err != nil {
 			return r.classify(err)
 		}
+		r.s.touch()
 		if err := r.event(ctx, ev, ev.Header); err != nil {
 			return err
 		}
@@ -451,6 +552,7 @@ func (r *reader) event(ctx context.Context, ev *replication.BinlogEvent, outer *
 			if isDDL(e.Query) {
 				r.s.schema.invalidate()
 				r.s.forgetUnmarked()
+				r.tableDDL(e.Query, string(e.Schema), outer.LogPos)
 			} else if verb := dmlVerb(e.Query); verb != "" {
 				// A session wrote with binlog_format=STATEMENT: its changes
 				// have no row images and cannot be captured. Say so loudly

@@ -66,7 +66,11 @@ type Config struct {
 	// ForceSchemaFallback reads column names from information_schema even
 	// when the server writes binlog_row_metadata=FULL (tests use it).
 	ForceSchemaFallback bool
-	Logger              *zap.Logger
+	// OnTableDDL, when set, is told of every TRUNCATE or DROP TABLE of a
+	// captured table (logged at warn either way); it runs on the reading
+	// goroutine and must not block.
+	OnTableDDL func(TableDDL)
+	Logger     *zap.Logger
 }
 
 // Commit is the end of one source transaction.

@@ -87,3 +87,49 @@ func (c *Change) keyImage() Row {
 	}
 	return c.Before
 }
+
+// ImageBytes estimates the memory of c's row images: the bytes of every
+// string, binary, JSON and number-as-text value of Before and After, plus
+// 8 per other value. It is what max_row_bytes bounds, cheap enough to ask
+// of every change (no encoding).
+func (c *Change) ImageBytes() int {
+	if c == nil {
+		return 0
+	}
+	return valueBytes(c.Before) + valueBytes(c.After)
+}
+
+func valueBytes(v any) int {
+	switch x := v.(type) {
+	case nil:
+		return 0
+	case string:
+		return len(x)
+	case []byte:
+		return len(x)
+	case RawJSON:
+		return len(x)
+	case Row:
+		n := 0
+		for k, e := range x {
+			n += len(k) + valueBytes(e)
+		}
+		return n
+	case map[string]any:
+		n := 0
+		for k, e := range x {
+			n += len(k) + valueBytes(e)
+		}
+		return n
+	case []any:
+		n := 0
+		for _, e := range x {
+			n += valueBytes(e)
+		}
+		return n
+	case interface{ String() string }: // json.Number and the like
+		return len(x.String())
+	default:
+		return 8
+	}
+}

@@ -475,3 +475,16 @@ func TestEncoderLeavesNoReferences(t *testing.T) {
 		}
 	}
 }
+
+func TestImageBytes(t *testing.T) {
+	c := &Change{Op: OpUpdate,
+		Before: Row{"id": int64(1), "b": []byte("12345")},
+		After:  Row{"id": int64(1), "s": "abc", "j": RawJSON(`{"a":1}`), "n": nil, "l": []any{"xy", int64(2)}}}
+	// before: "id"+8 + "b"+5; after: "id"+8 + "s"+3 + "j"+7 + "n"+0 + "l"+(2+8)
+	if got, want := c.ImageBytes(), (2+8)+(1+5)+(2+8)+(1+3)+(1+7)+1+(1+2+8); got != want {
+		t.Fatalf("ImageBytes = %d, want %d", got, want)
+	}
+	if got := (*Change)(nil).ImageBytes(); got != 0 {
+		t.Fatalf("nil ImageBytes = %d", got)
+	}
+}

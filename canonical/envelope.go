@@ -22,7 +22,10 @@ import (
 // in sorted order directly, without a map, because this runs once per change
 // on the hot path.
 func MarshalEnvelope(c *Change, id string) ([]byte, error) {
-	return AppendEnvelope(make([]byte, 0, 512), c, id)
+	// Sized for the images up front (base64 is 4/3): grown by appends, a
+	// wide row's envelope would be copied as it grows, the old and the new
+	// buffer live at once.
+	return AppendEnvelope(make([]byte, 0, 512+c.ImageBytes()*4/3), c, id)
 }
 
 // AppendEnvelope appends the envelope of c (see MarshalEnvelope) to dst.

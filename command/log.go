@@ -7,6 +7,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"golang.org/x/term"
+
+	"github.com/cdcout/cdcout/internal/logbridge"
 )
 
 // newLogger builds the process logger: JSON when w is not a terminal (so log
@@ -36,5 +38,9 @@ func newLogger(w io.Writer, level, format string) (*zap.Logger, error) {
 		return nil, ConfigErrorf("--log-format: %q is not json or console", format)
 	}
 	core := zapcore.NewCore(enc, zapcore.Lock(zapcore.AddSync(w)), lvl)
-	return zap.New(core), nil
+	logger := zap.New(core)
+	// The MySQL driver logs process-wide; without this its raw lines
+	// would interleave with the JSON log.
+	logbridge.RouteMySQLDriver(logger.Named("mysql"))
+	return logger, nil
 }

@@ -83,6 +83,12 @@ type Config struct {
 	// current claim block (dedup.GTIDBlock, 100 changes), so the buffer
 	// may pass it by up to 100 rows per sink.
 	EnqueueMaxBuffer int `yaml:"enqueue_max_buffer"`
+	// MaxRowBytes, when positive, is the ceiling on a change's row images
+	// (the value bytes of before and after): a change above it is not
+	// written as a record but dead-lettered with the reason, its images
+	// dropped, so one huge value cannot cost the enqueue, the state
+	// database and every sink its size several times over.
+	MaxRowBytes int `yaml:"max_row_bytes"`
 	// ShutdownTimeout bounds how long a graceful stop waits for in-flight
 	// deliveries.
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`

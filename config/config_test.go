@@ -403,3 +403,20 @@ func TestHTTPKeepAliveSettings(t *testing.T) {
 		})
 	}
 }
+
+func TestSetBytes(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want int
+		ok   bool
+	}{
+		{"0", 0, true}, {"1048576", 1 << 20, true}, {"16MiB", 16 << 20, true}, {" 2 GiB", 2 << 30, true}, {"64KiB", 64 << 10, true},
+		{"-1", 0, false}, {"16MB", 0, false}, {"lots", 0, false},
+	} {
+		var got int
+		err := setBytes(&got, tc.in)
+		if (err == nil) != tc.ok || got != tc.want {
+			t.Errorf("setBytes(%q) = %d, %v; want %d, ok %v", tc.in, got, err, tc.want, tc.ok)
+		}
+	}
+}

@@ -99,6 +99,7 @@ var settings = map[string]setter{
 	"enqueue-batch-size":     func(c *Config, v string) error { return setInt(&c.EnqueueBatchSize, v) },
 	"enqueue-flush-interval": func(c *Config, v string) error { return setDuration(&c.EnqueueFlushInterval, v) },
 	"enqueue-max-buffer":     func(c *Config, v string) error { return setInt(&c.EnqueueMaxBuffer, v) },
+	"max-row-bytes":          func(c *Config, v string) error { return setBytes(&c.MaxRowBytes, v) },
 	"shutdown-timeout":       func(c *Config, v string) error { return setDuration(&c.ShutdownTimeout, v) },
 }
 
@@ -110,6 +111,28 @@ func SettingNames() []string {
 		names = append(names, n)
 	}
 	return names
+}
+
+// setBytes reads a byte count: a plain number, or one with a KiB, MiB or
+// GiB suffix ("16MiB").
+func setBytes(dst *int, v string) error {
+	s := strings.TrimSpace(v)
+	mult := 1
+	for _, u := range []struct {
+		suffix string
+		mult   int
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}} {
+		if n, ok := strings.CutSuffix(s, u.suffix); ok {
+			s, mult = strings.TrimSpace(n), u.mult
+			break
+		}
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 {
+		return fmt.Errorf("%q is not a byte count (use a number of bytes, or one with KiB, MiB or GiB, like 16MiB)", v)
+	}
+	*dst = n * mult
+	return nil
 }
 
 func setDuration(dst *time.Duration, v string) error {

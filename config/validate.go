@@ -109,6 +109,9 @@ func (c *Config) Validate() error {
 	if c.EnqueueMaxBuffer < c.EnqueueBatchSize {
 		errs.add("enqueue_max_buffer", "%d must be at least enqueue_batch_size %d", c.EnqueueMaxBuffer, c.EnqueueBatchSize)
 	}
+	if c.MaxRowBytes < 0 {
+		errs.add("max_row_bytes", "must be 0 (no ceiling) or a positive byte count, got %d", c.MaxRowBytes)
+	}
 	if c.ShutdownTimeout <= 0 {
 		errs.add("shutdown_timeout", "must be positive, got %s", c.ShutdownTimeout)
 	}

@@ -43,6 +43,9 @@ type drainLeases struct {
 	// heldMetric, when set, is told when a drain lease is taken or given
 	// up (cdcout_lease_held).
 	heldMetric func(name string, held bool)
+	// reportMember, when set, is told every member lease write's outcome
+	// (nil for a success), for readiness.
+	reportMember func(error)
 	// discover lists pipes with undelivered rows (nil: none).
 	discover func(ctx context.Context) ([]string, error)
 
@@ -135,6 +138,9 @@ func (d *drainLeases) tick(ctx context.Context) {
 	d.ticks++
 	// Membership first: our own member lease, then everybody's.
 	ml, ok, err := d.m.Acquire(ctx, d.memberName(), d.holder, d.ttl)
+	if d.reportMember != nil && ctx.Err() == nil {
+		d.reportMember(err)
+	}
 	if err != nil {
 		if ctx.Err() == nil {
 			d.log.Debug("renew member lease", zap.Error(err))

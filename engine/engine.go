@@ -23,6 +23,7 @@ import (
 	mrand "math/rand/v2"
 	"net"
 	"os"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -95,6 +96,69 @@ type Engine struct {
 	// check, /v1/source and cdcout_source_lag_seconds.
 	lag         time.Duration
 	lastEventAt time.Time
+	// writeFails are the state writes whose latest attempt failed, by
+	// what they are for (readiness: a replica that cannot write its
+	// leases, outbox rows or checkpoint is not making progress).
+	writeFails map[string]writeFailure
+}
+
+// writeFailure is the first of a run of failed attempts of one write.
+type writeFailure struct {
+	since time.Time
+	err   string
+}
+
+// Kinds of state writes readiness watches.
+const (
+	writeEnqueueLease = "enqueue lease"
+	writeRenewal      = "enqueue lease renewal"
+	writeEnqueue      = "enqueue (outbox rows and checkpoint)"
+	writeMember       = "member lease"
+)
+
+// noteWrite records the outcome of one attempt of a state write.
+func (e *Engine) noteWrite(what string, err error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if err == nil {
+		delete(e.writeFails, what)
+		return
+	}
+	if e.writeFails == nil {
+		e.writeFails = map[string]writeFailure{}
+	}
+	f, ok := e.writeFails[what]
+	if !ok {
+		f.since = time.Now()
+	}
+	f.err = err.Error()
+	e.writeFails[what] = f
+}
+
+// ready is /readyz's engine check: unready while a state write this
+// replica needs keeps failing (grants revoked, read-only, full disk), with
+// what failed, since when and why. A ping alone would pass all of these.
+func (e *Engine) ready() (bool, string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.writeFails) == 0 {
+		return true, ""
+	}
+	whats := make([]string, 0, len(e.writeFails))
+	for w := range e.writeFails {
+		whats = append(whats, w)
+	}
+	sort.Strings(whats)
+	var b strings.Builder
+	b.WriteString("state database refuses writes: ")
+	for i, w := range whats {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		f := e.writeFails[w]
+		fmt.Fprintf(&b, "%s failing for %s: %s", w, time.Since(f.since).Round(time.Second), f.err)
+	}
+	return false, b.String()
 }
 
 type sinkEntry struct {
@@ -286,7 +350,7 @@ func (e *Engine) Run(parent context.Context) error {
 
 	srv := inspect.New(inspect.Config{Addr: cfg.HTTPAddr, KeepAlive: cfg.HTTPKeepAlive, HeadersTimeout: cfg.HTTPHeadersTimeout}, inspect.Deps{
 		DB: db, Schema: cfg.StateDB, Instance: cfg.Instance, ReplicaID: cfg.ReplicaID,
-		Source: e.sourceStatus, Metrics: e.metrics, Pipes: nil,
+		Source: e.sourceStatus, Ready: e.ready, Metrics: e.metrics, Pipes: nil,
 		DroppedPending: e.droppedPending,
 		Secrets:        e.secrets(), Logger: e.log,
 	})
@@ -316,6 +380,7 @@ func (e *Engine) Run(parent context.Context) error {
 	dl.acquired = func(p string) { drains.written([]string{p}) }
 	dl.discover = drains.pendingPipes
 	dl.heldMetric = e.metrics.SetLeaseHeld
+	dl.reportMember = func(err error) { e.noteWrite(writeMember, err) }
 	drains.leases = dl.get
 	drains.notify = dl.addPipes
 	e.mu.Lock()
@@ -495,10 +560,18 @@ func (e *Engine) sourceStatus() inspect.SourceStatus {
 	if digest {
 		mode = "digest"
 	}
+	// Connected and lag follow the stream's last contact with the server
+	// (heartbeats count), not the existence of a stream object: while the
+	// link is down the lag keeps growing by the silence, so the stall
+	// check and cdcout_source_lag_seconds see an outage too.
+	h := st.Health()
+	if !h.Connected && !h.LastContact.IsZero() {
+		lag += time.Since(h.LastContact)
+	}
 	xa, xaSince := st.PreparedXA()
 	return inspect.SourceStatus{
-		Connected: true, Role: "leader", Position: st.Position(), IdentityMode: mode,
-		Lag: lag, LastEventAt: lastEventAt,
+		Connected: h.Connected, Role: "leader", Position: st.Position(), IdentityMode: mode,
+		Lag: lag, LastEventAt: lastEventAt, LastContactAt: h.LastContact, Error: h.Error,
 		Flavor: info.Flavor, ServerVersion: info.Version, MetadataMode: info.MetadataMode,
 		DSN:        e.cfg.DSN.String(),
 		PreparedXA: xa, PreparedXASince: xaSince,
@@ -543,12 +616,18 @@ func (e *Engine) acquire(ctx context.Context, leases *lease.Manager, store *outb
 	defer stop()
 	for {
 		l, ok, err := leases.Acquire(ctx, e.leaseName, e.holder, ttl)
+		if ctx.Err() == nil {
+			e.noteWrite(writeEnqueueLease, err)
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return lease.Lease{}, nil, ctx.Err()
 			}
 			e.log.Warn("acquire enqueue lease", zap.Error(err))
 		} else if ok {
+			// A new tenure: the last one's failures are history.
+			e.noteWrite(writeRenewal, nil)
+			e.noteWrite(writeEnqueue, nil)
 			stop()
 			e.log.Info("enqueue lease acquired", zap.String("lease", l.Name), zap.Uint64("epoch", l.Epoch), zap.String("holder", l.Holder))
 			e.metrics.SetLeaseHeld(l.Name, true)
@@ -689,6 +768,7 @@ func (e *Engine) streamConfig(resume *binlog.Position) binlog.Config {
 		Instance:     cfg.Instance,
 		Version:      buildinfo.Version(),
 		Logger:       e.log,
+		OnTableDDL:   func(d binlog.TableDDL) { e.metrics.ObserveTableDDL(d.DB+"."+d.Table, d.Statement) },
 	}
 }
 
@@ -699,6 +779,7 @@ func (e *Engine) tenure(ctx context.Context, db *sql.DB, l lease.Lease, leases *
 	tctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	keeper := leases.NewKeeper(l, e.log)
+	keeper.OnRenew = func(err error) { e.noteWrite(writeRenewal, err) }
 	var lost bool
 	var wg sync.WaitGroup
 	var lostMu sync.Mutex
@@ -796,6 +877,18 @@ func (e *Engine) tenure(ctx context.Context, db *sql.DB, l lease.Lease, leases *
 		return err
 	}
 	defer stream.Close()
+	if pos == nil {
+		// Pin --from (now, above all) to the position it resolved to, at
+		// once: otherwise a tenure that ends before its first write (a
+		// crash, a database restart) starts the next one at a new "now"
+		// and the changes in between are never captured (found by
+		// e2e.TestFaults).
+		start := stream.Position()
+		if _, err := store.Enqueue(tctx, cfg.ReplicaID, outbox.FenceOf(l), nil, &outbox.Checkpoint{Source: e.leaseName, Pos: start}); err != nil {
+			return fmt.Errorf("write the start position as the checkpoint: %w", err)
+		}
+		e.log.Info("start position written as the checkpoint", zap.String("position", start.String()))
+	}
 	info := stream.Info()
 	digestMode := false
 	switch cfg.ChangeIdentity {
@@ -809,22 +902,24 @@ func (e *Engine) tenure(ctx context.Context, db *sql.DB, l lease.Lease, leases *
 		}
 	}
 	q := &enqueuer{
-		store:      store,
-		log:        e.log,
-		instance:   cfg.Instance,
-		claimedBy:  cfg.ReplicaID,
-		fence:      outbox.Fence{Lease: l.Name, Holder: l.Holder, Epoch: l.Epoch},
-		source:     e.leaseName,
-		routes:     e.routes,
-		digestMode: digestMode,
-		batchSize:  cfg.EnqueueBatchSize,
-		maxBuffer:  cfg.EnqueueMaxBuffer,
-		interval:   cfg.EnqueueFlushInterval,
-		written:    drains.written,
-		valid:      func() bool { return keeper.Lease().Valid(time.Now()) },
-		observe:    e.metrics.ObserveEnqueue,
-		lastRow:    -1,
-		hook:       e.newWatermarkHook(db),
+		store:       store,
+		log:         e.log,
+		instance:    cfg.Instance,
+		claimedBy:   cfg.ReplicaID,
+		fence:       outbox.Fence{Lease: l.Name, Holder: l.Holder, Epoch: l.Epoch},
+		source:      e.leaseName,
+		routes:      e.routes,
+		digestMode:  digestMode,
+		batchSize:   cfg.EnqueueBatchSize,
+		maxBuffer:   cfg.EnqueueMaxBuffer,
+		maxRowBytes: cfg.MaxRowBytes,
+		interval:    cfg.EnqueueFlushInterval,
+		written:     drains.written,
+		valid:       func() bool { return keeper.Lease().Valid(time.Now()) },
+		observe:     e.metrics.ObserveEnqueue,
+		report:      func(err error) { e.noteWrite(writeEnqueue, err) },
+		lastRow:     -1,
+		hook:        e.newWatermarkHook(db),
 	}
 	if digestMode {
 		// The counter must remember longer than claims live (see

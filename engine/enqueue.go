@@ -65,6 +65,12 @@ type enqueuer struct {
 	valid func() bool
 	// observe, when set, is told every enqueue's result (metrics).
 	observe func(outbox.EnqueueResult)
+	// maxRowBytes, when positive, dead-letters a change whose row images
+	// are larger (config max_row_bytes).
+	maxRowBytes int
+	// report, when set, is told every enqueue's outcome (nil for a
+	// success), for readiness: the rows and the checkpoint are one write.
+	report func(error)
 	// hook, when set, sees changes before routing (backfill watermarks;
 	// see backfill_hook.go).
 	hook WatermarkHook
@@ -217,6 +223,16 @@ func (q *enqueuer) handleHeldCommit(ctx context.Context) error {
 	return nil
 }
 
+// withoutImages is ch with its key but without its row images: what a
+// dead letter for a change too large to deliver keeps (which row, which
+// operation, where in the binlog).
+func withoutImages(ch *canonical.Change) *canonical.Change {
+	c := *ch
+	c.Key, c.KeyCols = ch.KeyRow(), nil
+	c.Before, c.After = nil, nil
+	return &c
+}
+
 // keyOpen gives the open rows their change keys and moves them to ready.
 func (q *enqueuer) keyOpen() error {
 	for _, o := range q.open {
@@ -238,7 +254,15 @@ func (q *enqueuer) keyOpen() error {
 			key = ch.ChangeKey
 			unit = dedup.GTIDUnitOf(key)
 		}
-		q.ready = append(q.ready, outbox.Pending{Pipe: o.pipe, Sink: o.sink, Change: ch, ChangeKey: key, Digest: digest, Unit: unit})
+		var dead string
+		if q.maxRowBytes > 0 {
+			if n := ch.ImageBytes(); n > q.maxRowBytes {
+				ch, dead = withoutImages(ch), fmt.Sprintf("row images of %d bytes exceed max_row_bytes %d: not delivered, its before and after dropped; re-sync the row", n, q.maxRowBytes)
+				q.log.Error("change exceeds max_row_bytes; dead-lettered without its row images",
+					zap.String("pipe", o.pipe), zap.String("change_key", key), zap.Int("bytes", n), zap.Int("max_row_bytes", q.maxRowBytes))
+			}
+		}
+		q.ready = append(q.ready, outbox.Pending{Pipe: o.pipe, Sink: o.sink, Change: ch, ChangeKey: key, Digest: digest, Unit: unit, Dead: dead})
 	}
 	clear(q.open)
 	q.open = q.open[:0]
@@ -280,6 +304,9 @@ func (q *enqueuer) flush(ctx context.Context, cp *outbox.Checkpoint) error {
 		t0 := time.Now()
 		res, err := q.store.Enqueue(ctx, q.claimedBy, q.fence, q.ready, cp)
 		q.flushTime += time.Since(t0)
+		if q.report != nil && ctx.Err() == nil {
+			q.report(err)
+		}
 		if err == nil {
 			q.rowsWritten += int64(res.Inserted)
 			q.flushes++

@@ -94,6 +94,9 @@ type SourceStatus struct {
 	// Lag is the commit → read delay of the last change (or heartbeat).
 	Lag         time.Duration `json:"-"`
 	LastEventAt time.Time     `json:"lastEventAt,omitzero"`
+	// LastContactAt is when the server last spoke on the binlog
+	// connection (an event or a heartbeat).
+	LastContactAt time.Time `json:"lastContactAt,omitzero"`
 	// IdentityMode is "gtid" or "digest" (how changes are identified).
 	IdentityMode  string `json:"identityMode,omitempty"`
 	Flavor        string `json:"flavor,omitempty"`
@@ -364,7 +367,8 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 	if s.deps.Source != nil {
 		src := s.source()
 		s.deps.Metrics.SetSourceConnected(src.Connected)
-		if src.Connected {
+		if !src.Following {
+			// Down, the lag grows by the silence (the engine adds it).
 			s.deps.Metrics.SetSourceLag(src.Lag)
 		}
 	}

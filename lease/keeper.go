@@ -16,6 +16,10 @@ import (
 type Keeper struct {
 	m      *Manager
 	logger *zap.Logger
+	// OnRenew, when set before Run, is told every renewal's outcome (nil
+	// for a success), so readiness can report a lease that cannot be
+	// written.
+	OnRenew func(error)
 
 	mu   sync.Mutex
 	l    Lease
@@ -91,6 +95,9 @@ func (k *Keeper) Run(ctx context.Context) error {
 		rctx, cancel := context.WithDeadline(ctx, cur.LocalDeadline)
 		next, err := k.m.Renew(rctx, cur)
 		cancel()
+		if k.OnRenew != nil && ctx.Err() == nil {
+			k.OnRenew(err)
+		}
 		switch {
 		case err == nil:
 			k.mu.Lock()

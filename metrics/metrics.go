@@ -42,6 +42,7 @@ type Metrics struct {
 	leaseHeld        *prometheus.GaugeVec
 	handoffDropped   prometheus.Counter
 	xaPrepared       prometheus.Gauge
+	tableDDL         *prometheus.CounterVec
 	xaSince          atomic.Int64 // unix ns of the oldest held XA PREPARE, 0 for none
 
 	mu     sync.Mutex
@@ -102,6 +103,10 @@ func New() *Metrics {
 		Name: "cdcout_xa_prepared",
 		Help: "XA transactions read at XA PREPARE and held until their XA COMMIT or ROLLBACK; the checkpoint cannot pass the oldest.",
 	})
+	m.tableDDL = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "cdcout_table_ddl_uncaptured_total",
+		Help: "TRUNCATE and DROP TABLE statements on captured tables read from the binlog: they produce no change records, so consumers keep the rows they removed.",
+	}, []string{"table", "statement"})
 	xaAge := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "cdcout_xa_prepared_oldest_seconds",
 		Help: "Seconds since the oldest held XA transaction was read at XA PREPARE; 0 when none is held.",
@@ -122,7 +127,7 @@ func New() *Metrics {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.sourceLag, m.sourceConnected, m.changes, m.claims, m.digestMismatch,
 		m.deliveries, m.deliveryDuration, m.deliveryLatency, m.drainErrors,
-		m.leaseHeld, m.handoffDropped, m.xaPrepared, xaAge, build,
+		m.leaseHeld, m.handoffDropped, m.xaPrepared, m.tableDDL, xaAge, build,
 	)
 	return m
 }
@@ -175,6 +180,15 @@ func (m *Metrics) ObserveChange(db, table, op string) {
 		return
 	}
 	m.changes.WithLabelValues(db+"."+table, op).Inc()
+}
+
+// ObserveTableDDL counts one TRUNCATE or DROP TABLE (statement) of a
+// captured table.
+func (m *Metrics) ObserveTableDDL(table, statement string) {
+	if m == nil {
+		return
+	}
+	m.tableDDL.WithLabelValues(table, statement).Inc()
 }
 
 // ObserveEnqueue counts one outbox.Store.Enqueue's claim outcomes.

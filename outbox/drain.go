@@ -130,6 +130,10 @@ type pipeDrainer struct {
 	// when this one succeeds, so the log never ends on a stale failure.
 	failedBefore map[string]bool
 	nextDue      time.Time // earliest local time a retried row becomes due
+	// stuck is a segment claim of ours that a failed write left behind
+	// (release, hold or outcome): the next segment pass takes it back
+	// rather than wait out the claim lease (segdrain.go).
+	stuck *stuckClaim
 }
 
 // NewDrainer validates cfg, fills defaults and returns a Drainer.

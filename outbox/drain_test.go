@@ -111,7 +111,7 @@ func (s *testState) row(tb testing.TB, id string) rowState {
 func (s *testState) count(tb testing.TB, q string, args ...any) int {
 	tb.Helper()
 	q = strings.NewReplacer("{outbox}", state.Table(s.schema, "outbox"), "{attempts}", state.Table(s.schema, "attempts"),
-		"{claims}", state.Table(s.schema, "claims")).Replace(q)
+		"{claims}", state.Table(s.schema, "claims"), "{segments}", state.Table(s.schema, "segments")).Replace(q)
 	var n int
 	if err := s.db.QueryRow(q, args...).Scan(&n); err != nil {
 		tb.Fatal(err)

@@ -50,6 +50,12 @@ type Pending struct {
 	// must be in the same Enqueue call. Empty: the change is claimed on
 	// its own, under ChangeKey.
 	Unit string
+	// Dead, when set, is why the change is not to be delivered (its row
+	// images exceed max_row_bytes and were dropped from Change): it is
+	// claimed as any change, and written as a dead outbox row with this
+	// reason instead of a segment record, so it is seen in `cdcout dead
+	// list` and counted, never silently skipped.
+	Dead string
 }
 
 // Fence is the enqueue lease an enqueue's checkpoint advance is conditional
@@ -468,6 +474,27 @@ func (s *Store) readBackClaims(ctx context.Context, tx *sql.Tx, claimedBy string
 	return nil
 }
 
+// wideSegmentBytes is the segment size beyond which its buffers are not
+// kept for the next segment (a wide record's would stay live for the
+// whole enqueue).
+const wideSegmentBytes = 1 << 20
+
+// insertDead writes a change that is not to be delivered (Pending.Dead) as
+// a dead outbox row carrying the reason.
+func (s *Store) insertDead(ctx context.Context, tx *sql.Tx, it *pendingRow) error {
+	payload, err := canonical.MarshalEnvelope(&it.change, it.id)
+	if err != nil {
+		return fmt.Errorf("enqueue: encode change %s for pipe %s: %w", it.ChangeKey, it.Pipe, err)
+	}
+	if _, err := tx.ExecContext(ctx, "INSERT INTO "+s.outbox+" (id, pipe, sink, change_key, db, tbl, op, row_key, key_hash, commit_ts, payload,"+
+		" status, attempts, next_attempt_at, last_error, last_error_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,'dead',0,NOW(6),?,NOW(6))",
+		it.id, it.Pipe, it.Sink, it.ChangeKey, it.change.Source.DB, it.change.Source.Table, string(it.change.Op), it.rowKey, it.keyHash,
+		it.commitTS, payload, truncate(it.Dead, maxErrorLen)); err != nil {
+		return fmt.Errorf("enqueue: dead-letter change %s for pipe %s: %w", it.ChangeKey, it.Pipe, err)
+	}
+	return nil
+}
+
 // insertSegments writes the records of ours as segments: per pipe, in
 // item order, segments of at most maxSegmentRecords records and
 // maxSegmentBytes bytes, each one row and one statement. A segment's id is
@@ -495,17 +522,34 @@ func (s *Store) insertSegments(ctx context.Context, tx *sql.Tx, ours []*pendingR
 		}
 		buf = appendSegment(buf[:0], recs)
 		zbuf = compressSegment(zbuf, buf)
+		if len(buf) > wideSegmentBytes {
+			// A wide record: let its plain forms go before the statement
+			// makes one more copy (the packet), rather than hold three.
+			buf = nil
+			for _, r := range recs {
+				r.payload = nil
+			}
+		}
 		if _, err := tx.ExecContext(ctx, "INSERT INTO "+s.segments+
 			" (id, pipe, sink, records, last_id, first_commit_ts, payload) VALUES (?,?,?,?,?,?,?)",
 			recs[0].id, pipe, sink, len(recs), recs[len(recs)-1].id, recs[0].commitTS, zbuf); err != nil {
 			return fmt.Errorf("enqueue: insert segment of %d records for pipe %s: %w", len(recs), pipe, err)
 		}
 		recs, size = recs[:0], 0
+		if cap(zbuf) > wideSegmentBytes {
+			zbuf = nil
+		}
 		return nil
 	}
 	for _, pipe := range pipes {
 		sink := byPipe[pipe][0].Sink
 		for _, it := range byPipe[pipe] {
+			if it.Dead != "" {
+				if err := s.insertDead(ctx, tx, it); err != nil {
+					return err
+				}
+				continue
+			}
 			payload, err := canonical.MarshalEnvelope(&it.change, it.id)
 			if err != nil {
 				return fmt.Errorf("enqueue: encode change %s for pipe %s: %w", it.ChangeKey, it.Pipe, err)

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"errors"
@@ -64,6 +65,9 @@ type leftRecord struct {
 // records the outcome. n is the number of records the segment held (sent,
 // or moved to rows); 0 with a nil error means there was no segment to take.
 func (p *pipeDrainer) drainSegment(ctx context.Context) (int, error) {
+	if err := p.takeBack(ctx); err != nil {
+		return 0, err
+	}
 	seg, err := p.claimSegment(ctx)
 	if err != nil || seg == nil {
 		return 0, err
@@ -78,7 +82,12 @@ func (p *pipeDrainer) drainSegment(ctx context.Context) (int, error) {
 	}
 	left, delivered, hold := p.deliverSegment(ctx, seg, blocked)
 	if hold != nil {
-		return len(seg.recs), p.holdSegment(wctx, seg, hold)
+		if err := p.holdSegment(wctx, seg, hold); err != nil {
+			// The hold still applies: the claim is taken back when it ends.
+			p.setStuck(&stuckClaim{id: seg.id, notBefore: time.Now().Add(hold.delay)})
+			return len(seg.recs), err
+		}
+		return len(seg.recs), nil
 	}
 	if len(delivered) == 0 && untried(left) && (ctx.Err() != nil || !p.leaseHeld()) {
 		// Stopped before anything was sent: the segment stays as it was.
@@ -88,6 +97,9 @@ func (p *pipeDrainer) drainSegment(ctx context.Context) (int, error) {
 		return 0, nil
 	}
 	if err := p.recordSegment(wctx, seg, left, delivered); err != nil {
+		// Taken back and delivered again under the same ids; the attempt
+		// counts.
+		p.setStuck(&stuckClaim{id: seg.id, keepAttempt: true})
 		return len(seg.recs), err
 	}
 	if len(left) > 0 {
@@ -140,29 +152,109 @@ WHERE pipe = ? AND status = 'pending' ORDER BY id LIMIT 1`, p.name).Scan(&id)
 		return nil, nil // claimed by another drainer, or our lease is gone
 	}
 	seg := &segment{id: id, claimedAt: time.Now()}
-	var payload []byte
-	if err := d.cfg.DB.QueryRowContext(cctx, `SELECT sink, attempts, payload FROM `+d.segments+`
-WHERE id = ? AND status = 'pending' AND claimer = ?`, id, d.claimer).Scan(&seg.sink, &seg.attempt, &payload); err != nil {
+	if seg.recs, err = p.readSegment(cctx, seg); err != nil {
 		p.releaseSegment(cctx, id)
 		return nil, fmt.Errorf("read segment %s of %s: %w", id, p.name, err)
-	}
-	if seg.recs, err = parseSegment(payload); err != nil {
-		// Not something a retry fixes, and not something to skip: the
-		// pipe stops here, loudly, until an operator looks.
-		p.releaseSegment(cctx, id)
-		return nil, fmt.Errorf("segment %s of %s: %w", id, p.name, err)
 	}
 	return seg, nil
 }
 
-// releaseSegment gives up our claim of a segment we did not deliver.
-func (p *pipeDrainer) releaseSegment(ctx context.Context, id string) {
+// readSegment reads and parses a claimed segment. The payload is parsed
+// from the driver's buffer (sql.RawBytes) rather than a copy of it: a
+// wide record's segment would otherwise be held three times at once
+// (packet, copy, decompressed).
+func (p *pipeDrainer) readSegment(ctx context.Context, seg *segment) ([]segRecord, error) {
 	d := p.d
-	if _, err := d.cfg.DB.ExecContext(ctx, `UPDATE `+d.segments+`
-SET claimer = 0, next_attempt_at = NOW(6), attempts = GREATEST(attempts - 1, 0)
-WHERE id = ? AND status = 'pending' AND claimer = ?`, id, d.claimer); err != nil {
-		p.log.Warn("release segment claim; it lapses after the claim lease", zap.String("segment", id), zap.Error(err))
+	rows, err := d.cfg.DB.QueryContext(ctx, `SELECT sink, attempts, payload FROM `+d.segments+`
+WHERE id = ? AND status = 'pending' AND claimer = ?`, seg.id, d.claimer)
+	if err != nil {
+		return nil, err
 	}
+	defer rows.Close()
+	if !rows.Next() {
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+		return nil, sql.ErrNoRows
+	}
+	var raw sql.RawBytes
+	if err := rows.Scan(&seg.sink, &seg.attempt, &raw); err != nil {
+		return nil, err
+	}
+	payload := []byte(raw)
+	if len(raw) == 0 || raw[0] != segmentS2 {
+		// Uncompressed, the records would alias the driver's buffer.
+		payload = bytes.Clone(raw)
+	}
+	recs, err := parseSegment(payload)
+	if err != nil {
+		// Not something a retry fixes, and not something to skip: the
+		// pipe stops here, loudly, until an operator looks.
+		return nil, err
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	return recs, nil
+}
+
+// releaseSegment gives up our claim of a segment we did not deliver. If
+// the release fails (the state connection dropped, which is often why we
+// are releasing), the claim is remembered and taken back by the next
+// segment pass: a pipe's segments go strictly in order, so a claim left to
+// lapse would stall the pipe for the whole claim lease while this process
+// is alive and well (DESIGN.md, Invariant 8).
+func (p *pipeDrainer) releaseSegment(ctx context.Context, id string) {
+	if err := p.releaseClaim(ctx, stuckClaim{id: id}); err != nil {
+		p.log.Warn("release segment claim; it is taken back on the next pass", zap.String("segment", id), zap.Error(err))
+		p.setStuck(&stuckClaim{id: id})
+	}
+}
+
+// stuckClaim is a segment claim of ours that is to be given up.
+type stuckClaim struct {
+	id          string
+	notBefore   time.Time // a hold: not before it ends
+	keepAttempt bool      // the segment was sent: its attempt counts
+}
+
+func (p *pipeDrainer) setStuck(c *stuckClaim) {
+	p.mu.Lock()
+	p.stuck = c
+	p.mu.Unlock()
+}
+
+// takeBack gives up a stuck claim of ours, if there is one and it is due.
+// Only this process's segment pass of the pipe claims its segments, so a
+// segment still claimed by us is not in anyone's hands.
+func (p *pipeDrainer) takeBack(ctx context.Context) error {
+	p.mu.Lock()
+	c := p.stuck
+	p.mu.Unlock()
+	if c == nil || time.Now().Before(c.notBefore) {
+		return nil
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := p.releaseClaim(rctx, *c); err != nil {
+		return fmt.Errorf("take back our claim of segment %s of %s: %w", c.id, p.name, err)
+	}
+	p.setStuck(nil)
+	p.log.Info("took back our own segment claim", zap.String("segment", c.id))
+	return nil
+}
+
+// releaseClaim clears our claim of a segment, due at once.
+func (p *pipeDrainer) releaseClaim(ctx context.Context, c stuckClaim) error {
+	d := p.d
+	attempts := "GREATEST(attempts - 1, 0)"
+	if c.keepAttempt {
+		attempts = "attempts"
+	}
+	_, err := d.cfg.DB.ExecContext(ctx, `UPDATE `+d.segments+`
+SET claimer = 0, next_attempt_at = NOW(6), attempts = `+attempts+`
+WHERE id = ? AND status = 'pending' AND claimer = ?`, c.id, d.claimer)
+	return err
 }
 
 // openKeys returns the key hashes of the pipe's pending outbox rows: their
@@ -302,7 +394,7 @@ func (p *pipeDrainer) holdSegment(ctx context.Context, seg *segment, h *segmentH
 	if _, err := d.cfg.DB.ExecContext(ctx, `UPDATE `+d.segments+`
 SET claimer = 0, next_attempt_at = NOW(6) + INTERVAL ? MICROSECOND, last_error = ?, last_error_at = NOW(6)
 WHERE id = ? AND status = 'pending' AND claimer = ?`, h.delay.Microseconds(), h.errText, seg.id, d.claimer); err != nil {
-		// The claim lapses and the segment is tried again then.
+		// drainSegment remembers the claim and takes it back when the hold ends.
 		return fmt.Errorf("hold segment %s of %s: %w", seg.id, p.name, err)
 	}
 	d.cfg.Metrics.retried(p.name, h.tried)

@@ -5,6 +5,8 @@ package gctune
 import (
 	"os"
 	"runtime/debug"
+	"sync"
+	"time"
 )
 
 // Percent is cdcout's GOGC when the environment sets none. Every change
@@ -23,9 +25,76 @@ import (
 // the other way.
 const Percent = 400
 
+// While wide rows pass (Wide), the collector runs at WidePercent and under
+// a soft memory limit of wideBase + wideFactor × the widest rows event
+// seen. At Percent the heap may grow to five times what was live at the
+// last collection, and the spans a multi-MiB value leaves free are kept
+// (a larger value cannot reuse them) until the background scavenger
+// returns them, slowly: one 16 MiB BLOB update was measured at 440 MB
+// peak RSS, 284–399 MB at GOGC=100 alone. The limit makes the collector
+// and the scavenger keep up. Wide rows are rare, so the CPU this costs is
+// too; the limit is soft (the collector caps its own CPU share), and an
+// explicit GOMEMLIMIT lower than it wins.
+const (
+	WidePercent = 100
+	wideBase    = 32 << 20
+	wideFactor  = 4
+)
+
+// wideFor is how long after the last wide row the collector returns to
+// Percent and no limit: long enough for the row's delivery.
+const wideFor = 30 * time.Second
+
+var (
+	mu        sync.Mutex
+	applied   bool // Apply set Percent, so Wide may change it
+	wideMax   int  // widest event of the current wide period, 0 outside one
+	prevLimit int64
+	restore   *time.Timer
+)
+
 // Apply sets Percent unless GOGC is set in the environment, which wins.
 func Apply() {
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(Percent)
+		mu.Lock()
+		applied = true
+		mu.Unlock()
+	}
+}
+
+// Wide says that a rows event of n bytes (a wide row) is passing: see
+// WidePercent. It lasts until wideFor after the last call. It does
+// nothing unless Apply set Percent (an explicit GOGC wins, and tests and
+// libraries that never call Apply are left alone).
+func Wide(n int) {
+	mu.Lock()
+	defer mu.Unlock()
+	if !applied || n <= wideMax {
+		if restore != nil && wideMax > 0 {
+			restore.Reset(wideFor)
+		}
+		return
+	}
+	if wideMax == 0 {
+		debug.SetGCPercent(WidePercent)
+		prevLimit = debug.SetMemoryLimit(-1)
+	}
+	wideMax = n
+	debug.SetMemoryLimit(min(prevLimit, int64(wideBase+wideFactor*n)))
+	if restore == nil {
+		restore = time.AfterFunc(wideFor, narrow)
+		return
+	}
+	restore.Reset(wideFor)
+}
+
+func narrow() {
+	mu.Lock()
+	defer mu.Unlock()
+	if wideMax > 0 {
+		wideMax = 0
+		debug.SetGCPercent(Percent)
+		debug.SetMemoryLimit(prevLimit)
 	}
 }

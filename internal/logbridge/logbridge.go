@@ -1,6 +1,7 @@
 // Package logbridge routes log/slog records into a zap logger, so libraries
 // that take a *slog.Logger (go-mysql's BinlogSyncer) log through the same
-// sink, level and format as the rest of cdcout.
+// sink, level and format as the rest of cdcout; RouteMySQLDriver does the
+// same for go-sql-driver/mysql's process-wide logger.
 package logbridge
 
 import (

@@ -1,0 +1,104 @@
+package faultproxy
+
+import (
+	"bufio"
+	"net"
+	"testing"
+	"time"
+)
+
+// echoServer echoes every line back.
+func echoServer(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				r := bufio.NewReader(c)
+				for {
+					line, err := r.ReadString('\n')
+					if err != nil {
+						return
+					}
+					if _, err := c.Write([]byte(line)); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+func roundTrip(c net.Conn, r *bufio.Reader, timeout time.Duration) (string, error) {
+	_ = c.SetDeadline(time.Now().Add(timeout))
+	if _, err := c.Write([]byte("ping\n")); err != nil {
+		return "", err
+	}
+	return r.ReadString('\n')
+}
+
+// Forwarding, a blackhole that holds data until healed, a reset that
+// aborts open connections, and refusal of new ones.
+func TestProxyFaults(t *testing.T) {
+	p, err := Start(echoServer(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r := bufio.NewReader(c)
+	if got, err := roundTrip(c, r, 2*time.Second); err != nil || got != "ping\n" {
+		t.Fatalf("forwarded = %q, %v; want ping", got, err)
+	}
+
+	p.Blackhole()
+	if got, err := roundTrip(c, r, 200*time.Millisecond); err == nil {
+		t.Fatalf("blackholed link answered %q", got)
+	}
+	p.Heal()
+	// The held ping arrives after the heal.
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	if got, err := r.ReadString('\n'); err != nil || got != "ping\n" {
+		t.Fatalf("after heal = %q, %v; want the held ping", got, err)
+	}
+
+	if n := p.Reset(); n != 1 {
+		t.Fatalf("reset %d connections, want 1", n)
+	}
+	if _, err := roundTrip(c, r, 2*time.Second); err == nil {
+		t.Fatal("a reset connection still works")
+	}
+
+	p.Refuse()
+	c2, err := net.Dial("tcp", p.Addr())
+	if err == nil {
+		_, err = roundTrip(c2, bufio.NewReader(c2), 2*time.Second)
+		c2.Close()
+	}
+	if err == nil {
+		t.Fatal("a refused connection works")
+	}
+	p.Heal()
+	c3, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c3.Close()
+	if got, err := roundTrip(c3, bufio.NewReader(c3), 2*time.Second); err != nil || got != "ping\n" {
+		t.Fatalf("after refusal healed = %q, %v; want ping", got, err)
+	}
+}
