@@ -147,6 +147,7 @@ func TestCheckServerID(t *testing.T) {
 // MariaDB-only: the grants are MariaDB's; keep them in step with README.md.
 func TestLeastPrivilegeUserMariaDB(t *testing.T) {
 	srv := mysqltest.Shared(t)
+	skipUnlessMariaDB(t, srv)
 	user := fmt.Sprintf("lp_%d", nextServerID())
 	srv.Exec(t,
 		"CREATE USER '"+user+"'@'%' IDENTIFIED BY 'lp-pw'",

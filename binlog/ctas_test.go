@@ -92,6 +92,7 @@ func TestCreateTableSelect(t *testing.T) {
 // real thing. (It reads MariaDB's GTID events, so it is MariaDB-only.)
 func TestCreateTableSelectMySQLShape(t *testing.T) {
 	srv := mysqltest.Shared(t)
+	skipUnlessMariaDB(t, srv)
 	db := srv.CreateDB(t, "ctasmy")
 	srv.Exec(t,
 		"CREATE TABLE `"+db+"`.src (id INT PRIMARY KEY)",

@@ -3,6 +3,7 @@ package binlog
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -125,5 +126,18 @@ func (c *collector) waitFor(t testing.TB, cond func([]Event) bool, what string, 
 			t.Fatalf("timed out waiting for "+what+"; have %d changes", append(args, len(changesOf(evs)))...)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// skipUnlessMariaDB skips a test of something only MariaDB has (its GTID
+// events, its privilege names) when the server is another flavour.
+func skipUnlessMariaDB(t testing.TB, srv *mysqltest.Server) {
+	t.Helper()
+	var v string
+	if err := srv.Open(t).QueryRow("SELECT VERSION()").Scan(&v); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(strings.ToLower(v), "mariadb") {
+		t.Skipf("MariaDB-only; the server is %s", v)
 	}
 }
