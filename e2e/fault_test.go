@@ -342,8 +342,6 @@ func (r *faultRig) resetStorm(resets int, d time.Duration, txs, rows int) {
 	}
 }
 
-func (r *faultRig) get(path string) string { return r.getAt(r.addr, path) }
-
 func (r *faultRig) getAt(addr, path string) string {
 	c := http.Client{Timeout: 5 * time.Second}
 	resp, err := c.Get("http://" + addr + path)
@@ -588,12 +586,6 @@ func newFaultReceiver(t *testing.T) *faultReceiver {
 	}))
 	t.Cleanup(f.srv.Close)
 	return f
-}
-
-func (f *faultReceiver) distinct() int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return len(f.byID)
 }
 
 func (f *faultReceiver) redeliveries() int {
