@@ -16,24 +16,9 @@ import (
 // binlogEventTypes counts the event types SHOW BINLOG EVENTS lists.
 func binlogEventTypes(t *testing.T, srv *mysqltest.Server) map[string]int {
 	t.Helper()
-	rows, err := srv.Open(t).Query("SHOW BINLOG EVENTS")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	cols, _ := rows.Columns()
 	types := map[string]int{}
-	for rows.Next() {
-		vals := make([]any, len(cols))
-		ptrs := make([]any, len(cols))
-		for i := range vals {
-			ptrs[i] = &vals[i]
-		}
-		if err := rows.Scan(ptrs...); err != nil {
-			t.Fatal(err)
-		}
-		typ, _ := vals[2].([]byte)
-		types[string(typ)]++
+	for _, row := range mysqltest.QueryStrings(t, srv.Open(t), "SHOW BINLOG EVENTS") {
+		types[row[2]]++
 	}
 	return types
 }

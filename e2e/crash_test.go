@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"fmt"
@@ -443,29 +442,15 @@ sinks:
 // statements do.
 func runningStatements(t *testing.T, db *sql.DB, prefix string, parts ...string) int {
 	t.Helper()
-	rows, err := db.Query("SHOW FULL PROCESSLIST")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	cols, _ := rows.Columns()
 	n := 0
-	for rows.Next() {
-		vals := make([]sql.RawBytes, len(cols))
-		ptrs := make([]any, len(cols))
-		for i := range vals {
-			ptrs[i] = &vals[i]
-		}
-		if err := rows.Scan(ptrs...); err != nil {
-			t.Fatal(err)
-		}
-		command, info := string(vals[4]), vals[7]
-		if command != "Query" && command != "Execute" || !bytes.HasPrefix(info, []byte(prefix)) {
+	for _, row := range mysqltest.QueryStrings(t, db, "SHOW FULL PROCESSLIST") {
+		command, info := row[4], row[7]
+		if command != "Query" && command != "Execute" || !strings.HasPrefix(info, prefix) {
 			continue
 		}
 		all := true
 		for _, p := range parts {
-			all = all && bytes.Contains(info, []byte(p))
+			all = all && strings.Contains(info, p)
 		}
 		if all {
 			n++

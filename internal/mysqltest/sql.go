@@ -107,78 +107,82 @@ func (s *Server) LastGTID(tb testing.TB, conn *sql.Conn) string {
 	return ""
 }
 
+// QueryStrings runs a query (SHOW statements above all, whose columns
+// differ by flavour and version) and returns every row's columns as text
+// (NULL as ""), failing the test on error.
+func QueryStrings(tb testing.TB, db *sql.DB, q string) [][]string {
+	tb.Helper()
+	rows, err := db.Query(q)
+	if err != nil {
+		tb.Fatalf("%s: %v", q, err)
+	}
+	defer rows.Close()
+	cols, err := rows.Columns()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	vals := make([]sql.RawBytes, len(cols))
+	ptrs := make([]any, len(cols))
+	for i := range vals {
+		ptrs[i] = &vals[i]
+	}
+	var out [][]string
+	for rows.Next() {
+		if err := rows.Scan(ptrs...); err != nil {
+			tb.Fatalf("%s: %v", q, err)
+		}
+		row := make([]string, len(vals))
+		for i, v := range vals {
+			row[i] = string(v)
+		}
+		out = append(out, row)
+	}
+	if err := rows.Err(); err != nil {
+		tb.Fatalf("%s: %v", q, err)
+	}
+	return out
+}
+
+// firstAccepted is the first of the statements (a newer name, then an
+// older one) the server accepts; the last when none is.
+func firstAccepted(db *sql.DB, qs ...string) string {
+	for _, q := range qs[:len(qs)-1] {
+		if rows, err := db.Query(q); err == nil {
+			rows.Close()
+			return q
+		}
+	}
+	return qs[len(qs)-1]
+}
+
 // BinlogStatus is the current binary log file and position (SHOW MASTER
 // STATUS, renamed SHOW BINARY LOG STATUS in MySQL 8.2 and removed in 8.4).
 func (s *Server) BinlogStatus(tb testing.TB) (string, uint32) {
 	tb.Helper()
-	db, err := sql.Open("mysql", s.DSN)
+	db := s.Open(tb)
+	q := firstAccepted(db, "SHOW BINARY LOG STATUS", "SHOW MASTER STATUS")
+	rows := QueryStrings(tb, db, q)
+	if len(rows) == 0 {
+		tb.Fatalf("%s returned no row", q)
+	}
+	pos, err := strconv.ParseUint(rows[0][1], 10, 32)
 	if err != nil {
-		tb.Fatal(err)
+		tb.Fatalf("%s position %q: %v", q, rows[0][1], err)
 	}
-	defer db.Close()
-	for _, q := range []string{"SHOW BINARY LOG STATUS", "SHOW MASTER STATUS"} {
-		rows, err := db.Query(q)
-		if err != nil {
-			continue
-		}
-		cols, _ := rows.Columns()
-		vals := make([]sql.RawBytes, len(cols))
-		ptrs := make([]any, len(cols))
-		for i := range vals {
-			ptrs[i] = &vals[i]
-		}
-		if !rows.Next() {
-			rows.Close()
-			tb.Fatalf("%s returned no row", q)
-		}
-		if err := rows.Scan(ptrs...); err != nil {
-			rows.Close()
-			tb.Fatal(err)
-		}
-		file := string(vals[0])
-		pos, err := strconv.ParseUint(string(vals[1]), 10, 32)
-		rows.Close()
-		if err != nil {
-			tb.Fatalf("%s position %q: %v", q, vals[1], err)
-		}
-		return file, uint32(pos)
-	}
-	tb.Fatal("neither SHOW BINARY LOG STATUS nor SHOW MASTER STATUS works")
-	return "", 0
+	return rows[0][0], uint32(pos)
 }
 
 // ReplicaServerIDs are the server ids of the binlog readers connected to
 // the server (SHOW REPLICAS on MySQL 8.0.22+, SHOW SLAVE HOSTS elsewhere).
 func (s *Server) ReplicaServerIDs(tb testing.TB) []uint32 {
 	tb.Helper()
-	db, err := sql.Open("mysql", s.DSN)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer db.Close()
-	q := "SHOW SLAVE HOSTS"
-	if s.Flavor == MySQL {
-		q = "SHOW REPLICAS"
-	}
-	rows, err := db.Query(q)
-	if err != nil {
-		tb.Fatalf("%s: %v", q, err)
-	}
-	defer rows.Close()
-	cols, _ := rows.Columns()
+	db := s.Open(tb)
+	q := firstAccepted(db, "SHOW REPLICAS", "SHOW SLAVE HOSTS")
 	var ids []uint32
-	for rows.Next() {
-		vals := make([]sql.RawBytes, len(cols))
-		ptrs := make([]any, len(cols))
-		for i := range vals {
-			ptrs[i] = &vals[i]
-		}
-		if err := rows.Scan(ptrs...); err != nil {
-			tb.Fatal(err)
-		}
-		id, err := strconv.ParseUint(string(vals[0]), 10, 32)
+	for _, row := range QueryStrings(tb, db, q) {
+		id, err := strconv.ParseUint(row[0], 10, 32)
 		if err != nil {
-			tb.Fatalf("%s: server id %q: %v", q, vals[0], err)
+			tb.Fatalf("%s: server id %q: %v", q, row[0], err)
 		}
 		ids = append(ids, uint32(id))
 	}
