@@ -127,7 +127,7 @@ func newFaultRig(t *testing.T, name string) *faultRig {
 	r.rcv = newFaultReceiver(t)
 	r.srcProxy, r.stateProxy = r.dbProxy(), r.dbProxy()
 	r.sinkProxy = startProxy(t, strings.TrimPrefix(r.rcv.srv.URL, "http://"))
-	r.addr = freeAddr(t)
+	r.addr = mysqltest.FreeAddr(t)
 	r.cfgPath = t.TempDir() + "/cdcout.yaml"
 	cfg := fmt.Sprintf(`instance: fault
 lease_ttl: 3s
@@ -231,16 +231,6 @@ func proxiedDSN(t *testing.T, dsn string, p *faultproxy.Proxy, user, pass string
 		mc.User, mc.Passwd = user, pass
 	}
 	return mc.FormatDSN()
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 func (r *faultRig) start() { r.p = startCdcout(r.t, r.log, r.args...) }
@@ -626,7 +616,7 @@ func TestFaultsLeaderPartitioned(t *testing.T) {
 	r.start()
 	r.waitConnected(r.addr)
 	src2, st2 := r.dbProxy(), r.dbProxy()
-	addr2 := freeAddr(t)
+	addr2 := mysqltest.FreeAddr(t)
 	p2 := startCdcout(t, r.log, r.replicaArgs("f2", src2, st2, addr2)...)
 	stop := r.startWriter()
 	defer stop()

@@ -19,17 +19,6 @@ import (
 	"github.com/cdcout/cdcout/internal/mysqltest"
 )
 
-// freeAddr is a loopback address nothing listens on right now.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // get returns the status and body of GET http://addr+path.
 func get(t *testing.T, addr, path string) (int, string) {
 	t.Helper()
@@ -94,7 +83,7 @@ func TestReadyzTellsTheTruth(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer proxy.Close()
-	addr := freeAddr(t)
+	addr := mysqltest.FreeAddr(t)
 	var user string
 	h := newHooked(t, "ready", "gtid", func(cfg *config.Config) {
 		mc, err := mysql.ParseDSN(srv.DSN)

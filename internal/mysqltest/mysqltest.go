@@ -426,6 +426,18 @@ func (s *Server) Exec(tb testing.TB, stmts ...string) {
 
 var freePortOverride int
 
+// FreeAddr is a loopback address (127.0.0.1:port) nothing listens on right
+// now, for a test's own listeners and proxies.
+func FreeAddr(tb testing.TB) string {
+	tb.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
 func freePort() (int, error) {
 	if freePortOverride != 0 {
 		return freePortOverride, nil
