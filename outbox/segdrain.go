@@ -58,6 +58,9 @@ type leftRecord struct {
 	status  string // pending or dead
 	delay   time.Duration
 	errText string
+	// overload: the receiver was at capacity; not an attempt (none is
+	// logged, and attempt is the count before this claim).
+	overload bool
 }
 
 // drainSegment claims the pipe's oldest pending segment, delivers it and
@@ -186,6 +189,9 @@ type segmentHold struct {
 	tried   int
 	delay   time.Duration
 	errText string
+	// overload: every record was refused for capacity; the attempt is
+	// given back.
+	overload bool
 }
 
 // deliverSegment delivers seg's records in rounds: each round sends the
@@ -227,7 +233,16 @@ func (p *pipeDrainer) deliverSegment(stop context.Context, seg *segment, blocked
 			}
 		}
 		order = next
-		errs := p.deliverConcurrently(stop, batch)
+		errs := p.deliverConcurrently(stop, seg.claimedAt, batch)
+		if stop.Err() != nil || !p.leaseHeld() {
+			// Overloaded answers of a delivery that is stopping are
+			// records not sent.
+			for i, err := range errs {
+				if err != nil && sink.IsOverloaded(err) {
+					errs[i] = errNotSent
+				}
+			}
+		}
 		if round == 0 && seg.attempt < p.cfg.MaxAttempts {
 			if h := p.outage(errs); h != nil {
 				return nil, nil, h
@@ -279,11 +294,12 @@ func (p *pipeDrainer) outage(errs []error) *segmentHold {
 	if len(errs) < 2 {
 		return nil
 	}
-	h := &segmentHold{tried: len(errs), delay: -1}
+	h := &segmentHold{tried: len(errs), delay: -1, overload: true}
 	for _, err := range errs {
 		if err == nil || errors.Is(err, errNotSent) || sink.IsPermanent(err) {
 			return nil
 		}
+		h.overload = h.overload && sink.IsOverloaded(err)
 		if ra, ok := sink.RetryAfterOf(err); ok && ra > h.delay {
 			h.delay = ra
 		}
@@ -296,18 +312,25 @@ func (p *pipeDrainer) outage(errs []error) *segmentHold {
 // error that made it wait.
 func (p *pipeDrainer) holdSegment(ctx context.Context, seg *segment, h *segmentHold) error {
 	d := p.d
+	giveBack := 0
+	if h.overload {
+		giveBack = 1
+	}
 	if h.delay < 0 {
-		h.delay = d.backoff.Delay(seg.attempt)
+		h.delay = d.backoff.Delay(seg.attempt - giveBack)
 	}
 	if _, err := d.cfg.DB.ExecContext(ctx, `UPDATE `+d.segments+`
-SET claimer = 0, next_attempt_at = NOW(6) + INTERVAL ? MICROSECOND, last_error = ?, last_error_at = NOW(6)
-WHERE id = ? AND status = 'pending' AND claimer = ?`, h.delay.Microseconds(), h.errText, seg.id, d.claimer); err != nil {
+SET claimer = 0, next_attempt_at = NOW(6) + INTERVAL ? MICROSECOND, attempts = GREATEST(attempts - ?, 0), last_error = ?, last_error_at = NOW(6)
+WHERE id = ? AND status = 'pending' AND claimer = ?`, h.delay.Microseconds(), giveBack, h.errText, seg.id, d.claimer); err != nil {
 		// The claim lapses and the segment is tried again then.
 		return fmt.Errorf("hold segment %s of %s: %w", seg.id, p.name, err)
 	}
 	d.cfg.Metrics.retried(p.name, h.tried)
-	p.log.Warn("sink failing for every record tried; segment waits and is tried again whole",
-		zap.String("segment", seg.id), zap.Int("attempt", seg.attempt), zap.Duration("retry_in", h.delay), zap.String("error", h.errText))
+	msg := "sink failing for every record tried; segment waits and is tried again whole"
+	if h.overload {
+		msg = "receiver overloaded for every record tried; segment waits and is tried again whole (not counted as an attempt)"
+	}
+	p.logFailure(msg, h.tried, h.errText, zap.String("segment", seg.id), zap.Int("attempt", seg.attempt-giveBack), zap.Duration("retry_in", h.delay))
 	p.retryDueIn(h.delay)
 	return nil
 }
@@ -319,9 +342,9 @@ var errNotSent = errors.New("not sent: the drainer is stopping")
 // deliverConcurrently sends recs (distinct keys) in calls of at most
 // BatchSize, at most Concurrency at once, and returns one error per record.
 // Once stop ends no further call starts (their records get errNotSent);
-// calls under way finish, bounded by the pipe's timeout.
-func (p *pipeDrainer) deliverConcurrently(stop context.Context, recs []Record) []error {
-	ctx := context.WithoutCancel(stop)
+// calls under way finish, bounded by the pipe's timeout (see callContext
+// for paced sinks).
+func (p *pipeDrainer) deliverConcurrently(stop context.Context, claimedAt time.Time, recs []Record) []error {
 	errs := make([]error, len(recs))
 	sem := make(chan struct{}, p.cfg.Concurrency)
 	var wg sync.WaitGroup
@@ -338,20 +361,21 @@ func (p *pipeDrainer) deliverConcurrently(stop context.Context, recs []Record) [
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			copy(errs[start:end], p.deliverTimed(ctx, recs[start:end]))
+			copy(errs[start:end], p.deliverTimed(stop, claimedAt, recs[start:end]))
 		}()
 	}
 	wg.Wait()
 	return errs
 }
 
-// deliverTimed is one Deliver call bounded by the pipe's timeout.
-func (p *pipeDrainer) deliverTimed(ctx context.Context, recs []Record) []error {
-	dctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
+// deliverTimed is one Deliver call bounded by the pipe's timeout (or, for
+// paced sinks, by the stop and the claim: see callContext).
+func (p *pipeDrainer) deliverTimed(stop context.Context, claimedAt time.Time, recs []Record) []error {
+	dctx, cancel := p.callContext(stop, claimedAt)
 	defer cancel()
 	start := time.Now()
 	errs := p.deliver(dctx, recs)
-	if dctx.Err() != nil {
+	if dctx.Err() != nil && !p.paced() {
 		for i, err := range errs {
 			if err != nil && errors.Is(err, context.DeadlineExceeded) {
 				errs[i] = fmt.Errorf("delivery timed out after %v: %w", p.cfg.Timeout, err)
@@ -366,6 +390,9 @@ func (p *pipeDrainer) deliverTimed(ctx context.Context, recs []Record) []error {
 // backoff, or dead.
 func (p *pipeDrainer) failedRecord(r *segRecord, attempt int, err error) leftRecord {
 	l := leftRecord{rec: r, attempt: attempt, status: "pending"}
+	if sink.IsOverloaded(err) {
+		l.attempt, l.overload = max(attempt-1, 0), true
+	}
 	dead, delay, errText := p.verdict(err, attempt)
 	if dead {
 		l.status = "dead"
@@ -412,15 +439,21 @@ WHERE id = ? AND status = 'pending' AND claimer = ?`, seg.id, d.claimer)
 		commits[i] = r.commitTS
 	}
 	d.cfg.Metrics.deliveredAt(p.name, commits)
-	var nRetry, nDead int
+	var (
+		nRetry, nDead int
+		first         *leftRecord
+	)
 	minDelay := time.Duration(-1)
-	for _, l := range left {
+	for i, l := range left {
 		switch {
 		case l.status == "dead":
 			nDead++
 			p.log.Error("dead-lettered", zap.String("id", l.rec.id), zap.Int("attempt", l.attempt), zap.String("error", l.errText))
 		case l.errText != "":
 			nRetry++
+			if first == nil {
+				first = &left[i]
+			}
 			if minDelay < 0 || l.delay < minDelay {
 				minDelay = l.delay
 			}
@@ -428,7 +461,12 @@ WHERE id = ? AND status = 'pending' AND claimer = ?`, seg.id, d.claimer)
 	}
 	if nRetry > 0 {
 		d.cfg.Metrics.retried(p.name, nRetry)
-		p.log.Warn("delivery failed, will retry", zap.Int("rows", nRetry), zap.String("segment", seg.id))
+		msg := "delivery failed, will retry"
+		if first.overload {
+			msg = "delivery failed, receiver overloaded; will retry without counting an attempt"
+		}
+		p.logFailure(msg, nRetry, first.errText, zap.String("segment", seg.id), zap.String("id", first.rec.id),
+			zap.Int("attempt", first.attempt), zap.Duration("retry_in", first.delay))
 	}
 	if nDead > 0 {
 		d.cfg.Metrics.dead(p.name, nDead)
@@ -484,7 +522,7 @@ func (p *pipeDrainer) insertLeft(ctx context.Context, tx *sql.Tx, seg *segment, 
 			l.status, l.attempt, l.delay.Microseconds(), errText, errAt)
 		n++
 		size += r.size()
-		if l.errText != "" {
+		if l.errText != "" && !l.overload {
 			if len(lArgs) > 0 {
 				logQ.WriteByte(',')
 			}

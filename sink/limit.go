@@ -1,0 +1,285 @@
+package sink
+
+import (
+	"context"
+	"errors"
+	"math"
+	"sync"
+	"time"
+)
+
+// overloadedError marks a record that was not delivered because the
+// receiver is at capacity or asked to wait (HTTP 429 or 503, a refused or
+// timed-out connect, broker throttling): not the record's fault. The
+// drainer retries it without counting an attempt and never dead-letters
+// it for this.
+type overloadedError struct{ err error }
+
+func (e *overloadedError) Error() string    { return e.err.Error() }
+func (e *overloadedError) Unwrap() error    { return e.err }
+func (e *overloadedError) Overloaded() bool { return true }
+
+// Overloaded wraps err so that IsOverloaded reports true.
+func Overloaded(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &overloadedError{err: err}
+}
+
+// IsOverloaded reports whether any error in err's chain says Overloaded().
+func IsOverloaded(err error) bool {
+	var o interface{ Overloaded() bool }
+	return errors.As(err, &o) && o.Overloaded()
+}
+
+// Limiter defaults: a handful in flight to start with, and a ceiling that
+// a receiver's measured latency has to earn.
+const (
+	DefaultInitialLimit = 4
+	DefaultMaxLimit     = 64
+)
+
+// Limiter timing. The latency target is twice the round-trip floor plus
+// latencySlack: a few milliseconds of queueing at the receiver cost nothing
+// and let a fast receiver on a busy machine keep many requests in flight;
+// beyond it requests are only waiting in the receiver's queue.
+const (
+	latencySlack  = 5 * time.Millisecond
+	floorWindow   = 10 * time.Second // the floor is the minimum of the last two windows
+	pauseBase     = 100 * time.Millisecond
+	pauseCap      = 5 * time.Second // an endpoint that came back is noticed within this
+	maxRetryAfter = 10 * time.Minute
+)
+
+// Signal is what one request's outcome says about the receiver's capacity.
+type Signal int
+
+const (
+	// Success: answered (any status that is not an overload); rtt counts.
+	Success Signal = iota
+	// Failed: no answer about capacity (the request failed for another
+	// reason); the limit does not move.
+	Failed
+	// Overload: 429/503, a refused or timed-out connect, a request that
+	// timed out: cut the limit sharply.
+	Overload
+)
+
+// LimiterStats is a snapshot of a Limiter.
+type LimiterStats struct {
+	Limit    int
+	Max      int // the ceiling
+	InFlight int
+	// RTT is the smoothed round-trip time of successful requests, Floor the
+	// lowest seen recently (the receiver's unloaded latency).
+	RTT, Floor time.Duration
+	// PausedFor is how much longer no request starts (Retry-After, or
+	// backing off a receiver that refuses every request).
+	PausedFor time.Duration
+	// Overloads counts overload signals since start.
+	Overloads int64
+}
+
+// Limiter is an adaptive concurrency limit for one endpoint, in the manner
+// of TCP congestion control and Envoy's adaptive concurrency filter: it
+// starts at a handful of requests in flight, grows while requests succeed
+// with latency near the observed floor (doubling per round trip until the
+// first sign of queueing, then one per round trip), shrinks gently when
+// latency shows a queue at the receiver, and halves on an overload signal
+// (at most once per round trip, so one burst of failures is one cut). A
+// Retry-After pauses the whole endpoint; overloads at a limit of one pause
+// it with a doubling backoff up to pauseCap.
+type Limiter struct {
+	max int
+
+	mu        sync.Mutex
+	limit     float64
+	inflight  int
+	slowStart bool
+	srtt      time.Duration
+	floorCur  time.Duration // min of the current window
+	floorPrev time.Duration // min of the previous window
+	windowAt  time.Time
+	lastCut   time.Time
+	paused    time.Time // no request starts before
+	strikes   int       // overloads in a row without a success
+	overloads int64
+	changed   chan struct{} // closed and replaced when a slot may have freed
+}
+
+// NewLimiter returns a limiter starting at initial (DefaultInitialLimit
+// when ≤ 0) and never above max (DefaultMaxLimit when ≤ 0).
+func NewLimiter(initial, max int) *Limiter {
+	if max <= 0 {
+		max = DefaultMaxLimit
+	}
+	if initial <= 0 {
+		initial = DefaultInitialLimit
+	}
+	initial = min(initial, max)
+	return &Limiter{max: max, limit: float64(initial), slowStart: true, windowAt: time.Now(), changed: make(chan struct{})}
+}
+
+// Max is the configured ceiling.
+func (l *Limiter) Max() int { return l.max }
+
+// Token is one admitted request; Done must be called exactly once.
+type Token struct {
+	l        *Limiter
+	start    time.Time
+	inflight int // in flight when admitted, this one included
+}
+
+// ErrWaitEnded is returned by Acquire when ctx ended before a slot freed.
+var ErrWaitEnded = errors.New("receiver at capacity: not sent before the delivery ended")
+
+// Acquire waits until the endpoint is not paused and fewer than the limit
+// are in flight, or ctx ends.
+func (l *Limiter) Acquire(ctx context.Context) (*Token, error) {
+	for {
+		l.mu.Lock()
+		now := time.Now()
+		wait := l.paused.Sub(now)
+		if wait <= 0 && l.inflight < l.cur() {
+			l.inflight++
+			t := &Token{l: l, start: now, inflight: l.inflight}
+			l.mu.Unlock()
+			return t, nil
+		}
+		ch := l.changed
+		l.mu.Unlock()
+		var (
+			tm    *time.Timer
+			timer <-chan time.Time
+		)
+		if wait > 0 {
+			tm = time.NewTimer(wait)
+			timer = tm.C
+		}
+		select {
+		case <-ctx.Done():
+		case <-ch:
+		case <-timer:
+		}
+		if tm != nil {
+			tm.Stop()
+		}
+		if ctx.Err() != nil {
+			return nil, ErrWaitEnded
+		}
+	}
+}
+
+// cur is the whole number of requests allowed in flight.
+func (l *Limiter) cur() int { return max(1, int(l.limit)) }
+
+// notify wakes the waiters; l.mu is held.
+func (l *Limiter) notify() {
+	close(l.changed)
+	l.changed = make(chan struct{})
+}
+
+// Done reports the request's outcome. retryAfter > 0 (with Overload)
+// pauses the endpoint for that long.
+func (t *Token) Done(sig Signal, retryAfter time.Duration) {
+	l := t.l
+	now := time.Now()
+	rtt := now.Sub(t.start)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.inflight--
+	defer l.notify()
+	if now.Sub(l.windowAt) > floorWindow {
+		l.floorPrev, l.floorCur, l.windowAt = l.floorCur, 0, now
+	}
+	switch sig {
+	case Success:
+		l.strikes = 0
+		if l.floorCur == 0 || rtt < l.floorCur {
+			l.floorCur = rtt
+		}
+		if l.srtt == 0 {
+			l.srtt = rtt
+		} else {
+			l.srtt += (rtt - l.srtt) / 8
+		}
+		target := 2*l.floor() + latencySlack
+		switch {
+		case rtt > 10*target:
+			// A stall (a connect that waited for a SYN retransmit, a
+			// receiver that froze) is as good as a timeout.
+			l.cut(now, 0.5)
+		case rtt > 2*target:
+			l.cut(now, 0.9)
+		case rtt <= target && 2*t.inflight >= l.cur():
+			// Only a limit in use earns growth.
+			if l.slowStart {
+				l.limit++
+			} else {
+				l.limit += 1 / l.limit
+			}
+			l.limit = min(l.limit, float64(l.max))
+		}
+	case Overload:
+		l.overloads++
+		l.strikes++
+		l.cut(now, 0.5)
+		if retryAfter > 0 {
+			l.pause(now, min(retryAfter, maxRetryAfter))
+		} else if l.limit < 2 {
+			// Every request fails (connection refused, 503 without
+			// Retry-After): back off the endpoint, not only the record.
+			d := pauseBase << min(l.strikes-1, 10)
+			l.pause(now, min(d, pauseCap))
+		}
+	}
+}
+
+// cut multiplies the limit by f, at most once per round trip (one burst of
+// failures from requests sent together is one signal).
+func (l *Limiter) cut(now time.Time, f float64) {
+	l.slowStart = false
+	window := max(l.srtt, 50*time.Millisecond)
+	if now.Sub(l.lastCut) < window {
+		return
+	}
+	l.lastCut = now
+	l.limit = max(1, l.limit*f)
+}
+
+func (l *Limiter) pause(now time.Time, d time.Duration) {
+	if until := now.Add(d); until.After(l.paused) {
+		l.paused = until
+	}
+}
+
+// floor is the lowest round trip of the current and previous windows.
+func (l *Limiter) floor() time.Duration {
+	switch {
+	case l.floorPrev == 0:
+		return l.floorCur
+	case l.floorCur == 0:
+		return l.floorPrev
+	}
+	return min(l.floorCur, l.floorPrev)
+}
+
+// Stats returns a snapshot.
+func (l *Limiter) Stats() LimiterStats {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := LimiterStats{Limit: l.cur(), Max: l.max, InFlight: l.inflight, RTT: l.srtt, Floor: l.floor(), Overloads: l.overloads}
+	if d := time.Until(l.paused); d > 0 {
+		s.PausedFor = d
+	}
+	return s
+}
+
+// roundMs is d in milliseconds with three decimals, for reports.
+func roundMs(d time.Duration) float64 {
+	return math.Round(float64(d)/float64(time.Microsecond)) / 1000
+}
+
+// Millis returns the stats' RTT and Floor in milliseconds (three decimals).
+func (s LimiterStats) Millis() (rtt, floor float64) { return roundMs(s.RTT), roundMs(s.Floor) }
