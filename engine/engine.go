@@ -287,7 +287,7 @@ func (e *Engine) Run(parent context.Context) error {
 		DB: db, Schema: cfg.StateDB, Instance: cfg.Instance, ReplicaID: cfg.ReplicaID,
 		Source: e.sourceStatus, Metrics: e.metrics, Pipes: nil,
 		DroppedPending: e.droppedPending, Endpoints: e.endpoints,
-		Secrets:        e.secrets(), Logger: e.log,
+		Secrets: e.secrets(), Logger: e.log,
 	})
 	ictx, stopInspect := context.WithCancel(context.WithoutCancel(ctx))
 	inspectDone := make(chan struct{})

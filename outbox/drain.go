@@ -1096,8 +1096,8 @@ type outcome struct {
 	err      error
 	overload bool // not an attempt: given back
 	dead     bool
-	delay   time.Duration
-	errText string
+	delay    time.Duration
+	errText  string
 }
 
 // record writes the outcomes of one batch in one transaction. Every update
