@@ -84,12 +84,13 @@ type LimiterStats struct {
 // Limiter is an adaptive concurrency limit for one endpoint, in the manner
 // of TCP congestion control and Envoy's adaptive concurrency filter: it
 // starts at a handful of requests in flight, grows while requests succeed
-// with latency near the observed floor (doubling per round trip until the
+// with latency near the floor (measured with one request in flight, for
+// three requests a second after the start and every floorWindow) (doubling per round trip until the
 // first sign of queueing, then one per round trip), shrinks gently when
 // latency shows a queue at the receiver, and halves on an overload signal
-// (at most once per round trip, so one burst of failures is one cut). A
-// Retry-After pauses the whole endpoint; overloads at a limit of one pause
-// it with a doubling backoff up to pauseCap.
+// (at most once per round trip, so one burst of failures is one cut). An
+// overload also pauses the whole endpoint: for its Retry-After, else for
+// 100 ms doubling while no request succeeds, up to pauseCap.
 type Limiter struct {
 	max int
 
@@ -105,6 +106,11 @@ type Limiter struct {
 	paused    time.Time // no request starts before
 	strikes   int       // overloads in a row without a success
 	overloads int64
+	// probe > 0: the limit is 1 for that many more successes, so the
+	// floor is measured unloaded (with several in flight a queueing
+	// receiver never shows its own latency); then it returns to saved.
+	probe int
+	saved float64
 	changed   chan struct{} // closed and replaced when a slot may have freed
 }
 
@@ -118,8 +124,14 @@ func NewLimiter(initial, max int) *Limiter {
 		initial = DefaultInitialLimit
 	}
 	initial = min(initial, max)
-	return &Limiter{max: max, limit: float64(initial), slowStart: true, windowAt: time.Now(), changed: make(chan struct{})}
+	// The first probe comes a second in, once there is a first estimate.
+	return &Limiter{max: max, limit: float64(initial), slowStart: true, windowAt: time.Now().Add(time.Second - floorWindow),
+		changed: make(chan struct{})}
 }
+
+// probeSamples is how many requests, one at a time, measure the floor a
+// second after the start and every floorWindow.
+const probeSamples = 3
 
 // Max is the configured ceiling.
 func (l *Limiter) Max() int { return l.max }
@@ -172,7 +184,12 @@ func (l *Limiter) Acquire(ctx context.Context) (*Token, error) {
 }
 
 // cur is the whole number of requests allowed in flight.
-func (l *Limiter) cur() int { return max(1, int(l.limit)) }
+func (l *Limiter) cur() int {
+	if l.probe > 0 {
+		return 1
+	}
+	return max(1, int(l.limit))
+}
 
 // notify wakes the waiters; l.mu is held.
 func (l *Limiter) notify() {
@@ -192,11 +209,26 @@ func (t *Token) Done(sig Signal, retryAfter time.Duration) {
 	defer l.notify()
 	if now.Sub(l.windowAt) > floorWindow {
 		l.floorPrev, l.floorCur, l.windowAt = l.floorCur, 0, now
+		if l.probe == 0 {
+			l.probe, l.saved = probeSamples, l.limit
+		}
 	}
 	switch sig {
 	case Success:
 		l.strikes = 0
-		if l.floorCur == 0 || rtt < l.floorCur {
+		if l.probe > 0 {
+			if t.inflight == 1 {
+				if l.floorCur == 0 || rtt < l.floorCur {
+					l.floorCur = rtt
+				}
+				if l.probe--; l.probe == 0 {
+					l.limit = l.saved
+				}
+			}
+			return
+		}
+		// Until a probe, any answer is the estimate.
+		if (t.inflight == 1 || l.floor() == 0) && (l.floorCur == 0 || rtt < l.floorCur) {
 			l.floorCur = rtt
 		}
 		if l.srtt == 0 {
@@ -223,15 +255,20 @@ func (t *Token) Done(sig Signal, retryAfter time.Duration) {
 		}
 	case Overload:
 		l.overloads++
-		l.strikes++
+		if l.probe > 0 {
+			l.probe, l.limit = 0, l.saved
+		}
 		l.cut(now, 0.5)
-		if retryAfter > 0 {
+		switch {
+		case retryAfter > 0:
 			l.pause(now, min(retryAfter, maxRetryAfter))
-		} else if l.limit < 2 {
-			// Every request fails (connection refused, 503 without
-			// Retry-After): back off the endpoint, not only the record.
-			d := pauseBase << min(l.strikes-1, 10)
-			l.pause(now, min(d, pauseCap))
+		case !now.Before(l.paused):
+			// Back off the endpoint, not only the record: 100 ms, doubling
+			// while no request succeeds in between (a receiver that
+			// refuses every connection), up to pauseCap. Answers to
+			// requests sent before the pause began do not count again.
+			l.strikes++
+			l.pause(now, min(pauseBase<<min(l.strikes-1, 10), pauseCap))
 		}
 	}
 }
