@@ -109,9 +109,9 @@ type Limiter struct {
 	// probe > 0: the limit is 1 for that many more successes, so the
 	// floor is measured unloaded (with several in flight a queueing
 	// receiver never shows its own latency); then it returns to saved.
-	probe int
-	saved float64
-	changed   chan struct{} // closed and replaced when a slot may have freed
+	probe   int
+	saved   float64
+	changed chan struct{} // closed and replaced when a slot may have freed
 }
 
 // NewLimiter returns a limiter starting at initial (DefaultInitialLimit
