@@ -45,7 +45,7 @@ const (
 // and let a fast receiver on a busy machine keep many requests in flight;
 // beyond it requests are only waiting in the receiver's queue.
 const (
-	latencySlack  = 5 * time.Millisecond
+	latencySlack  = 3 * time.Millisecond
 	floorWindow   = 10 * time.Second // the floor is the minimum of the last two windows
 	pauseBase     = 100 * time.Millisecond
 	pauseCap      = 5 * time.Second // an endpoint that came back is noticed within this
@@ -85,12 +85,14 @@ type LimiterStats struct {
 // of TCP congestion control and Envoy's adaptive concurrency filter: it
 // starts at a handful of requests in flight, grows while requests succeed
 // with latency near the floor (measured with one request in flight, for
-// three requests a second after the start and every floorWindow) (doubling per round trip until the
-// first sign of queueing, then one per round trip), shrinks gently when
+// three requests at the start and every floorWindow) (doubling per round
+// trip up to 16 or the first sign of queueing, then one per round trip), shrinks gently when
 // latency shows a queue at the receiver, and halves on an overload signal
-// (at most once per round trip, so one burst of failures is one cut). An
-// overload also pauses the whole endpoint: for its Retry-After, else for
-// 100 ms doubling while no request succeeds, up to pauseCap.
+// (at most once per round trip, so one burst of failures is one cut), and
+// then grows no further than one below the concurrency that overloaded it
+// (raised by one every 10 s without an overload). A
+// Retry-After pauses the whole endpoint; so do overloads in a row without a
+// success (100 ms, doubling, up to pauseCap).
 type Limiter struct {
 	max int
 
@@ -109,9 +111,15 @@ type Limiter struct {
 	// probe > 0: the limit is 1 for that many more successes, so the
 	// floor is measured unloaded (with several in flight a queueing
 	// receiver never shows its own latency); then it returns to saved.
-	probe   int
-	saved   float64
-	changed chan struct{} // closed and replaced when a slot may have freed
+	probe int
+	saved float64
+	// ceil is where growth stops: one below the requests in flight at the
+	// lowest overload, raised by one every floorWindow without one. An overload
+	// can cost a second (a dropped SYN), so the limit does not probe for
+	// it again on every round trip.
+	ceil               float64
+	overloadedInWindow bool
+	changed            chan struct{} // closed and replaced when a slot may have freed
 }
 
 // NewLimiter returns a limiter starting at initial (DefaultInitialLimit
@@ -124,13 +132,22 @@ func NewLimiter(initial, max int) *Limiter {
 		initial = DefaultInitialLimit
 	}
 	initial = min(initial, max)
-	// The first probe comes a second in, once there is a first estimate.
-	return &Limiter{max: max, limit: float64(initial), slowStart: true, windowAt: time.Now().Add(time.Second - floorWindow),
-		changed: make(chan struct{})}
+	// It starts with a probe: the first answers of a cold receiver, several
+	// at once, are slow (connection set-up, the receiver warming up), and
+	// a floor taken from them would let the start grow far past what the
+	// receiver takes.
+	return &Limiter{max: max, limit: float64(initial), slowStart: true, windowAt: time.Now(),
+		changed: make(chan struct{}), ceil: float64(max), probe: probeSamples, saved: float64(initial)}
 }
 
-// probeSamples is how many requests, one at a time, measure the floor a
-// second after the start and every floorWindow.
+// slowStartEnd is where doubling per round trip gives way to one more per
+// round trip even without a sign of overload: latency does not show a
+// full accept queue on a busy machine (a receiver starved of CPU is slow
+// at any concurrency), and overshooting it drops a burst of connects.
+const slowStartEnd = 16
+
+// probeSamples is how many requests, one at a time, measure the floor at
+// the start and every floorWindow.
 const probeSamples = 3
 
 // Max is the configured ceiling.
@@ -212,6 +229,10 @@ func (t *Token) Done(sig Signal, retryAfter time.Duration) {
 		if l.probe == 0 {
 			l.probe, l.saved = probeSamples, l.limit
 		}
+		if !l.overloadedInWindow {
+			l.ceil = min(l.ceil+1, float64(l.max))
+		}
+		l.overloadedInWindow = false
 	}
 	switch sig {
 	case Success:
@@ -246,12 +267,12 @@ func (t *Token) Done(sig Signal, retryAfter time.Duration) {
 			l.cut(now, 0.9)
 		case rtt <= target && 2*t.inflight >= l.cur():
 			// Only a limit in use earns growth.
-			if l.slowStart {
+			if l.slowStart && l.limit < slowStartEnd {
 				l.limit++
 			} else {
 				l.limit += 1 / l.limit
 			}
-			l.limit = min(l.limit, float64(l.max))
+			l.limit = min(l.limit, l.ceil)
 		}
 	case Overload:
 		l.overloads++
@@ -259,30 +280,41 @@ func (t *Token) Done(sig Signal, retryAfter time.Duration) {
 			l.probe, l.limit = 0, l.saved
 		}
 		l.cut(now, 0.5)
+		// Overloaded with n in flight: n-1 is what it takes. A retry
+		// after (a 503 for a while) says nothing about concurrency.
+		if retryAfter == 0 {
+			l.ceil = min(l.ceil, max(2, float64(t.inflight-1)))
+			l.overloadedInWindow = true
+		}
 		switch {
 		case retryAfter > 0:
 			l.pause(now, min(retryAfter, maxRetryAfter))
 		case !now.Before(l.paused):
-			// Back off the endpoint, not only the record: 100 ms, doubling
-			// while no request succeeds in between (a receiver that
-			// refuses every connection), up to pauseCap. Answers to
-			// requests sent before the pause began do not count again.
-			l.strikes++
-			l.pause(now, min(pauseBase<<min(l.strikes-1, 10), pauseCap))
+			// A second overload with no success in between (a receiver
+			// that refuses every connection, or answers every request
+			// with a 503) backs off the endpoint, not only the record:
+			// 100 ms, doubling, up to pauseCap. A lone one (a connect
+			// dropped from a full accept queue) is answered by the cut.
+			// Answers to requests sent before a pause began do not count
+			// again.
+			if l.strikes++; l.strikes > 1 {
+				l.pause(now, min(pauseBase<<min(l.strikes-2, 10), pauseCap))
+			}
 		}
 	}
 }
 
 // cut multiplies the limit by f, at most once per round trip (one burst of
 // failures from requests sent together is one signal).
-func (l *Limiter) cut(now time.Time, f float64) {
+func (l *Limiter) cut(now time.Time, f float64) bool {
 	l.slowStart = false
 	window := max(l.srtt, 50*time.Millisecond)
 	if now.Sub(l.lastCut) < window {
-		return
+		return false
 	}
 	l.lastCut = now
 	l.limit = max(1, l.limit*f)
+	return true
 }
 
 func (l *Limiter) pause(now time.Time, d time.Duration) {

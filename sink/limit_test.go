@@ -22,13 +22,7 @@ func done(t *testing.T, l *Limiter, rtt time.Duration, sig Signal, ra time.Durat
 // It returns the limit after rounds round trips' worth of answers.
 func simulate(t *testing.T, l *Limiter, service time.Duration, rounds int) int {
 	t.Helper()
-	for i := range rounds {
-		if i == 20 {
-			// The first probe (a second in, in real time).
-			l.mu.Lock()
-			l.windowAt = l.windowAt.Add(-floorWindow)
-			l.mu.Unlock()
-		}
+	for range rounds {
 		n := l.Stats().Limit
 		toks := make([]*Token, n)
 		for i := range toks {
@@ -61,7 +55,7 @@ func TestLimiterFollowsLatency(t *testing.T) {
 		t.Errorf("single-threaded 50 ms receiver: limit %d, want 2–5", got)
 	}
 	fast := NewLimiter(0, 64)
-	for range 2000 {
+	for range 2000 + probeSamples {
 		done(t, fast, 200*time.Microsecond, Success, 0)
 	}
 	// One request at a time is not a limit in use: no growth.
@@ -77,6 +71,7 @@ func TestLimiterFollowsLatency(t *testing.T) {
 // pauses every request of the endpoint until it passed.
 func TestLimiterOverloadCutsAndPauses(t *testing.T) {
 	l := NewLimiter(32, 64)
+	l.probe = 0
 	var burst []*Token
 	for range 2 {
 		tok, err := l.Acquire(context.Background())

@@ -55,10 +55,12 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -184,13 +186,15 @@ func New(opts Options) (*Sink, error) {
 		tr.MaxIdleConns = lim.Max()
 		tr.MaxIdleConnsPerHost = lim.Max()
 		tr.MaxConnsPerHost = lim.Max()
-		tr.DialContext = (&net.Dialer{Timeout: DialTimeout(timeout), KeepAlive: 30 * time.Second}).DialContext
+		dd := &dialer{d: net.Dialer{KeepAlive: 30 * time.Second}, max: DialTimeout(timeout)}
+		tr.DialContext = dd.DialContext
 		rt, closeIdle = tr, tr.CloseIdleConnections
 	}
 	log := opts.Logger
 	if log == nil {
 		log = zap.NewNop()
 	}
+
 	h := http.Header{}
 	for k, v := range opts.Headers {
 		h.Set(k, v)
@@ -221,9 +225,52 @@ func New(opts Options) (*Sink, error) {
 	}, nil
 }
 
-// DialTimeout is the connect timeout for a request timeout: a quarter of
-// it, between 1 and 3 seconds. Linux retransmits a dropped SYN after 1 s,
-// so one lost connect attempt still gets through.
+// dialer times a connect out after 20× the fastest connect seen lately
+// (at least minDialTimeout, at most max): a connect the listener dropped
+// (its accept queue full) waits a second for the SYN retransmit, and
+// failing it early instead lets the limiter back off and send it again
+// sooner. Against a host across the world the fastest connect is its
+// round trip, so the timeout stays well above it.
+type dialer struct {
+	d     net.Dialer
+	max   time.Duration
+	floor atomic.Int64 // ns; 0 until the first connect
+}
+
+// minDialTimeout bounds the adaptive connect timeout from below.
+const minDialTimeout = 250 * time.Millisecond
+
+func (dd *dialer) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	timeout := dd.max
+	if f := time.Duration(dd.floor.Load()); f > 0 {
+		timeout = min(max(20*f, minDialTimeout), dd.max)
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	start := time.Now()
+	c, err := dd.d.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	// The floor follows the fastest connects, and drifts up slowly when
+	// the network got slower for good.
+	d := time.Since(start)
+	for {
+		old := dd.floor.Load()
+		next := int64(d)
+		if old != 0 && int64(d) > old {
+			next = old + (int64(d)-old)/64
+		}
+		if dd.floor.CompareAndSwap(old, next) {
+			break
+		}
+	}
+	return c, nil
+}
+
+// DialTimeout is the longest connect timeout for a request timeout: a
+// quarter of it, between 1 and 3 seconds (the dialer uses less once it
+// has seen how fast connects are).
 func DialTimeout(requestTimeout time.Duration) time.Duration {
 	return min(max(requestTimeout/4, time.Second), 3*time.Second)
 }
@@ -370,7 +417,13 @@ func (s *Sink) send(ctx context.Context, id string, h http.Header, body []byte) 
 			return sink.Overloaded(fmt.Errorf("post %s: %w", s.shownURL, err))
 		}
 		before := s.lim.Stats().Limit
-		sig, ra, err := s.sendOnce(ctx, id, h, body)
+		var stalled atomic.Bool
+		sig, ra, err := s.sendOnce(s.traceConnect(ctx, &stalled), id, h, body)
+		if sig == sink.Success && stalled.Load() {
+			// Answered, but its connect waited for a SYN retransmit: the
+			// receiver's accept queue is full.
+			sig = sink.Overload
+		}
 		tok.Done(sig, ra)
 		if sig == sink.Overload && s.closeIdle != nil && s.lim.Stats().Limit < before {
 			s.closeIdle()
@@ -384,6 +437,25 @@ func (s *Sink) send(ctx context.Context, id string, h http.Header, body []byte) 
 			return err
 		}
 	}
+}
+
+// connectStall is how long a TCP connect takes before it counts as an
+// overload signal: Linux retransmits a SYN the listener dropped (accept
+// queue full) after 1 s, and few networks take 700 ms for a handshake.
+const connectStall = 700 * time.Millisecond
+
+// traceConnect returns ctx with a trace that sets stalled when a connect
+// made for the request takes longer than connectStall.
+func (s *Sink) traceConnect(ctx context.Context, stalled *atomic.Bool) context.Context {
+	var start atomic.Int64
+	return httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		ConnectStart: func(string, string) { start.Store(time.Now().UnixNano()) },
+		ConnectDone: func(_, _ string, err error) {
+			if t := start.Load(); err == nil && t != 0 && time.Since(time.Unix(0, t)) > connectStall {
+				stalled.Store(true)
+			}
+		},
+	})
 }
 
 // reportOverload logs an overload answer at most every overloadLogEvery,

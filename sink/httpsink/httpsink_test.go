@@ -249,9 +249,12 @@ func TestTimeoutAndConnectionErrorsRetry(t *testing.T) {
 // A cold endpoint gets a handful of requests at once (the limiter's
 // initial limit), not a call's worth.
 func TestColdEndpointStartsAtInitialLimit(t *testing.T) {
-	var inFlight, peak atomic.Int64
+	var inFlight, peak, served atomic.Int64
 	release := make(chan struct{})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if served.Add(1) <= 3 {
+			return // the limiter's probe of the floor, one at a time
+		}
 		n := inFlight.Add(1)
 		for {
 			p := peak.Load()
@@ -264,7 +267,7 @@ func TestColdEndpointStartsAtInitialLimit(t *testing.T) {
 	}))
 	defer srv.Close()
 	s, _ := New(Options{URL: srv.URL})
-	recs := make([]outbox.Record, 2*sink.DefaultInitialLimit)
+	recs := make([]outbox.Record, 3+2*sink.DefaultInitialLimit)
 	for i := range recs {
 		recs[i] = rec(fmt.Sprintf("id-%d", i), "{}")
 	}
