@@ -119,7 +119,7 @@ type Limiter struct {
 	// it again on every round trip.
 	ceil               float64
 	overloadedInWindow bool
-	changed            chan struct{} // closed and replaced when a slot may have freed
+	waiters            []chan struct{} // Acquire calls waiting, oldest first
 }
 
 // NewLimiter returns a limiter starting at initial (DefaultInitialLimit
@@ -137,7 +137,7 @@ func NewLimiter(initial, max int) *Limiter {
 	// a floor taken from them would let the start grow far past what the
 	// receiver takes.
 	return &Limiter{max: max, limit: float64(initial), slowStart: true, windowAt: time.Now(),
-		changed: make(chan struct{}), ceil: float64(max), probe: probeSamples, saved: float64(initial)}
+		ceil: float64(max), probe: probeSamples, saved: float64(initial)}
 }
 
 // slowStartEnd is where doubling per round trip gives way to one more per
@@ -166,6 +166,7 @@ var ErrWaitEnded = errors.New("receiver at capacity: not sent before the deliver
 // Acquire waits until the endpoint is not paused and fewer than the limit
 // are in flight, or ctx ends.
 func (l *Limiter) Acquire(ctx context.Context) (*Token, error) {
+	var w chan struct{}
 	for {
 		l.mu.Lock()
 		now := time.Now()
@@ -176,7 +177,13 @@ func (l *Limiter) Acquire(ctx context.Context) (*Token, error) {
 			l.mu.Unlock()
 			return t, nil
 		}
-		ch := l.changed
+		// Queue up: a freed slot wakes one waiter, not all of them (with
+		// hundreds waiting, waking all on every answer cost more CPU than
+		// the requests).
+		if w == nil {
+			w = make(chan struct{}, 1)
+		}
+		l.waiters = append(l.waiters, w)
 		l.mu.Unlock()
 		var (
 			tm    *time.Timer
@@ -188,14 +195,34 @@ func (l *Limiter) Acquire(ctx context.Context) (*Token, error) {
 		}
 		select {
 		case <-ctx.Done():
-		case <-ch:
+		case <-w:
 		case <-timer:
 		}
 		if tm != nil {
 			tm.Stop()
 		}
+		l.mu.Lock()
+		l.dropWaiter(w)
+		l.mu.Unlock()
+		select {
+		case <-w: // woken meanwhile: pass it on
+			l.mu.Lock()
+			l.wake()
+			l.mu.Unlock()
+		default:
+		}
 		if ctx.Err() != nil {
 			return nil, ErrWaitEnded
+		}
+	}
+}
+
+// dropWaiter removes w from the queue if it is still there; l.mu is held.
+func (l *Limiter) dropWaiter(w chan struct{}) {
+	for i, x := range l.waiters {
+		if x == w {
+			l.waiters = append(l.waiters[:i], l.waiters[i+1:]...)
+			return
 		}
 	}
 }
@@ -208,10 +235,17 @@ func (l *Limiter) cur() int {
 	return max(1, int(l.limit))
 }
 
-// notify wakes the waiters; l.mu is held.
-func (l *Limiter) notify() {
-	close(l.changed)
-	l.changed = make(chan struct{})
+// wake wakes as many waiters as there are free slots (none while the
+// endpoint is paused: their timers end the pause); l.mu is held.
+func (l *Limiter) wake() {
+	if time.Now().Before(l.paused) {
+		return
+	}
+	for free := l.cur() - l.inflight; free > 0 && len(l.waiters) > 0; free-- {
+		w := l.waiters[0]
+		l.waiters = l.waiters[1:]
+		w <- struct{}{}
+	}
 }
 
 // Done reports the request's outcome. retryAfter > 0 (with Overload)
@@ -223,7 +257,7 @@ func (t *Token) Done(sig Signal, retryAfter time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.inflight--
-	defer l.notify()
+	defer l.wake()
 	if now.Sub(l.windowAt) > floorWindow {
 		l.floorPrev, l.floorCur, l.windowAt = l.floorCur, 0, now
 		if l.probe == 0 {
@@ -320,6 +354,12 @@ func (l *Limiter) cut(now time.Time, f float64) bool {
 func (l *Limiter) pause(now time.Time, d time.Duration) {
 	if until := now.Add(d); until.After(l.paused) {
 		l.paused = until
+		// Waiters queued before the pause have no timer of their own.
+		time.AfterFunc(d, func() {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			l.wake()
+		})
 	}
 }
 

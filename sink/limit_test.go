@@ -105,3 +105,43 @@ func TestLimiterOverloadCutsAndPauses(t *testing.T) {
 		t.Fatalf("admitted %v after a 300 ms Retry-After", d)
 	}
 }
+
+// A request waiting for a slot when the endpoint is paused is admitted
+// when the pause ends, though no other request finishes to wake it.
+func TestLimiterWaiterAdmittedAfterPause(t *testing.T) {
+	l := NewLimiter(1, 1)
+	l.probe = 0
+	tok, err := l.Acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan time.Time, 1)
+	go func() {
+		w, err := l.Acquire(context.Background())
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		got <- time.Now()
+		w.Done(Success, 0)
+	}()
+	for {
+		l.mu.Lock()
+		n := len(l.waiters)
+		l.mu.Unlock()
+		if n == 1 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	start := time.Now()
+	tok.Done(Overload, 100*time.Millisecond)
+	select {
+	case at := <-got:
+		if d := at.Sub(start); d < 90*time.Millisecond {
+			t.Fatalf("admitted %v into a 100 ms pause", d)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiter was never admitted after the pause")
+	}
+}
