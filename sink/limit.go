@@ -249,8 +249,9 @@ func (l *Limiter) wake() {
 }
 
 // Done reports the request's outcome. retryAfter > 0 (with Overload)
-// pauses the endpoint for that long.
-func (t *Token) Done(sig Signal, retryAfter time.Duration) {
+// pauses the endpoint for that long. It reports whether the limit was cut
+// sharply (the caller may close idle connections beyond it).
+func (t *Token) Done(sig Signal, retryAfter time.Duration) (cut bool) {
 	l := t.l
 	now := time.Now()
 	rtt := now.Sub(t.start)
@@ -296,7 +297,7 @@ func (t *Token) Done(sig Signal, retryAfter time.Duration) {
 		case rtt > 10*target:
 			// A stall (a connect that waited for a SYN retransmit, a
 			// receiver that froze) is as good as a timeout.
-			l.cut(now, 0.5)
+			return l.cut(now, 0.5)
 		case rtt > 2*target:
 			l.cut(now, 0.9)
 		case rtt <= target && 2*t.inflight >= l.cur():
@@ -313,7 +314,7 @@ func (t *Token) Done(sig Signal, retryAfter time.Duration) {
 		if l.probe > 0 {
 			l.probe, l.limit = 0, l.saved
 		}
-		l.cut(now, 0.5)
+		cut = l.cut(now, 0.5)
 		// Overloaded with n in flight: n-1 is what it takes. A retry
 		// after (a 503 for a while) says nothing about concurrency.
 		if retryAfter == 0 {
@@ -336,6 +337,19 @@ func (t *Token) Done(sig Signal, retryAfter time.Duration) {
 			}
 		}
 	}
+	return cut
+}
+
+// Congested reports an overload seen outside a request's answer (a
+// connect that waited for a SYN retransmit): as an overload answer to a
+// request sent with the current number in flight.
+func (l *Limiter) Congested() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.overloads++
+	l.cut(time.Now(), 0.5)
+	l.ceil = min(l.ceil, max(2, float64(l.inflight-1)))
+	l.overloadedInWindow = true
 }
 
 // cut multiplies the limit by f, at most once per round trip (one burst of

@@ -55,7 +55,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptrace"
 	"net/url"
 	"strconv"
 	"strings"
@@ -186,7 +185,7 @@ func New(opts Options) (*Sink, error) {
 		tr.MaxIdleConns = lim.Max()
 		tr.MaxIdleConnsPerHost = lim.Max()
 		tr.MaxConnsPerHost = lim.Max()
-		dd := &dialer{d: net.Dialer{KeepAlive: 30 * time.Second}, max: DialTimeout(timeout)}
+		dd := &dialer{d: net.Dialer{KeepAlive: 30 * time.Second}, max: DialTimeout(timeout), lim: lim}
 		tr.DialContext = dd.DialContext
 		rt, closeIdle = tr, tr.CloseIdleConnections
 	}
@@ -234,8 +233,14 @@ func New(opts Options) (*Sink, error) {
 type dialer struct {
 	d     net.Dialer
 	max   time.Duration
+	lim   *sink.Limiter
 	floor atomic.Int64 // ns; 0 until the first connect
 }
+
+// connectStall is how long a TCP connect takes before it counts as an
+// overload signal: Linux retransmits a SYN the listener dropped (accept
+// queue full) after 1 s, and few networks take 700 ms for a handshake.
+const connectStall = 700 * time.Millisecond
 
 // minDialTimeout bounds the adaptive connect timeout from below.
 const minDialTimeout = 250 * time.Millisecond
@@ -255,6 +260,9 @@ func (dd *dialer) DialContext(ctx context.Context, network, addr string) (net.Co
 	// The floor follows the fastest connects, and drifts up slowly when
 	// the network got slower for good.
 	d := time.Since(start)
+	if d > connectStall {
+		dd.lim.Congested() // it waited for a SYN retransmit: the accept queue is full
+	}
 	for {
 		old := dd.floor.Load()
 		next := int64(d)
@@ -416,16 +424,8 @@ func (s *Sink) send(ctx context.Context, id string, h http.Header, body []byte) 
 			}
 			return sink.Overloaded(fmt.Errorf("post %s: %w", s.shownURL, err))
 		}
-		before := s.lim.Stats().Limit
-		var stalled atomic.Bool
-		sig, ra, err := s.sendOnce(s.traceConnect(ctx, &stalled), id, h, body)
-		if sig == sink.Success && stalled.Load() {
-			// Answered, but its connect waited for a SYN retransmit: the
-			// receiver's accept queue is full.
-			sig = sink.Overload
-		}
-		tok.Done(sig, ra)
-		if sig == sink.Overload && s.closeIdle != nil && s.lim.Stats().Limit < before {
+		sig, ra, err := s.sendOnce(ctx, id, h, body)
+		if cut := tok.Done(sig, ra); cut && s.closeIdle != nil {
 			s.closeIdle()
 		}
 		if err == nil || !sink.IsOverloaded(err) {
@@ -437,25 +437,6 @@ func (s *Sink) send(ctx context.Context, id string, h http.Header, body []byte) 
 			return err
 		}
 	}
-}
-
-// connectStall is how long a TCP connect takes before it counts as an
-// overload signal: Linux retransmits a SYN the listener dropped (accept
-// queue full) after 1 s, and few networks take 700 ms for a handshake.
-const connectStall = 700 * time.Millisecond
-
-// traceConnect returns ctx with a trace that sets stalled when a connect
-// made for the request takes longer than connectStall.
-func (s *Sink) traceConnect(ctx context.Context, stalled *atomic.Bool) context.Context {
-	var start atomic.Int64
-	return httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
-		ConnectStart: func(string, string) { start.Store(time.Now().UnixNano()) },
-		ConnectDone: func(_, _ string, err error) {
-			if t := start.Load(); err == nil && t != 0 && time.Since(time.Unix(0, t)) > connectStall {
-				stalled.Store(true)
-			}
-		},
-	})
 }
 
 // reportOverload logs an overload answer at most every overloadLogEvery,
