@@ -51,26 +51,64 @@ type capacityReceiver struct {
 // that logs each body. Without python3 on PATH a Go listener with backlog
 // 5 serving 2 requests at a time stands in.
 func TestSmallReceiverThreadingHTTPServer(t *testing.T) {
+	name, rc := threadingReceiver(t)
+	runCapacity(t, name, rc, 0)
+}
+
+func threadingReceiver(t testing.TB) (string, *capacityReceiver) {
 	py, err := exec.LookPath("python3")
 	if err != nil {
 		t.Log("python3 not on PATH: a Go listener with backlog 5 serving 2 at a time stands in")
 		r := newSmallReceiver(t, 5, 2, func(*envelope) (int, time.Duration) { return 200, 0 })
-		runCapacity(t, "threading-go", &capacityReceiver{url: r.srv.URL, arrivals: r.snapshot})
-		return
+		return "threading-go", &capacityReceiver{url: r.srv.URL, arrivals: r.snapshot}
 	}
-	runCapacity(t, "threading-python", startPythonReceiver(t, py))
+	return "threading-python", startPythonReceiver(t, py)
 }
 
 // TestSingleThreadedSlowReceiver is (b): one request at a time, 50 ms
 // each (20 requests/s).
 func TestSingleThreadedSlowReceiver(t *testing.T) {
+	runCapacity(t, "single-50ms", singleThreadedReceiver(t), 0)
+}
+
+func singleThreadedReceiver(t testing.TB) *capacityReceiver {
 	r := newSmallReceiver(t, 128, 1, func(*envelope) (int, time.Duration) { return 200, 50 * time.Millisecond })
-	runCapacity(t, "single-50ms", &capacityReceiver{url: r.srv.URL, arrivals: r.snapshot})
+	return &capacityReceiver{url: r.srv.URL, arrivals: r.snapshot}
 }
 
 // TestRetryAfterReceiver is (c): 503 with Retry-After: 5 for the first
 // 10 s of deliveries, then 200.
 func TestRetryAfterReceiver(t *testing.T) {
+	runCapacity(t, "retry-after", retryAfterReceiver(t), 0)
+}
+
+// BenchmarkLimitedReceivers runs (a), (b) and (c) at the issue's size,
+// 4,000 changes each (CDCOUT_CAPACITY_CHANGES overrides), and reports the
+// delivered rate as a fraction of the receiver's measured capacity
+// (target ≥ 0.8; (c)'s 10 s of refusals left out).
+func BenchmarkLimitedReceivers(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		rc   func(testing.TB) (string, *capacityReceiver)
+	}{
+		{"threading", threadingReceiver},
+		{"single-50ms", func(t testing.TB) (string, *capacityReceiver) { return "single-50ms", singleThreadedReceiver(t) }},
+		{"retry-after", func(t testing.TB) (string, *capacityReceiver) { return "retry-after", retryAfterReceiver(t) }},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			for range b.N {
+				name, rc := tc.rc(b)
+				res := runCapacity(b, name, rc, 4000)
+				b.ReportMetric(res.fraction, "of_capacity")
+				b.ReportMetric(res.capacity, "capacity_req/s")
+				b.ReportMetric(res.window.Seconds(), "delivery_s")
+				b.ReportMetric(float64(res.changes), "changes")
+			}
+		})
+	}
+}
+
+func retryAfterReceiver(t testing.TB) *capacityReceiver {
 	var (
 		mu    sync.Mutex
 		first time.Time
@@ -90,14 +128,14 @@ func TestRetryAfterReceiver(t *testing.T) {
 		return 200, 0
 	})
 	r.retryAfter = "5"
-	runCapacity(t, "retry-after", &capacityReceiver{url: r.srv.URL, arrivals: r.snapshot, refuses: 10 * time.Second})
+	return &capacityReceiver{url: r.srv.URL, arrivals: r.snapshot, refuses: 10 * time.Second}
 }
 
 // startPythonReceiver runs Python's ThreadingHTTPServer with a handler
 // that appends "<unix time> <body>" per delivery to a file before
 // answering 200 (so a key's deliveries are logged in the order cdcout
 // sent them: the next waits for this answer).
-func startPythonReceiver(t *testing.T, py string) *capacityReceiver {
+func startPythonReceiver(t testing.TB, py string) *capacityReceiver {
 	t.Helper()
 	dir := t.TempDir()
 	script := filepath.Join(dir, "receiver.py")
@@ -167,7 +205,7 @@ srv.serve_forever()
 // each, with the headers cdcout sends (a receiver parses them) and
 // X-Capacity-Probe (the Go receivers do not record these; Python's logs
 // them like deliveries, at the same cost, and the test skips them).
-func measureCapacity(t *testing.T, url string, body []byte) float64 {
+func measureCapacity(t testing.TB, url string, body []byte) float64 {
 	t.Helper()
 	tr := &http.Transport{MaxIdleConnsPerHost: 8}
 	defer tr.CloseIdleConnections()
@@ -225,7 +263,7 @@ type capacityResult struct {
 // runCapacity writes changes in small transactions, delivers them with
 // `cdcout run` at its defaults to rc and checks the outcome (see the top
 // of the file).
-func runCapacity(t *testing.T, name string, rc *capacityReceiver) capacityResult {
+func runCapacity(t testing.TB, name string, rc *capacityReceiver, n int) capacityResult {
 	t.Helper()
 	srv := mysqltest.Shared(t)
 	src := srv.CreateDB(t, "e2e_cap")
@@ -237,7 +275,9 @@ func runCapacity(t *testing.T, name string, rc *capacityReceiver) capacityResult
 	probe := []byte(`{"id":"probe","op":"u","key":{"id":1},"before":{"id":1,"v":1,"note":"` + strings.Repeat("x", 40) +
 		`"},"after":{"id":1,"v":2,"note":"` + strings.Repeat("y", 40) + `"},"source":{"db":"d","table":"t","row":0}}`)
 	capacity := measureCapacity(t, rc.url, probe)
-	n := min(4000, max(200, int(capacity*8)))
+	if n <= 0 {
+		n = min(4000, max(200, int(capacity*8)))
+	}
 	if v, err := strconv.Atoi(os.Getenv("CDCOUT_CAPACITY_CHANGES")); err == nil && v > 0 {
 		n = v
 	}

@@ -324,6 +324,7 @@ func (t *Token) Done(sig Signal, retryAfter time.Duration) (cut bool) {
 		switch {
 		case retryAfter > 0:
 			l.pause(now, min(retryAfter, maxRetryAfter))
+			l.slowStart = true // back to doubling once the pause is over
 		case !now.Before(l.paused):
 			// A second overload with no success in between (a receiver
 			// that refuses every connection, or answers every request
