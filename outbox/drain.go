@@ -134,6 +134,10 @@ type pipeDrainer struct {
 	// flood the log.
 	failLogAt  time.Time
 	failLogged int // failures left out of the log since failLogAt
+
+	// bg counts the outcome writers of stalled calls a segment did not
+	// wait for (finishDetached); the pipe's drain waits for them.
+	bg sync.WaitGroup
 }
 
 // failLogEvery is how often a pipe logs that deliveries are failing.
@@ -340,6 +344,7 @@ func (d *Drainer) DrainOnce(ctx context.Context) (int, error) {
 			}()
 		}
 		wg.Wait()
+		p.bg.Wait()
 	}
 	return total, errors.Join(errs...)
 }
@@ -373,6 +378,7 @@ func (p *pipeDrainer) run(ctx context.Context) {
 	defer func() {
 		close(work)
 		wg.Wait()
+		p.bg.Wait()
 	}()
 
 	// Claiming is the serial part of draining, so two claimers share it,

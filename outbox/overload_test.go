@@ -2,7 +2,10 @@ package outbox
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -61,5 +64,77 @@ func TestOverloadedSegmentHeldWithoutAttempts(t *testing.T) {
 	}
 	if n := st.count(t, "SELECT MAX(attempts) FROM "+state.Table(st.schema, "segments")); n != 1 {
 		t.Fatalf("segments' max attempts = %d, want 1 (overloads not counted)", n)
+	}
+}
+
+// pacedSink is a fake sink that paces itself and sends one request per
+// record, like the webhook sink.
+type pacedSink struct{ fakeSink }
+
+func (pacedSink) Paced() bool               { return true }
+func (pacedSink) OneRequestPerRecord() bool { return true }
+
+// A call that stalls does not hold its segment or the pipe's later
+// segments: the segment is recorded with the stalled record as a row
+// claimed by us, the later records of its key queue behind it as rows,
+// every other key goes on; when the call returns its outcome lands on the
+// row and the key continues, in order.
+func TestStalledCallDoesNotHoldLaterSegments(t *testing.T) {
+	st := newTestState(t)
+	const pipe = "a:app.users:seg"
+	order := enqueueTxns(t, st, pipe, 3, 20)
+	release := make(chan struct{})
+	var mu sync.Mutex
+	got := map[string][]string{} // key → transactions delivered, in order
+	snk := pacedSink{fakeSink{fn: func(ctx context.Context, recs []Record) []error {
+		for _, r := range recs {
+			var env struct {
+				Source struct {
+					GTID string `json:"gtid"`
+				} `json:"source"`
+			}
+			if err := json.Unmarshal(r.Payload, &env); err != nil {
+				t.Error(err)
+			}
+			if r.Key == `{"id":0}` && env.Source.GTID == "0-1-1" {
+				<-release // the key's first record stalls
+			}
+			mu.Lock()
+			got[r.Key] = append(got[r.Key], env.Source.GTID)
+			mu.Unlock()
+		}
+		return nil
+	}}}
+	d := st.drainer(t, "d1", map[string]PipeConfig{pipe: {Sink: snk}}, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	waitFor(t, "every segment done and every other key delivered while one call stalls", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for k := range order {
+			if k != `{"id":0}` && len(got[k]) != 3 {
+				return false
+			}
+		}
+		return st.count(t, "SELECT COUNT(*) FROM "+state.Table(st.schema, "segments")+" WHERE status = 'pending'") == 0
+	})
+	if n := st.count(t, "SELECT COUNT(*) FROM {outbox} WHERE status = 'pending'"); n != 3 {
+		t.Fatalf("%d pending rows while the call stalls, want 3 (the stalled record, claimed, and its key's two later ones)", n)
+	}
+	close(release)
+	waitFor(t, "the stalled key delivered after its call returned", func() bool {
+		return st.count(t, "SELECT COUNT(*) FROM {outbox} WHERE status = 'delivered'") == 3
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for k := range order {
+		if g := strings.Join(got[k], " "); g != "0-1-1 0-1-2 0-1-3" {
+			t.Errorf("key %s delivered %s, want 0-1-1 0-1-2 0-1-3 (once each, in order)", k, g)
+		}
+	}
+	if n := st.count(t, "SELECT MAX(attempts) FROM {outbox}"); n != 1 {
+		t.Errorf("rows' max attempts %d, want 1", n)
 	}
 }

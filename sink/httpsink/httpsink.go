@@ -288,6 +288,11 @@ func DialTimeout(requestTimeout time.Duration) time.Duration {
 // outbox.Paced).
 func (s *Sink) Paced() bool { return true }
 
+// OneRequestPerRecord tells the drainer that each record is a request of
+// its own (no batch): it then hands them over one per call, so that one
+// slow request holds only its own record.
+func (s *Sink) OneRequestPerRecord() bool { return !s.batch }
+
 // Endpoint reports the endpoint's adaptive concurrency state.
 func (s *Sink) Endpoint() sink.LimiterStats { return s.lim.Stats() }
 
