@@ -82,17 +82,21 @@ type LimiterStats struct {
 }
 
 // Limiter is an adaptive concurrency limit for one endpoint, in the manner
-// of TCP congestion control and Envoy's adaptive concurrency filter: it
-// starts at a handful of requests in flight, grows while requests succeed
-// with latency near the floor (measured with one request in flight, for
-// three requests at the start and every floorWindow) (doubling per round
-// trip up to 16 or the first sign of queueing, then one per round trip), shrinks gently when
-// latency shows a queue at the receiver, and halves on an overload signal
-// (at most once per round trip, so one burst of failures is one cut), and
-// then grows no further than one below the concurrency that overloaded it
-// (raised by one every 10 s without an overload). A
-// Retry-After pauses the whole endpoint; so do overloads in a row without a
-// success (100 ms, doubling, up to pauseCap).
+// of TCP congestion control and Envoy's adaptive concurrency filter:
+//
+//   - it measures the receiver's unloaded latency (the floor) with one
+//     request in flight, for three requests at the start and every
+//     floorWindow;
+//   - it grows while answers come back near the floor and the limit is in
+//     use: doubling per round trip up to slowStartEnd, then one more per
+//     round trip;
+//   - it shrinks gently when latency shows a queue at the receiver, and
+//     halves on an overload signal (at most once per round trip, so one
+//     burst of failures is one cut), after which it grows no further than
+//     one below the concurrency that overloaded the receiver (raised by
+//     one every floorWindow without an overload);
+//   - a Retry-After pauses the whole endpoint, and so do overloads in a row
+//     without a success (100 ms, doubling, up to pauseCap).
 type Limiter struct {
 	max int
 
