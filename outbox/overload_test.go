@@ -105,7 +105,8 @@ func TestStalledCallDoesNotHoldLaterSegments(t *testing.T) {
 		}
 		return nil
 	}}}
-	d := st.drainer(t, "d1", map[string]PipeConfig{pipe: {Sink: snk}}, nil)
+	// Calls of one record: the stalled call holds only its own.
+	d := st.drainer(t, "d1", map[string]PipeConfig{pipe: {Sink: snk, BatchSize: 1, Concurrency: 32}}, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { d.Run(ctx); close(done) }()
