@@ -9,6 +9,9 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
 	"github.com/cdcout/cdcout/sink"
 	"github.com/cdcout/cdcout/state"
 )
@@ -137,5 +140,31 @@ func TestStalledCallDoesNotHoldLaterSegments(t *testing.T) {
 	}
 	if n := st.count(t, "SELECT MAX(attempts) FROM {outbox}"); n != 1 {
 		t.Errorf("rows' max attempts %d, want 1", n)
+	}
+}
+
+// "delivery failed" lines carry the error and the sink, and an outage does
+// not flood the log: one line per failLogEvery per pipe, saying how many
+// failures it left out.
+func TestFailureLogRateLimited(t *testing.T) {
+	core, logs := observer.New(zap.WarnLevel)
+	p := &pipeDrainer{name: "i:app.t:hook", log: zap.New(core)}
+	for range 10 {
+		p.logFailure("delivery failed, will retry", 2, "post http://h/x: http 500")
+	}
+	if got := logs.Len(); got != 1 {
+		t.Fatalf("%d lines for 10 failures within %v, want 1", got, failLogEvery)
+	}
+	p.mu.Lock()
+	p.failLogAt = p.failLogAt.Add(-failLogEvery)
+	p.mu.Unlock()
+	p.logFailure("delivery failed, will retry", 1, "post http://h/x: http 503")
+	entries := logs.All()
+	if len(entries) != 2 {
+		t.Fatalf("%d lines, want 2", len(entries))
+	}
+	f := entries[1].ContextMap()
+	if f["error"] != "post http://h/x: http 503" || f["sink"] != "hook" || f["not_logged_since_last"] != int64(18) {
+		t.Fatalf("second line's fields = %v, want the error, the sink and 18 rows left out", f)
 	}
 }
