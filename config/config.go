@@ -131,6 +131,10 @@ type HTTPOptions struct {
 	// POST whose body is a JSON array of the records' bodies, instead of
 	// one POST per record.
 	Batch bool `yaml:"batch"`
+	// MaxConcurrency caps the endpoint's adaptive concurrency limit:
+	// requests in flight to it, from all the sink's pipes, and
+	// connections to its host. 0 means sink.DefaultMaxLimit (64).
+	MaxConcurrency int `yaml:"max_concurrency"`
 }
 
 // TableFilter selects tables by pattern ("db.tbl", "db.*", "*.tbl").

@@ -246,6 +246,7 @@ func TestValidate(t *testing.T) {
 			c.Sinks[0].Kafka = &KafkaOptions{SASL: &SASL{Mechanism: "MD5", Username: "u", Password: "pw"}}
 		}, []string{`sinks[0].kafka.sasl.mechanism: "MD5"`}},
 		{"kafka block on http", func(c *Config) { c.Sinks[1].Kafka = &KafkaOptions{} }, []string{"sinks[1].kafka: only for kafka://"}},
+		{"max concurrency", func(c *Config) { c.Sinks[1].HTTP = &HTTPOptions{MaxConcurrency: -1} }, []string{"sinks[1].http.max_concurrency: must not be negative"}},
 		{"identity", func(c *Config) { c.ChangeIdentity = "uuid" }, []string{"change_identity"}},
 		{"from", func(c *Config) { c.From = "yesterday" }, []string{"from:"}},
 		{"state db", func(c *Config) { c.StateDB = "a-b" }, []string{"state_db:"}},

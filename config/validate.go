@@ -254,6 +254,9 @@ func (s *Sink) validate(errs *Errors, at string, claimLease time.Duration) {
 	if s.HTTP != nil && scheme != "http" && scheme != "https" {
 		errs.add(at+".http", "only for http(s):// sinks")
 	}
+	if s.HTTP != nil && s.HTTP.MaxConcurrency < 0 {
+		errs.add(at+".http.max_concurrency", "must not be negative, got %d (0 means the default, 64)", s.HTTP.MaxConcurrency)
+	}
 	if s.NATS != nil {
 		if scheme != "nats" {
 			errs.add(at+".nats", "only for nats:// sinks")

@@ -205,6 +205,11 @@ type delivery struct {
 type receiver struct {
 	srv    *httptest.Server
 	answer func(env *envelope) (status int, delay time.Duration)
+	// retryAfter, when set, is sent with every 503.
+	retryAfter string
+	// slots, when set, bounds the requests served at once (a receiver of
+	// small capacity); the answer's delay is spent holding a slot.
+	slots chan struct{}
 
 	mu         sync.Mutex
 	deliveries []delivery
@@ -218,9 +223,46 @@ func newReceiver(t testing.TB, answer func(env *envelope) (int, time.Duration)) 
 	return r
 }
 
+// newSmallReceiver is newReceiver with little capacity, like the first
+// receiver many people write (Python's http.server.ThreadingHTTPServer):
+// a listen backlog of backlog connections and at most concurrent requests
+// served at once.
+func newSmallReceiver(t testing.TB, backlog, concurrent int, answer func(env *envelope) (int, time.Duration)) *receiver {
+	t.Helper()
+	ln, err := listenBacklog(backlog)
+	if err != nil {
+		t.Fatalf("listen with backlog %d: %v", backlog, err)
+	}
+	r := &receiver{answer: answer, slots: make(chan struct{}, concurrent)}
+	r.srv = httptest.NewUnstartedServer(http.HandlerFunc(r.serve))
+	r.srv.Listener.Close()
+	r.srv.Listener = ln
+	r.srv.Start()
+	t.Cleanup(r.srv.Close)
+	return r
+}
+
 func (r *receiver) serve(w http.ResponseWriter, req *http.Request) {
+	if r.slots != nil {
+		select {
+		case r.slots <- struct{}{}:
+		case <-req.Context().Done():
+			return
+		}
+		defer func() { <-r.slots }()
+	}
 	body, err := io.ReadAll(req.Body)
 	at := time.Now()
+	if req.Header.Get("X-Capacity-Probe") != "" {
+		// A capacity probe (measureCapacity): served like a delivery,
+		// not recorded.
+		status, delay := r.answer(nil)
+		if delay > 0 {
+			time.Sleep(delay)
+		}
+		w.WriteHeader(status)
+		return
+	}
 	env, perr := parseEnvelope(body)
 	if err != nil || perr != nil {
 		r.mu.Lock()
@@ -245,6 +287,9 @@ func (r *receiver) serve(w http.ResponseWriter, req *http.Request) {
 	r.mu.Lock()
 	r.deliveries[i].status = status
 	r.mu.Unlock()
+	if status == http.StatusServiceUnavailable && r.retryAfter != "" {
+		w.Header().Set("Retry-After", r.retryAfter)
+	}
 	w.WriteHeader(status)
 }
 

@@ -43,6 +43,7 @@ import (
 	"github.com/cdcout/cdcout/lease"
 	"github.com/cdcout/cdcout/metrics"
 	"github.com/cdcout/cdcout/outbox"
+	"github.com/cdcout/cdcout/sink"
 	"github.com/cdcout/cdcout/sink/filesink"
 	"github.com/cdcout/cdcout/sink/httpsink"
 	"github.com/cdcout/cdcout/sink/kafkasink"
@@ -202,6 +203,7 @@ func New(cfg *config.Config, logger *zap.Logger, opts ...Option) (*Engine, error
 		e.sinks[sc.Name] = sinkEntry{cfg: sc, sink: s}
 		e.routes = append(e.routes, newRoute(sc))
 	}
+	e.metrics.WatchEndpoints(e.endpointStats)
 	return e, nil
 }
 
@@ -236,8 +238,12 @@ func (e *Engine) buildSink(sc config.Sink) (outbox.Sink, error) {
 		for k, v := range sc.Headers {
 			headers[k] = v.Value()
 		}
-		return httpsink.New(httpsink.Options{URL: sc.URL, Secret: secret, Headers: headers, Format: f,
-			Batch: sc.HTTP != nil && sc.HTTP.Batch})
+		o := httpsink.Options{URL: sc.URL, Secret: secret, Headers: headers, Format: f, Timeout: sc.Timeout,
+			Logger: e.log.Named("http").With(zap.String("sink", sc.Name))}
+		if sc.HTTP != nil {
+			o.Batch, o.MaxConcurrency = sc.HTTP.Batch, sc.HTTP.MaxConcurrency
+		}
+		return httpsink.New(o)
 	case "kafka":
 		brokers, topic, err := kafkasink.ParseURL(sc.URL)
 		if err != nil {
@@ -351,8 +357,8 @@ func (e *Engine) Run(parent context.Context) error {
 	srv := inspect.New(inspect.Config{Addr: cfg.HTTPAddr, KeepAlive: cfg.HTTPKeepAlive, HeadersTimeout: cfg.HTTPHeadersTimeout}, inspect.Deps{
 		DB: db, Schema: cfg.StateDB, Instance: cfg.Instance, ReplicaID: cfg.ReplicaID,
 		Source: e.sourceStatus, Ready: e.ready, Metrics: e.metrics, Pipes: nil,
-		DroppedPending: e.droppedPending,
-		Secrets:        e.secrets(), Logger: e.log,
+		DroppedPending: e.droppedPending, Endpoints: e.endpoints,
+		Secrets: e.secrets(), Logger: e.log,
 	})
 	ictx, stopInspect := context.WithCancel(context.WithoutCancel(ctx))
 	inspectDone := make(chan struct{})
@@ -1134,4 +1140,37 @@ func transient(err error) bool {
 		}
 	}
 	return false
+}
+
+// endpointer is a sink that reports its endpoint's adaptive concurrency.
+type endpointer interface {
+	Endpoint() sink.LimiterStats
+}
+
+// endpointStats lists the adaptive concurrency state of the sinks that
+// pace themselves.
+func (e *Engine) endpointStats() []metrics.EndpointStat {
+	var out []metrics.EndpointStat
+	for name, se := range e.sinks {
+		if ep, ok := se.sink.(endpointer); ok {
+			out = append(out, metrics.EndpointStat{Sink: name, LimiterStats: ep.Endpoint()})
+		}
+	}
+	return out
+}
+
+// endpoints is endpointStats for /v1/sinks.
+func (e *Engine) endpoints() map[string]inspect.EndpointStatus {
+	out := map[string]inspect.EndpointStatus{}
+	for name, se := range e.sinks {
+		ep, ok := se.sink.(endpointer)
+		if !ok {
+			continue
+		}
+		st := ep.Endpoint()
+		rtt, floor := st.Millis()
+		out[name] = inspect.EndpointStatus{Limit: st.Limit, Max: st.Max, InFlight: st.InFlight, RTTMs: rtt, FloorMs: floor,
+			PausedFor: st.PausedFor.Seconds(), Overloads: st.Overloads}
+	}
+	return out
 }

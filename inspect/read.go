@@ -57,6 +57,21 @@ type PipeStatus struct {
 	// DrainHolder holds the pipe's drain lease ("" when none is live).
 	DrainHolder string `json:"drainHolder"`
 	DrainEpoch  uint64 `json:"drainEpoch,omitempty"`
+	// Endpoint is this replica's view of the sink's receiver (webhooks):
+	// its adaptive concurrency limit, requests in flight and latency.
+	Endpoint *EndpointStatus `json:"endpoint,omitempty"`
+}
+
+// EndpointStatus is a sink endpoint's adaptive concurrency state as this
+// replica sees it (every pipe of the sink shares it).
+type EndpointStatus struct {
+	Limit     int     `json:"limit"`
+	Max       int     `json:"max"`
+	InFlight  int     `json:"inFlight"`
+	RTTMs     float64 `json:"rttMs"`
+	FloorMs   float64 `json:"rttFloorMs"`
+	PausedFor float64 `json:"pausedForSeconds,omitempty"`
+	Overloads int64   `json:"overloads"`
 }
 
 // LeaseStatus is one lease row.

@@ -134,6 +134,9 @@ type Deps struct {
 	Pipes func() []string
 	// DroppedPending, when set, is the handoff buffer's dropped count.
 	DroppedPending func() int64
+	// Endpoints, when set, reports the adaptive concurrency state of the
+	// sinks that pace themselves, by sink name.
+	Endpoints func() map[string]EndpointStatus
 	// Secrets are scrubbed from every response body as a last line of
 	// defence (the source DSN's password, sink secrets).
 	Secrets []string
@@ -391,6 +394,16 @@ func (s *Server) sinks(w http.ResponseWriter, r *http.Request) {
 		extra = s.deps.Pipes()
 	}
 	pipes, err := s.cachedPipes(r.Context(), extra)
+	if s.deps.Endpoints != nil && len(pipes) > 0 {
+		eps := s.deps.Endpoints()
+		// A copy: the cached slice is shared between requests.
+		pipes = append([]PipeStatus(nil), pipes...)
+		for i := range pipes {
+			if ep, ok := eps[pipes[i].Sink]; ok {
+				pipes[i].Endpoint = &ep
+			}
+		}
+	}
 	v := sinksView{Instance: s.deps.Instance, Pipes: pipes}
 	if s.deps.DroppedPending != nil {
 		v.DroppedPending = s.deps.DroppedPending()

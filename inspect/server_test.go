@@ -36,7 +36,10 @@ func testDeps(t *testing.T) Deps {
 		},
 		Pipes:          func() []string { return []string{"inst:shop.items:hook", "other:x.y:z"} },
 		DroppedPending: func() int64 { return 4 },
-		Secrets:        []string{secretPw},
+		Endpoints: func() map[string]EndpointStatus {
+			return map[string]EndpointStatus{"hook": {Limit: 3, Max: 64, InFlight: 2, RTTMs: 4.5, FloorMs: 1.2, Overloads: 7}}
+		},
+		Secrets: []string{secretPw},
 	}
 }
 
@@ -86,6 +89,12 @@ func TestEndpoints(t *testing.T) {
 		// Records: 3 pending rows and a pending segment of 3; 2 delivered
 		// rows, a done segment of 5 and the row of one record that left it
 		// (delivered once, not twice); 1 dead row.
+		// The webhook's adaptive concurrency shows on each of its pipes.
+		for _, p := range v.Pipes {
+			if e := p.Endpoint; e == nil || e.Limit != 3 || e.Max != 64 || e.InFlight != 2 || e.Overloads != 7 {
+				t.Errorf("pipe %s endpoint = %+v, want the hook sink's", p.Pipe, e)
+			}
+		}
 		o := v.Pipes[2]
 		if o.Pending != 6 || o.Delivered != 7 || o.Dead != 1 || o.Delivering != 0 {
 			t.Errorf("orders counts = %+v, want 6 pending, 7 delivered, 1 dead", o)

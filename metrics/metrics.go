@@ -24,6 +24,7 @@ import (
 
 	"github.com/cdcout/cdcout/internal/buildinfo"
 	"github.com/cdcout/cdcout/outbox"
+	"github.com/cdcout/cdcout/sink"
 )
 
 // Metrics is one process's set of instruments.
@@ -349,6 +350,57 @@ func (c *outboxCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for pipe, v := range oldest {
 		ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, v, pipe)
+	}
+}
+
+// EndpointStat is one sink endpoint's adaptive concurrency state.
+type EndpointStat struct {
+	Sink string
+	sink.LimiterStats
+}
+
+// WatchEndpoints registers, per sink that paces itself (webhooks),
+// cdcout_sink_concurrency_limit, cdcout_sink_inflight,
+// cdcout_sink_rtt_seconds (smoothed), cdcout_sink_rtt_floor_seconds,
+// cdcout_sink_paused_seconds and cdcout_sink_overloads_total, read from
+// the sinks on scrape.
+func (m *Metrics) WatchEndpoints(read func() []EndpointStat) {
+	if m == nil || read == nil {
+		return
+	}
+	d := func(name, help string) *prometheus.Desc {
+		return prometheus.NewDesc(name, help, []string{"sink"}, nil)
+	}
+	m.reg.MustRegister(&endpointCollector{
+		read:      read,
+		limit:     d("cdcout_sink_concurrency_limit", "Requests the sink's endpoint is allowed in flight now (adaptive)."),
+		inflight:  d("cdcout_sink_inflight", "Requests in flight to the sink's endpoint."),
+		rtt:       d("cdcout_sink_rtt_seconds", "Smoothed round-trip time of the endpoint's successful requests."),
+		floor:     d("cdcout_sink_rtt_floor_seconds", "Lowest recent round-trip time of the endpoint (its unloaded latency)."),
+		paused:    d("cdcout_sink_paused_seconds", "How much longer the endpoint is paused (Retry-After, or backing off a receiver that refuses every request)."),
+		overloads: d("cdcout_sink_overloads_total", "Overload answers of the endpoint (429, 503, refused or timed-out connects, timeouts); not counted as delivery attempts where the request never reached the receiver."),
+	})
+}
+
+type endpointCollector struct {
+	read                                           func() []EndpointStat
+	limit, inflight, rtt, floor, paused, overloads *prometheus.Desc
+}
+
+func (c *endpointCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.limit, c.inflight, c.rtt, c.floor, c.paused, c.overloads} {
+		ch <- d
+	}
+}
+
+func (c *endpointCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, e := range c.read() {
+		ch <- prometheus.MustNewConstMetric(c.limit, prometheus.GaugeValue, float64(e.Limit), e.Sink)
+		ch <- prometheus.MustNewConstMetric(c.inflight, prometheus.GaugeValue, float64(e.InFlight), e.Sink)
+		ch <- prometheus.MustNewConstMetric(c.rtt, prometheus.GaugeValue, e.RTT.Seconds(), e.Sink)
+		ch <- prometheus.MustNewConstMetric(c.floor, prometheus.GaugeValue, e.Floor.Seconds(), e.Sink)
+		ch <- prometheus.MustNewConstMetric(c.paused, prometheus.GaugeValue, e.PausedFor.Seconds(), e.Sink)
+		ch <- prometheus.MustNewConstMetric(c.overloads, prometheus.CounterValue, float64(e.Overloads), e.Sink)
 	}
 }
 

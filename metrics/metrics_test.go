@@ -13,6 +13,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/cdcout/cdcout/outbox"
+	"github.com/cdcout/cdcout/sink"
 )
 
 func TestNilMetricsIsANoop(t *testing.T) {
@@ -131,4 +132,23 @@ func scrapeBody(t *testing.T, m *Metrics) string {
 	rec := httptest.NewRecorder()
 	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	return rec.Body.String()
+}
+
+func TestWatchEndpoints(t *testing.T) {
+	m := New()
+	m.WatchEndpoints(func() []EndpointStat {
+		return []EndpointStat{{Sink: "hook", LimiterStats: sink.LimiterStats{Limit: 5, InFlight: 3, RTT: 20 * time.Millisecond, Floor: 5 * time.Millisecond, Overloads: 2}}}
+	})
+	body := scrapeBody(t, m)
+	for _, want := range []string{
+		`cdcout_sink_concurrency_limit{sink="hook"} 5`,
+		`cdcout_sink_inflight{sink="hook"} 3`,
+		`cdcout_sink_rtt_seconds{sink="hook"} 0.02`,
+		`cdcout_sink_rtt_floor_seconds{sink="hook"} 0.005`,
+		`cdcout_sink_overloads_total{sink="hook"} 2`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
 }

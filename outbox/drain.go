@@ -134,6 +134,58 @@ type pipeDrainer struct {
 	// (release, hold or outcome): the next segment pass takes it back
 	// rather than wait out the claim lease (segdrain.go).
 	stuck *stuckClaim
+	// failLog rate-limits the "delivery failed" lines: an outage must not
+	// flood the log.
+	failLogAt  time.Time
+	failLogged int // failures left out of the log since failLogAt
+
+	// bg counts the outcome writers of stalled calls a segment did not
+	// wait for (finishDetached); the pipe's drain waits for them.
+	bg sync.WaitGroup
+}
+
+// failLogEvery is how often a pipe logs that deliveries are failing.
+const failLogEvery = 5 * time.Second
+
+// logFailure logs a failed delivery with its error at most once per
+// failLogEvery per pipe, saying how many failures were left out meanwhile.
+func (p *pipeDrainer) logFailure(msg string, n int, errText string, fields ...zap.Field) {
+	p.mu.Lock()
+	if time.Since(p.failLogAt) < failLogEvery {
+		p.failLogged += n
+		p.mu.Unlock()
+		return
+	}
+	left := p.failLogged
+	p.failLogAt, p.failLogged = time.Now(), 0
+	p.mu.Unlock()
+	p.log.Warn(msg, append(fields, zap.String("sink", p.sinkName()), zap.Int("rows", n),
+		zap.String("error", errText), zap.Int("not_logged_since_last", left))...)
+}
+
+// sinkName is the sink part of the pipe's name.
+func (p *pipeDrainer) sinkName() string {
+	if i := strings.LastIndexByte(p.name, ':'); i >= 0 {
+		return p.name[i+1:]
+	}
+	return p.name
+}
+
+// paced reports whether the pipe's sink paces itself (see Paced).
+func (p *pipeDrainer) paced() bool {
+	ps, ok := p.cfg.Sink.(Paced)
+	return ok && ps.Paced()
+}
+
+// callContext is the context of one Deliver call of work claimed at
+// claimedAt: the pipe's Timeout for ordinary sinks (not cut short by a
+// stop: calls under way finish); for paced sinks, until the drainer stops
+// or half the claim lease has passed, whichever is first.
+func (p *pipeDrainer) callContext(stop context.Context, claimedAt time.Time) (context.Context, context.CancelFunc) {
+	if !p.paced() {
+		return context.WithTimeout(context.WithoutCancel(stop), p.cfg.Timeout)
+	}
+	return context.WithDeadline(stop, claimedAt.Add(p.d.cfg.ClaimLease/2))
 }
 
 // NewDrainer validates cfg, fills defaults and returns a Drainer.
@@ -296,6 +348,7 @@ func (d *Drainer) DrainOnce(ctx context.Context) (int, error) {
 			}()
 		}
 		wg.Wait()
+		p.bg.Wait()
 	}
 	return total, errors.Join(errs...)
 }
@@ -329,6 +382,7 @@ func (p *pipeDrainer) run(ctx context.Context) {
 	defer func() {
 		close(work)
 		wg.Wait()
+		p.bg.Wait()
 	}()
 
 	// Claiming is the serial part of draining, so two claimers share it,
@@ -488,9 +542,17 @@ func (p *pipeDrainer) retryDueIn(delay time.Duration) {
 // verdict says what a failed delivery attempt of a record makes of it:
 // dead (a permanent error, or the last attempt) or retried after delay (the
 // receiver's Retry-After, else the backoff), with the error text to keep.
+//
+// An overloaded receiver (sink.Overloaded) is not the record's fault: it
+// is never dead for it, and the caller gives the attempt back.
 func (p *pipeDrainer) verdict(err error, attempt int) (dead bool, delay time.Duration, errText string) {
 	errText = truncate(err.Error(), maxErrorLen)
 	switch {
+	case sink.IsOverloaded(err):
+		if ra, ok := sink.RetryAfterOf(err); ok && ra >= 0 {
+			return false, ra, errText
+		}
+		return false, p.d.backoff.Delay(1), errText
 	case sink.IsPermanent(err):
 		return true, 0, errText
 	case attempt >= p.cfg.MaxAttempts:
@@ -962,7 +1024,7 @@ func (p *pipeDrainer) runJob(ctx, stop context.Context, j job) error {
 			n := min(len(todo), p.cfg.BatchSize)
 			chunk := todo[:n:n]
 			todo = todo[n:]
-			res, err := p.deliverAndRecord(ctx, chunk)
+			res, err := p.deliverAndRecord(ctx, stop, j.claimedAt, chunk)
 			if err != nil {
 				errs = append(errs, err)
 			}
@@ -983,7 +1045,7 @@ func (p *pipeDrainer) isInflight(id string) bool {
 }
 
 // deliverAndRecord hands one batch to the sink and records every outcome.
-func (p *pipeDrainer) deliverAndRecord(ctx context.Context, recs []Record) ([]error, error) {
+func (p *pipeDrainer) deliverAndRecord(ctx, stop context.Context, claimedAt time.Time, recs []Record) ([]error, error) {
 	defer func() {
 		p.mu.Lock()
 		for _, r := range recs {
@@ -992,11 +1054,11 @@ func (p *pipeDrainer) deliverAndRecord(ctx context.Context, recs []Record) ([]er
 		}
 		p.mu.Unlock()
 	}()
-	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.Timeout)
+	dctx, cancel := p.callContext(stop, claimedAt)
 	start := time.Now()
 	errs := p.deliver(dctx, recs)
 	dur := time.Since(start)
-	if dctx.Err() != nil {
+	if dctx.Err() != nil && !p.paced() {
 		// The sink returned after its deadline; an error it reports as a
 		// plain context error is a timeout, and says so.
 		for i, err := range errs {
@@ -1040,11 +1102,12 @@ func (p *pipeDrainer) deliver(ctx context.Context, recs []Record) (errs []error)
 }
 
 type outcome struct {
-	rec     Record
-	err     error
-	dead    bool
-	delay   time.Duration
-	errText string
+	rec      Record
+	err      error
+	overload bool // not an attempt: given back
+	dead     bool
+	delay    time.Duration
+	errText  string
 }
 
 // record writes the outcomes of one batch in one transaction. Every update
@@ -1064,7 +1127,7 @@ func (p *pipeDrainer) record(ctx context.Context, recs []Record, errs []error, d
 			delivered = append(delivered, r.ID)
 			continue
 		}
-		o := outcome{rec: r, err: errs[i]}
+		o := outcome{rec: r, err: errs[i], overload: sink.IsOverloaded(errs[i])}
 		o.dead, o.delay, o.errText = p.verdict(errs[i], r.Attempt)
 		if o.dead {
 			nDead++
@@ -1099,10 +1162,14 @@ WHERE id = ? AND status = 'pending' AND claimer = ?`, o.errText, o.rec.ID, d.cla
 				}
 				continue
 			}
+			giveBack := 0
+			if o.overload {
+				giveBack = 1
+			}
 			if _, err := tx.ExecContext(ctx, `UPDATE `+d.outbox+`
-SET claimer = 0, next_attempt_at = NOW(6) + INTERVAL ? MICROSECOND,
+SET claimer = 0, next_attempt_at = NOW(6) + INTERVAL ? MICROSECOND, attempts = GREATEST(attempts - ?, 0),
     last_error = ?, last_error_at = NOW(6)
-WHERE id = ? AND status = 'pending' AND claimer = ?`, o.delay.Microseconds(), o.errText, o.rec.ID, d.claimer); err != nil {
+WHERE id = ? AND status = 'pending' AND claimer = ?`, o.delay.Microseconds(), giveBack, o.errText, o.rec.ID, d.claimer); err != nil {
 				return fmt.Errorf("schedule retry: %w", err)
 			}
 		}
@@ -1164,8 +1231,11 @@ WHERE id = ? AND status = 'pending' AND claimer = ?`, o.delay.Microseconds(), o.
 	if n := len(failed) - nDead; n > 0 {
 		d.cfg.Metrics.retried(p.name, n)
 		o := failed[0]
-		p.log.Warn("delivery failed, will retry", zap.Int("rows", n), zap.String("id", o.rec.ID),
-			zap.Int("attempt", o.rec.Attempt), zap.Duration("retry_in", o.delay), zap.String("error", o.errText))
+		msg := "delivery failed, will retry"
+		if o.overload {
+			msg = "delivery failed, receiver overloaded; will retry without counting an attempt"
+		}
+		p.logFailure(msg, n, o.errText, zap.String("id", o.rec.ID), zap.Int("attempt", o.rec.Attempt), zap.Duration("retry_in", o.delay))
 	}
 	if nDead > 0 {
 		d.cfg.Metrics.dead(p.name, nDead)

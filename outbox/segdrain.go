@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -59,6 +58,20 @@ type leftRecord struct {
 	status  string // pending or dead
 	delay   time.Duration
 	errText string
+	// overload: the receiver was at capacity; not an attempt (none is
+	// logged, and attempt is the count before this claim).
+	overload bool
+	// call is set for a record still being delivered when its segment
+	// is recorded (a stalled call, see deliverConcurrently): its row is
+	// written claimed by us, and the call's outcome is recorded on it.
+	call *detachedCall
+}
+
+// detachedCall is a Deliver call the segment did not wait for.
+type detachedCall struct {
+	recs  []Record
+	start time.Time
+	done  chan []error // the call's errors, once
 }
 
 // drainSegment claims the pipe's oldest pending segment, delivers it and
@@ -89,6 +102,8 @@ func (p *pipeDrainer) drainSegment(ctx context.Context) (int, error) {
 		}
 		return len(seg.recs), nil
 	}
+	recorded := false
+	defer func() { p.finishDetached(wctx, left, recorded) }()
 	if len(delivered) == 0 && untried(left) && (ctx.Err() != nil || !p.leaseHeld()) {
 		// Stopped before anything was sent: the segment stays as it was.
 		// (A segment whose keys are all blocked is not released: it would
@@ -96,16 +111,46 @@ func (p *pipeDrainer) drainSegment(ctx context.Context) (int, error) {
 		p.releaseSegment(wctx, seg.id)
 		return 0, nil
 	}
-	if err := p.recordSegment(wctx, seg, left, delivered); err != nil {
+	ok, err := p.recordSegment(wctx, seg, left, delivered)
+	if err != nil {
 		// Taken back and delivered again under the same ids; the attempt
 		// counts.
 		p.setStuck(&stuckClaim{id: seg.id, keepAttempt: true})
 		return len(seg.recs), err
 	}
+	recorded = ok
 	if len(left) > 0 {
 		p.poke() // rows for the row drainer
 	}
 	return len(seg.recs), nil
+}
+
+// finishDetached records the outcome of each call the segment did not
+// wait for on its row, in the background, once the call returns; when the
+// segment was not recorded (its claim lapsed, or writing failed) there is
+// no row, and whoever delivers the segment again sends the record again
+// under the same id.
+func (p *pipeDrainer) finishDetached(ctx context.Context, left []leftRecord, recorded bool) {
+	seen := map[*detachedCall]bool{}
+	for _, l := range left {
+		c := l.call
+		if c == nil || seen[c] {
+			continue
+		}
+		seen[c] = true
+		p.bg.Add(1)
+		go func() {
+			defer p.bg.Done()
+			errs := <-c.done
+			if !recorded {
+				return
+			}
+			if err := p.record(ctx, c.recs, errs, time.Since(c.start)); err != nil {
+				p.log.Error("record outcome of a stalled delivery", zap.Error(err))
+			}
+			p.poke() // the key's later rows may go now
+		}()
+	}
 }
 
 // untried reports whether no record of left was sent.
@@ -278,6 +323,9 @@ type segmentHold struct {
 	tried   int
 	delay   time.Duration
 	errText string
+	// overload: every record was refused for capacity; the attempt is
+	// given back.
+	overload bool
 }
 
 // deliverSegment delivers seg's records in rounds: each round sends the
@@ -319,14 +367,27 @@ func (p *pipeDrainer) deliverSegment(stop context.Context, seg *segment, blocked
 			}
 		}
 		order = next
-		errs := p.deliverConcurrently(stop, batch)
-		if round == 0 && seg.attempt < p.cfg.MaxAttempts {
+		errs, calls := p.deliverConcurrently(stop, seg.claimedAt, batch, true)
+		if stop.Err() != nil || !p.leaseHeld() {
+			// Overloaded answers of a delivery that is stopping are
+			// records not sent.
+			for i, err := range errs {
+				if err != nil && sink.IsOverloaded(err) {
+					errs[i] = errNotSent
+				}
+			}
+		}
+		if round == 0 && seg.attempt < p.cfg.MaxAttempts && len(calls) == 0 {
 			if h := p.outage(errs); h != nil {
 				return nil, nil, h
 			}
 		}
 		for i, r := range roundRecs {
 			switch {
+			case calls != nil && calls[i] != nil:
+				// Still under way: its row is written claimed by us, and
+				// the key's later records queue behind it.
+				left = append(left, leftRecord{rec: r, attempt: seg.attempt, status: "pending", call: calls[i]})
 			case errs[i] == nil:
 				delivered = append(delivered, r)
 				continue
@@ -371,11 +432,12 @@ func (p *pipeDrainer) outage(errs []error) *segmentHold {
 	if len(errs) < 2 {
 		return nil
 	}
-	h := &segmentHold{tried: len(errs), delay: -1}
+	h := &segmentHold{tried: len(errs), delay: -1, overload: true}
 	for _, err := range errs {
 		if err == nil || errors.Is(err, errNotSent) || sink.IsPermanent(err) {
 			return nil
 		}
+		h.overload = h.overload && sink.IsOverloaded(err)
 		if ra, ok := sink.RetryAfterOf(err); ok && ra > h.delay {
 			h.delay = ra
 		}
@@ -388,18 +450,25 @@ func (p *pipeDrainer) outage(errs []error) *segmentHold {
 // error that made it wait.
 func (p *pipeDrainer) holdSegment(ctx context.Context, seg *segment, h *segmentHold) error {
 	d := p.d
+	giveBack := 0
+	if h.overload {
+		giveBack = 1
+	}
 	if h.delay < 0 {
-		h.delay = d.backoff.Delay(seg.attempt)
+		h.delay = d.backoff.Delay(seg.attempt - giveBack)
 	}
 	if _, err := d.cfg.DB.ExecContext(ctx, `UPDATE `+d.segments+`
-SET claimer = 0, next_attempt_at = NOW(6) + INTERVAL ? MICROSECOND, last_error = ?, last_error_at = NOW(6)
-WHERE id = ? AND status = 'pending' AND claimer = ?`, h.delay.Microseconds(), h.errText, seg.id, d.claimer); err != nil {
+SET claimer = 0, next_attempt_at = NOW(6) + INTERVAL ? MICROSECOND, attempts = GREATEST(attempts - ?, 0), last_error = ?, last_error_at = NOW(6)
+WHERE id = ? AND status = 'pending' AND claimer = ?`, h.delay.Microseconds(), giveBack, h.errText, seg.id, d.claimer); err != nil {
 		// drainSegment remembers the claim and takes it back when the hold ends.
 		return fmt.Errorf("hold segment %s of %s: %w", seg.id, p.name, err)
 	}
 	d.cfg.Metrics.retried(p.name, h.tried)
-	p.log.Warn("sink failing for every record tried; segment waits and is tried again whole",
-		zap.String("segment", seg.id), zap.Int("attempt", seg.attempt), zap.Duration("retry_in", h.delay), zap.String("error", h.errText))
+	msg := "sink failing for every record tried; segment waits and is tried again whole"
+	if h.overload {
+		msg = "receiver overloaded for every record tried; segment waits and is tried again whole (not counted as an attempt)"
+	}
+	p.logFailure(msg, h.tried, h.errText, zap.String("segment", seg.id), zap.Int("attempt", seg.attempt-giveBack), zap.Duration("retry_in", h.delay))
 	p.retryDueIn(h.delay)
 	return nil
 }
@@ -408,42 +477,133 @@ WHERE id = ? AND status = 'pending' AND claimer = ?`, h.delay.Microseconds(), h.
 // stopping.
 var errNotSent = errors.New("not sent: the drainer is stopping")
 
+// Detaching stalled calls: once nine tenths of a round's records are
+// done, the rest is waited for at most stallAfterFactor × the mean time
+// of the calls done so far (at least stallAfterMin); calls still under way
+// then no longer hold the round, the segment and the pipe's later
+// segments (a request that waits for a dropped connect, or a receiver
+// thread that hangs): see deliverSegment.
+const (
+	stallAfterFactor = 4
+	stallAfterMin    = 100 * time.Millisecond
+	// perRecordCall is the call size for sinks that send one request per
+	// record and pace themselves.
+	perRecordCall = 16
+)
+
 // deliverConcurrently sends recs (distinct keys) in calls of at most
 // BatchSize, at most Concurrency at once, and returns one error per record.
 // Once stop ends no further call starts (their records get errNotSent);
-// calls under way finish, bounded by the pipe's timeout.
-func (p *pipeDrainer) deliverConcurrently(stop context.Context, recs []Record) []error {
-	ctx := context.WithoutCancel(stop)
-	errs := make([]error, len(recs))
-	sem := make(chan struct{}, p.cfg.Concurrency)
-	var wg sync.WaitGroup
-	for start := 0; start < len(recs); start += p.cfg.BatchSize {
-		end := min(start+p.cfg.BatchSize, len(recs))
-		sem <- struct{}{}
+// calls under way finish, bounded by the pipe's timeout (see callContext
+// for paced sinks).
+//
+// With detach, calls that stall (see stallAfterFactor) are not waited for:
+// calls[i] is set for their records (calls is nil when none stalled), and
+// the call's errors arrive on its done channel.
+func (p *pipeDrainer) deliverConcurrently(stop context.Context, claimedAt time.Time, recs []Record, detach bool) (errs []error, calls []*detachedCall) {
+	errs = make([]error, len(recs))
+	batch, conc := p.cfg.BatchSize, p.cfg.Concurrency
+	if p.perRecord() {
+		// One request per record, paced by the sink: small calls, as many
+		// at once as the pipe allowed records in flight, so that one slow
+		// request holds few others (calls of one cost cdcout 15 % more
+		// CPU per change end to end than calls of 16).
+		batch = min(perRecordCall, p.cfg.BatchSize)
+		conc = max(1, p.cfg.Concurrency*p.cfg.BatchSize/batch)
+	}
+	type result struct {
+		start int
+		errs  []error
+		took  time.Duration
+	}
+	results := make(chan result, (len(recs)+batch-1)/batch)
+	running := map[int]*detachedCall{}
+	sem := make(chan struct{}, conc)
+	started, finished, doneRecs := 0, 0, 0
+	var took time.Duration
+	collect := func(r result) {
+		copy(errs[r.start:], r.errs)
+		delete(running, r.start)
+		finished++
+		doneRecs += len(r.errs)
+		took += r.took
+	}
+	for start := 0; start < len(recs); start += batch {
+		end := min(start+batch, len(recs))
+	acquire:
+		for {
+			select {
+			case sem <- struct{}{}:
+				break acquire
+			case r := <-results:
+				collect(r)
+			}
+		}
 		if stop.Err() != nil {
 			<-sem
 			for i := start; i < end; i++ {
 				errs[i] = errNotSent
 			}
+			doneRecs += end - start
 			continue
 		}
-		wg.Add(1)
+		c := &detachedCall{recs: recs[start:end], start: time.Now(), done: make(chan []error, 1)}
+		running[start] = c
+		started++
 		go func() {
-			defer func() { <-sem; wg.Done() }()
-			copy(errs[start:end], p.deliverTimed(ctx, recs[start:end]))
+			defer func() { <-sem }()
+			e := p.deliverTimed(stop, claimedAt, c.recs)
+			c.done <- e
+			results <- result{start: start, errs: e, took: time.Since(c.start)}
 		}()
 	}
-	wg.Wait()
-	return errs
+	for finished < started {
+		var timeout <-chan time.Time
+		if detach && p.paced() && doneRecs*10 >= 9*len(recs) && finished > 0 {
+			wait := max(stallAfterMin, stallAfterFactor*took/time.Duration(finished))
+			timer := time.NewTimer(wait)
+			timeout = timer.C
+			select {
+			case r := <-results:
+				timer.Stop()
+				collect(r)
+				continue
+			case <-timeout:
+			}
+			// The rest stalls: its calls go on without us.
+			calls = make([]*detachedCall, len(recs))
+			for start, c := range running {
+				for i := range c.recs {
+					calls[start+i] = c
+				}
+			}
+			go func(n int) { // drain the results channel
+				for range n {
+					<-results
+				}
+			}(started - finished)
+			return errs, calls
+		}
+		collect(<-results)
+	}
+	return errs, nil
 }
 
-// deliverTimed is one Deliver call bounded by the pipe's timeout.
-func (p *pipeDrainer) deliverTimed(ctx context.Context, recs []Record) []error {
-	dctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
+// perRecord reports whether the pipe's sink paces itself and sends one
+// request per record (httpsink without batch).
+func (p *pipeDrainer) perRecord() bool {
+	pr, ok := p.cfg.Sink.(interface{ OneRequestPerRecord() bool })
+	return ok && pr.OneRequestPerRecord() && p.paced()
+}
+
+// deliverTimed is one Deliver call bounded by the pipe's timeout (or, for
+// paced sinks, by the stop and the claim: see callContext).
+func (p *pipeDrainer) deliverTimed(stop context.Context, claimedAt time.Time, recs []Record) []error {
+	dctx, cancel := p.callContext(stop, claimedAt)
 	defer cancel()
 	start := time.Now()
 	errs := p.deliver(dctx, recs)
-	if dctx.Err() != nil {
+	if dctx.Err() != nil && !p.paced() {
 		for i, err := range errs {
 			if err != nil && errors.Is(err, context.DeadlineExceeded) {
 				errs[i] = fmt.Errorf("delivery timed out after %v: %w", p.cfg.Timeout, err)
@@ -458,6 +618,9 @@ func (p *pipeDrainer) deliverTimed(ctx context.Context, recs []Record) []error {
 // backoff, or dead.
 func (p *pipeDrainer) failedRecord(r *segRecord, attempt int, err error) leftRecord {
 	l := leftRecord{rec: r, attempt: attempt, status: "pending"}
+	if sink.IsOverloaded(err) {
+		l.attempt, l.overload = max(attempt-1, 0), true
+	}
 	dead, delay, errText := p.verdict(err, attempt)
 	if dead {
 		l.status = "dead"
@@ -469,7 +632,7 @@ func (p *pipeDrainer) failedRecord(r *segRecord, attempt int, err error) leftRec
 // recordSegment marks the segment done and writes the records that left it
 // as outbox rows, in one transaction, conditional on our claim: if it
 // lapsed and another drainer took the segment, that drainer records it.
-func (p *pipeDrainer) recordSegment(ctx context.Context, seg *segment, left []leftRecord, delivered []*segRecord) error {
+func (p *pipeDrainer) recordSegment(ctx context.Context, seg *segment, left []leftRecord, delivered []*segRecord) (bool, error) {
 	d := p.d
 	write := func() (bool, error) {
 		tx, err := d.cfg.DB.BeginTx(ctx, nil)
@@ -492,27 +655,33 @@ WHERE id = ? AND status = 'pending' AND claimer = ?`, seg.id, d.claimer)
 	}
 	var ok bool
 	if err := p.writeOutcome(func() (err error) { ok, err = write(); return err }); err != nil {
-		return fmt.Errorf("record segment %s of %s (left to its claim lease): %w", seg.id, p.name, err)
+		return false, fmt.Errorf("record segment %s of %s (left to its claim lease): %w", seg.id, p.name, err)
 	}
 	if !ok {
 		p.log.Warn("segment claim lapsed before its outcome was written; another drainer has it",
 			zap.String("segment", seg.id))
-		return nil
+		return false, nil
 	}
 	commits := make([]time.Time, len(delivered))
 	for i, r := range delivered {
 		commits[i] = r.commitTS
 	}
 	d.cfg.Metrics.deliveredAt(p.name, commits)
-	var nRetry, nDead int
+	var (
+		nRetry, nDead int
+		first         *leftRecord
+	)
 	minDelay := time.Duration(-1)
-	for _, l := range left {
+	for i, l := range left {
 		switch {
 		case l.status == "dead":
 			nDead++
 			p.log.Error("dead-lettered", zap.String("id", l.rec.id), zap.Int("attempt", l.attempt), zap.String("error", l.errText))
 		case l.errText != "":
 			nRetry++
+			if first == nil {
+				first = &left[i]
+			}
 			if minDelay < 0 || l.delay < minDelay {
 				minDelay = l.delay
 			}
@@ -520,7 +689,12 @@ WHERE id = ? AND status = 'pending' AND claimer = ?`, seg.id, d.claimer)
 	}
 	if nRetry > 0 {
 		d.cfg.Metrics.retried(p.name, nRetry)
-		p.log.Warn("delivery failed, will retry", zap.Int("rows", nRetry), zap.String("segment", seg.id))
+		msg := "delivery failed, will retry"
+		if first.overload {
+			msg = "delivery failed, receiver overloaded; will retry without counting an attempt"
+		}
+		p.logFailure(msg, nRetry, first.errText, zap.String("segment", seg.id), zap.String("id", first.rec.id),
+			zap.Int("attempt", first.attempt), zap.Duration("retry_in", first.delay))
 	}
 	if nDead > 0 {
 		d.cfg.Metrics.dead(p.name, nDead)
@@ -528,7 +702,7 @@ WHERE id = ? AND status = 'pending' AND claimer = ?`, seg.id, d.claimer)
 	if minDelay >= 0 {
 		p.retryDueIn(minDelay)
 	}
-	return nil
+	return true, nil
 }
 
 // insertLeft writes the records that left a segment as outbox rows, and
@@ -563,7 +737,7 @@ func (p *pipeDrainer) insertLeft(ctx context.Context, tx *sql.Tx, seg *segment, 
 		}
 		if n == 0 {
 			q.WriteString("INSERT INTO " + d.outbox + " (id, pipe, sink, change_key, db, tbl, op, row_key, key_hash, commit_ts, payload," +
-				" status, attempts, next_attempt_at, last_error, last_error_at) VALUES ")
+				" status, attempts, claimer, next_attempt_at, last_error, last_error_at) VALUES ")
 		} else {
 			q.WriteByte(',')
 		}
@@ -571,12 +745,19 @@ func (p *pipeDrainer) insertLeft(ctx context.Context, tx *sql.Tx, seg *segment, 
 		if l.errText != "" {
 			errText, errAt = l.errText, time.Now().UTC()
 		}
-		q.WriteString("(?,?,?,?,?,?,?,?,?,?,?,?,?,NOW(6) + INTERVAL ? MICROSECOND,?,?)")
+		// A record still being delivered is written claimed by us until
+		// the claim lease ends, like a claimed row: its call's outcome
+		// lands on it (finishDetached).
+		claimer, delay := int64(0), l.delay
+		if l.call != nil {
+			claimer, delay = d.claimer, d.cfg.ClaimLease
+		}
+		q.WriteString("(?,?,?,?,?,?,?,?,?,?,?,?,?,?,NOW(6) + INTERVAL ? MICROSECOND,?,?)")
 		args = append(args, r.id, p.name, seg.sink, r.changeKey, r.db, r.tbl, r.op, r.rowKey, r.keyHash, r.commitTS, r.payload,
-			l.status, l.attempt, l.delay.Microseconds(), errText, errAt)
+			l.status, l.attempt, claimer, delay.Microseconds(), errText, errAt)
 		n++
 		size += r.size()
-		if l.errText != "" {
+		if l.errText != "" && !l.overload {
 			if len(lArgs) > 0 {
 				logQ.WriteByte(',')
 			}

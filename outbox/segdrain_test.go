@@ -190,8 +190,8 @@ func TestSegmentClaimLapsesAndIsRetaken(t *testing.T) {
 	}
 	// a's late outcome, with a record it thinks failed, matches nothing.
 	left := []leftRecord{{rec: &seg.recs[0], attempt: 1, status: "pending", errText: "late"}}
-	if err := a.pipes[0].recordSegment(context.Background(), seg, left, nil); err != nil {
-		t.Fatal(err)
+	if ok, err := a.pipes[0].recordSegment(context.Background(), seg, left, nil); err != nil || ok {
+		t.Fatalf("stale drainer's outcome: recorded %v, %v; want nothing recorded", ok, err)
 	}
 	if n := st.count(t, "SELECT COUNT(*) FROM {outbox}"); n != 0 {
 		t.Fatalf("the stale drainer wrote %d outbox rows", n)

@@ -40,3 +40,16 @@ type Record struct {
 type Sink interface {
 	Deliver(ctx context.Context, recs []Record) []error
 }
+
+// Paced is implemented by sinks that pace themselves to their receiver
+// (sink/httpsink's adaptive concurrency limit): they bound each request by
+// their own timeout once it is sent, and hold records back while the
+// receiver is at capacity. The drainer does not give their calls the
+// pipe's Timeout (a call of a hundred records to a receiver taking two at
+// a time would time out in the queue): a call's context ends when the
+// drainer stops or half the claim lease has passed since the claim, and
+// the sink answers sink.Overloaded for the records it could not deliver by
+// then — they are retried without counting an attempt.
+type Paced interface {
+	Paced() bool
+}

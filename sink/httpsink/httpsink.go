@@ -29,6 +29,18 @@
 // fix, and following one would resend a signed body to another host. A 2xx
 // is delivered; 408, 425, 429, 5xx, timeouts and connection errors are
 // retried (Retry-After honoured); any other status dead-letters the record.
+//
+// Delivery adapts to the receiver (sink.Limiter): every request of the
+// sink, from all its pipes, takes a slot of one adaptive concurrency limit
+// that starts at a handful, grows while answers come back near the
+// latency floor, and is cut on overload. Overload is a 429, a 503, or a
+// connect that is refused or times out (DialTimeout, well below the
+// request timeout): those requests are sent again, inside the same
+// delivery, once the limit lets them (a Retry-After pauses the endpoint),
+// and what is still not delivered when the drainer ends the call comes
+// back as sink.Overloaded — not an attempt, never a dead letter. The
+// transport opens at most the ceiling of connections to the host and
+// closes idle ones when the limit is cut.
 package httpsink
 
 import (
@@ -47,10 +59,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
 	"github.com/cdcout/cdcout/config"
+	"go.uber.org/zap"
+
 	"github.com/cdcout/cdcout/format"
 	"github.com/cdcout/cdcout/outbox"
 	"github.com/cdcout/cdcout/sink"
@@ -72,9 +87,18 @@ type Options struct {
 	// followed, and the client's per-request header copying for redirects
 	// (3 % of cdcout's CPU end to end) is not paid.
 	Transport http.RoundTripper
-	// MaxConcurrent bounds the requests one Deliver call has in flight;
-	// 0 means 32.
+	// MaxConcurrent bounds the goroutines one Deliver call runs (they wait
+	// for the endpoint's limit); 0 means 32.
 	MaxConcurrent int
+	// MaxConcurrency is the ceiling of the endpoint's adaptive concurrency
+	// limit (requests in flight, and connections to the host); 0 means
+	// sink.DefaultMaxLimit.
+	MaxConcurrency int
+	// Timeout bounds one request once it is sent; 0 means 10s. Waiting
+	// for a slot under the endpoint's limit does not count against it.
+	Timeout time.Duration
+	// Logger receives the rate-limited overload reports; nil logs nothing.
+	Logger *zap.Logger
 	// Now is the clock for webhook-timestamp; nil means time.Now.
 	Now func() time.Time
 	// Batch posts a delivery call's records as one JSON array (see the
@@ -94,7 +118,24 @@ type Sink struct {
 	maxConc    int
 	now        func() time.Time
 	batch      bool
+	timeout    time.Duration
+	lim        *sink.Limiter
+	// closeIdle closes the transport's idle connections (our own
+	// transport only) when the limit is cut, so the connections open stay
+	// within the limit.
+	closeIdle func()
+	log       *zap.Logger
+
+	logMu      sync.Mutex
+	loggedAt   time.Time
+	suppressed int
 }
+
+// DefaultTimeout bounds one request when Options.Timeout is 0.
+const DefaultTimeout = 10 * time.Second
+
+// overloadLogEvery rate-limits the overload report.
+const overloadLogEvery = 5 * time.Second
 
 var _ outbox.Sink = (*Sink)(nil)
 
@@ -118,17 +159,33 @@ func New(opts Options) (*Sink, error) {
 	if f == nil {
 		f, _ = format.New(format.Debezium)
 	}
-	rt := opts.Transport
-	if rt == nil {
-		// Up to Concurrency × MaxConcurrent requests (8 × 32 by default)
-		// are in flight to one host; an idle pool smaller than that closed
-		// the extra connections after every burst and dialled them again
-		// (5 % of cdcout's CPU in the end-to-end benchmark).
-		tr := http.DefaultTransport.(*http.Transport).Clone()
-		tr.MaxIdleConns = 256
-		tr.MaxIdleConnsPerHost = 256
-		rt = tr
+	timeout := opts.Timeout
+	if timeout <= 0 {
+		timeout = DefaultTimeout
 	}
+	lim := sink.NewLimiter(0, opts.MaxConcurrency)
+	rt := opts.Transport
+	var closeIdle func()
+	if rt == nil {
+		// At most the limit's ceiling of requests is in flight to the
+		// host; an idle pool smaller than that closed the extra
+		// connections after every burst and dialled them again (5 % of
+		// cdcout's CPU in the end-to-end benchmark). A connect that
+		// does not complete within DialTimeout is an overload signal
+		// (a full accept queue drops the SYN), not a request timeout.
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.MaxIdleConns = lim.Max()
+		tr.MaxIdleConnsPerHost = lim.Max()
+		tr.MaxConnsPerHost = lim.Max()
+		dd := &dialer{d: net.Dialer{KeepAlive: 30 * time.Second}, max: DialTimeout(timeout), lim: lim}
+		tr.DialContext = dd.DialContext
+		rt, closeIdle = tr, tr.CloseIdleConnections
+	}
+	log := opts.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+
 	h := http.Header{}
 	for k, v := range opts.Headers {
 		h.Set(k, v)
@@ -152,8 +209,87 @@ func New(opts Options) (*Sink, error) {
 		maxConc:    maxConc,
 		now:        now,
 		batch:      opts.Batch,
+		timeout:    timeout,
+		lim:        lim,
+		closeIdle:  closeIdle,
+		log:        log.With(zap.String("endpoint", shown)),
 	}, nil
 }
+
+// dialer times a connect out after 20× the fastest connect seen lately
+// (at least minDialTimeout, at most max): a connect the listener dropped
+// (its accept queue full) waits a second for the SYN retransmit, and
+// failing it early instead lets the limiter back off and send it again
+// sooner. Against a host across the world the fastest connect is its
+// round trip, so the timeout stays well above it.
+type dialer struct {
+	d     net.Dialer
+	max   time.Duration
+	lim   *sink.Limiter
+	floor atomic.Int64 // ns; 0 until the first connect
+}
+
+// connectStall is how long a TCP connect takes before it counts as an
+// overload signal: Linux retransmits a SYN the listener dropped (accept
+// queue full) after 1 s, and few networks take 700 ms for a handshake.
+const connectStall = 700 * time.Millisecond
+
+// minDialTimeout bounds the adaptive connect timeout from below.
+const minDialTimeout = 250 * time.Millisecond
+
+func (dd *dialer) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	timeout := dd.max
+	if f := time.Duration(dd.floor.Load()); f > 0 {
+		timeout = min(max(20*f, minDialTimeout), dd.max)
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	start := time.Now()
+	c, err := dd.d.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	// The floor follows the fastest connects, and drifts up slowly when
+	// the network got slower for good.
+	d := time.Since(start)
+	if d > connectStall {
+		dd.lim.Congested() // it waited for a SYN retransmit: the accept queue is full
+	}
+	for {
+		old := dd.floor.Load()
+		next := int64(d)
+		if old != 0 && int64(d) > old {
+			next = old + (int64(d)-old)/64
+		}
+		if dd.floor.CompareAndSwap(old, next) {
+			break
+		}
+	}
+	return c, nil
+}
+
+// DialTimeout is the longest connect timeout for a request timeout: a
+// quarter of it, between 1 and 3 seconds (the dialer uses less once it
+// has seen how fast connects are).
+func DialTimeout(requestTimeout time.Duration) time.Duration {
+	return min(max(requestTimeout/4, time.Second), 3*time.Second)
+}
+
+// Paced tells the drainer that the sink bounds each request by its own
+// timeout and holds records back while the receiver is at capacity (see
+// outbox.Paced).
+func (s *Sink) Paced() bool { return true }
+
+// OneRequestPerRecord tells the drainer that each record is a request of
+// its own (no batch): it then hands them over one per call, so that one
+// slow request holds only its own record.
+func (s *Sink) OneRequestPerRecord() bool { return !s.batch }
+
+// Endpoint reports the endpoint's adaptive concurrency state.
+func (s *Sink) Endpoint() sink.LimiterStats { return s.lim.Stats() }
+
+// URL is the endpoint without userinfo or query.
+func (s *Sink) URL() string { return s.shownURL }
 
 // Deliver posts the records concurrently (the drainer never puts two
 // records of one key into a call, so order is not at stake here).
@@ -270,13 +406,69 @@ func (s *Sink) deliverBatch(ctx context.Context, recs []outbox.Record) []error {
 	return errs
 }
 
-// send POSTs body with the given headers plus the configured ones and the
-// Standard Webhooks headers for message id, and maps the answer to
-// delivered (nil), retry or permanent.
+// send POSTs body under the endpoint's limit, and again while the
+// receiver says it is overloaded and ctx allows (a ctx that never ends gets
+// the first answer). ctx bounds the waiting; a request once sent runs to
+// its own timeout even if ctx is cancelled meanwhile (a stop lets the
+// requests under way finish).
 func (s *Sink) send(ctx context.Context, id string, h http.Header, body []byte) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.url, bytes.NewReader(body))
+	var last error
+	for {
+		tok, err := s.lim.Acquire(ctx)
+		if err != nil {
+			if last != nil {
+				return sink.Overloaded(fmt.Errorf("%w; last answer: %w", err, last))
+			}
+			return sink.Overloaded(fmt.Errorf("post %s: %w", s.shownURL, err))
+		}
+		sig, ra, err := s.sendOnce(ctx, id, h, body)
+		if cut := tok.Done(sig, ra); cut && s.closeIdle != nil {
+			s.closeIdle()
+		}
+		if err == nil || !sink.IsOverloaded(err) {
+			return err
+		}
+		s.reportOverload(err)
+		last = err
+		if ctx.Done() == nil || ctx.Err() != nil {
+			return err
+		}
+	}
+}
+
+// reportOverload logs an overload answer at most every overloadLogEvery,
+// with the number of such answers left out meanwhile.
+func (s *Sink) reportOverload(err error) {
+	s.logMu.Lock()
+	if time.Since(s.loggedAt) < overloadLogEvery {
+		s.suppressed++
+		s.logMu.Unlock()
+		return
+	}
+	n := s.suppressed
+	s.loggedAt, s.suppressed = time.Now(), 0
+	s.logMu.Unlock()
+	st := s.lim.Stats()
+	s.log.Warn("receiver overloaded; slowing down (not counted as a delivery attempt)",
+		zap.String("error", err.Error()), zap.Int("limit", st.Limit), zap.Duration("paused_for", st.PausedFor),
+		zap.Int("suppressed", n))
+}
+
+// sendOnce POSTs body with the given headers plus the configured ones and
+// the Standard Webhooks headers for message id, and maps the answer to
+// delivered (nil), overloaded, retry or permanent, and to what it says
+// about the receiver's capacity.
+func (s *Sink) sendOnce(ctx context.Context, id string, h http.Header, body []byte) (sink.Signal, time.Duration, error) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
+	defer cancel()
+	if dl, ok := ctx.Deadline(); ok {
+		var cancel2 context.CancelFunc
+		rctx, cancel2 = context.WithDeadline(rctx, dl)
+		defer cancel2()
+	}
+	req, err := http.NewRequestWithContext(rctx, http.MethodPost, s.url, bytes.NewReader(body))
 	if err != nil {
-		return sink.Permanent(fmt.Errorf("build request: %w", err))
+		return sink.Failed, 0, sink.Permanent(fmt.Errorf("build request: %w", err))
 	}
 	for k, v := range s.headers {
 		if _, own := h[k]; !own { // never the content or CloudEvents headers
@@ -293,7 +485,18 @@ func (s *Sink) send(ctx context.Context, id string, h http.Header, body []byte) 
 
 	resp, err := s.rt.RoundTrip(req)
 	if err != nil {
-		return fmt.Errorf("post %s: %w", s.shownURL, transportError(err))
+		err = fmt.Errorf("post %s: %w", s.shownURL, transportError(err))
+		var op *net.OpError
+		switch {
+		case errors.As(err, &op) && op.Op == "dial":
+			// Refused, or not accepted within DialTimeout: the request
+			// never reached the receiver.
+			return sink.Overload, 0, sink.Overloaded(err)
+		case isTimeout(err):
+			// Sent, maybe processed: an attempt, and a sign of overload.
+			return sink.Overload, 0, err
+		}
+		return sink.Failed, 0, err
 	}
 	defer func() {
 		// Drain a little so the connection can be reused.
@@ -302,21 +505,36 @@ func (s *Sink) send(ctx context.Context, id string, h http.Header, body []byte) 
 	}()
 	code := resp.StatusCode
 	if code >= 200 && code < 300 {
-		return nil
+		return sink.Success, 0, nil
 	}
 	snippet := readSnippet(resp.Body)
 	err = fmt.Errorf("post %s: http %d%s", s.shownURL, code, snippet)
+	ra, hasRA := parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
 	switch {
-	case code == http.StatusRequestTimeout, code == http.StatusTooEarly, code == http.StatusTooManyRequests, code >= 500:
-		if d, ok := parseRetryAfter(resp.Header.Get("Retry-After"), time.Now()); ok {
-			return sink.RetryAfter(err, d)
+	case code == http.StatusTooManyRequests, code == http.StatusServiceUnavailable:
+		if hasRA {
+			return sink.Overload, ra, sink.Overloaded(sink.RetryAfter(err, ra))
 		}
-		return err
+		return sink.Overload, 0, sink.Overloaded(err)
+	case code == http.StatusRequestTimeout, code == http.StatusTooEarly, code >= 500:
+		sig := sink.Failed
+		if code == http.StatusRequestTimeout || code == http.StatusBadGateway || code == http.StatusGatewayTimeout {
+			sig = sink.Overload // a proxy whose upstream does not keep up
+		}
+		if hasRA {
+			return sig, 0, sink.RetryAfter(err, ra)
+		}
+		return sig, 0, err
 	case code >= 300 && code < 400:
-		return sink.Permanent(fmt.Errorf("post %s: http %d redirect to %q not followed (point the sink at the final URL)", s.shownURL, code, resp.Header.Get("Location")))
+		return sink.Success, 0, sink.Permanent(fmt.Errorf("post %s: http %d redirect to %q not followed (point the sink at the final URL)", s.shownURL, code, resp.Header.Get("Location")))
 	default:
-		return sink.Permanent(err)
+		return sink.Success, 0, sink.Permanent(err)
 	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 }
 
 // transportError strips url.Error's copy of the URL, which may carry

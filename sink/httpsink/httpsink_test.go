@@ -162,18 +162,21 @@ func TestStatusClassification(t *testing.T) {
 		permanent  bool
 		retryAfter time.Duration
 		hasAfter   bool
+		overloaded bool
 	}{
-		{200, nil, "", false, 0, false},
-		{204, nil, "", false, 0, false},
-		{400, nil, "bad field x\nline2", true, 0, false},
-		{422, nil, strings.Repeat("y", 2000), true, 0, false},
-		{404, nil, "", true, 0, false},
-		{301, http.Header{"Location": {"https://elsewhere/"}}, "", true, 0, false},
-		{408, nil, "", false, 0, false},
-		{425, nil, "", false, 0, false},
-		{429, http.Header{"Retry-After": {"7"}}, "", false, 7 * time.Second, true},
-		{503, http.Header{"Retry-After": {time.Now().Add(30 * time.Second).UTC().Format(http.TimeFormat)}}, "", false, 30 * time.Second, true},
-		{500, nil, "oops", false, 0, false},
+		{200, nil, "", false, 0, false, false},
+		{204, nil, "", false, 0, false, false},
+		{400, nil, "bad field x\nline2", true, 0, false, false},
+		{422, nil, strings.Repeat("y", 2000), true, 0, false, false},
+		{404, nil, "", true, 0, false, false},
+		{301, http.Header{"Location": {"https://elsewhere/"}}, "", true, 0, false, false},
+		{408, nil, "", false, 0, false, false},
+		{425, nil, "", false, 0, false, false},
+		{429, http.Header{"Retry-After": {"7"}}, "", false, 7 * time.Second, true, true},
+		{429, nil, "", false, 0, false, true},
+		{503, http.Header{"Retry-After": {time.Now().Add(30 * time.Second).UTC().Format(http.TimeFormat)}}, "", false, 30 * time.Second, true, true},
+		{500, nil, "oops", false, 0, false, false},
+		{502, nil, "", false, 0, false, false},
 	} {
 		t.Run(strconv.Itoa(tc.code), func(t *testing.T) {
 			srv, got := recorder(t, func(int64, *http.Request) (int, http.Header, string) { return tc.code, tc.header, tc.body })
@@ -190,6 +193,9 @@ func TestStatusClassification(t *testing.T) {
 			}
 			if got, want := sink.IsPermanent(err), tc.permanent; got != want {
 				t.Errorf("permanent = %v, want %v (%v)", got, want, err)
+			}
+			if got, want := sink.IsOverloaded(err), tc.overloaded; got != want {
+				t.Errorf("overloaded = %v, want %v (%v)", got, want, err)
 			}
 			d, ok := sink.RetryAfterOf(err)
 			if ok != tc.hasAfter || (ok && (d > tc.retryAfter || d < tc.retryAfter-2*time.Second)) {
@@ -232,18 +238,23 @@ func TestTimeoutAndConnectionErrorsRetry(t *testing.T) {
 	dead.Close()
 	s, _ = New(Options{URL: "http://user:hunter2@" + strings.TrimPrefix(url, "http://") + "/x?token=abc"})
 	err = s.Deliver(context.Background(), []outbox.Record{rec("a", "{}")})[0]
-	if err == nil || sink.IsPermanent(err) {
-		t.Fatalf("connection refused: err = %v, want retryable", err)
+	if err == nil || sink.IsPermanent(err) || !sink.IsOverloaded(err) {
+		t.Fatalf("connection refused: err = %v, want overloaded (not an attempt)", err)
 	}
 	if strings.Contains(err.Error(), "hunter2") || strings.Contains(err.Error(), "token=abc") {
 		t.Errorf("error leaks credentials: %v", err)
 	}
 }
 
-func TestConcurrentWithinCall(t *testing.T) {
-	var inFlight, peak atomic.Int64
+// A cold endpoint gets a handful of requests at once (the limiter's
+// initial limit), not a call's worth.
+func TestColdEndpointStartsAtInitialLimit(t *testing.T) {
+	var inFlight, peak, served atomic.Int64
 	release := make(chan struct{})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if served.Add(1) <= 3 {
+			return // the limiter's probe of the floor, one at a time
+		}
 		n := inFlight.Add(1)
 		for {
 			p := peak.Load()
@@ -256,15 +267,19 @@ func TestConcurrentWithinCall(t *testing.T) {
 	}))
 	defer srv.Close()
 	s, _ := New(Options{URL: srv.URL})
-	recs := make([]outbox.Record, 5)
+	recs := make([]outbox.Record, 3+2*sink.DefaultInitialLimit)
 	for i := range recs {
 		recs[i] = rec(fmt.Sprintf("id-%d", i), "{}")
 	}
 	done := make(chan []error)
 	go func() { done <- s.Deliver(context.Background(), recs) }()
 	deadline := time.Now().Add(5 * time.Second)
-	for peak.Load() < 5 && time.Now().Before(deadline) {
+	for peak.Load() < sink.DefaultInitialLimit && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // room for a request beyond the limit to show up
+	if got, want := s.Endpoint().InFlight, sink.DefaultInitialLimit; got != want {
+		t.Errorf("in flight (limiter) = %d, want %d", got, want)
 	}
 	close(release)
 	for i, err := range <-done {
@@ -272,7 +287,7 @@ func TestConcurrentWithinCall(t *testing.T) {
 			t.Errorf("record %d: %v", i, err)
 		}
 	}
-	if got, want := peak.Load(), int64(5); got != want {
+	if got, want := peak.Load(), int64(sink.DefaultInitialLimit); got != want {
 		t.Errorf("peak concurrency = %d, want %d", got, want)
 	}
 }
@@ -375,5 +390,103 @@ func TestBatchPostsOneSignedArray(t *testing.T) {
 		if err == nil || sink.IsPermanent(err) {
 			t.Fatalf("record %d: %v, want a retryable error", i, err)
 		}
+	}
+}
+
+// A 503 with Retry-After pauses the whole endpoint: inside one delivery
+// (whose context allows it) the record is sent again after the pause and
+// delivered, and a record of another call is not sent during the pause
+// either.
+func TestRetryAfterPausesEndpointWithinCall(t *testing.T) {
+	var (
+		mu       sync.Mutex
+		first503 time.Time
+		arrivals []time.Time
+	)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		if first503.IsZero() {
+			first503 = time.Now()
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		arrivals = append(arrivals, time.Now())
+	}))
+	defer srv.Close()
+	s, _ := New(Options{URL: srv.URL})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	done := make(chan error, 2)
+	go func() { done <- s.Deliver(ctx, []outbox.Record{rec("a", "{}")})[0] }()
+	for s.Endpoint().Overloads == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	if st := s.Endpoint(); st.PausedFor <= 0 || st.Overloads != 1 {
+		t.Fatalf("after a 503 with Retry-After: %+v, want the endpoint paused and one overload", st)
+	}
+	go func() { done <- s.Deliver(ctx, []outbox.Record{rec("b", "{}")})[0] }()
+	for range 2 {
+		if err := <-done; err != nil {
+			t.Fatalf("delivery: %v, want delivered after the pause", err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(arrivals) != 2 {
+		t.Fatalf("%d requests after the 503, want 2", len(arrivals))
+	}
+	for _, at := range arrivals {
+		if d := at.Sub(first503); d < 900*time.Millisecond {
+			t.Errorf("a request arrived %v after the 503, inside the 1s Retry-After", d)
+		}
+	}
+}
+
+// A refused connect is retried under the limiter's backoff until the
+// delivery ends, and comes back as overloaded (not an attempt); the
+// retries are paced, not a spin.
+func TestRefusedConnectBacksOffUntilCallEnds(t *testing.T) {
+	dead := httptest.NewServer(http.NotFoundHandler())
+	url := dead.URL
+	dead.Close()
+	s, _ := New(Options{URL: url})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	start := time.Now()
+	err := s.Deliver(ctx, []outbox.Record{rec("a", "{}")})[0]
+	if !sink.IsOverloaded(err) || !strings.Contains(err.Error(), "refused") {
+		t.Fatalf("err = %v, want overloaded with the connect error", err)
+	}
+	if d := time.Since(start); d < 900*time.Millisecond || d > 3*time.Second {
+		t.Errorf("delivery returned after %v, want at the call's end (1s)", d)
+	}
+	// Pauses of 100 ms doubling: about four connects in a second.
+	if st := s.Endpoint(); st.Overloads < 2 || st.Overloads > 8 || st.Limit != 1 {
+		t.Errorf("after a second of refused connects: %+v, want a few paced overloads at limit 1", st)
+	}
+}
+
+// Against a fast receiver the limit grows from its start toward the
+// ceiling, so a fast endpoint is not held to a handful.
+func TestLimitGrowsAgainstFastReceiver(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer srv.Close()
+	s, _ := New(Options{URL: srv.URL, MaxConcurrency: 16})
+	recs := make([]outbox.Record, 32)
+	for i := range recs {
+		recs[i] = rec(fmt.Sprintf("id-%d", i), "{}")
+	}
+	for range 20 {
+		for _, err := range s.Deliver(context.Background(), recs) {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// Latency decides the last steps (the race detector slows requests).
+	if st := s.Endpoint(); st.Limit <= sink.DefaultInitialLimit || st.Max != 16 || st.Floor <= 0 {
+		t.Fatalf("after 640 fast requests: %+v, want the limit grown past its start", st)
 	}
 }

@@ -267,7 +267,25 @@ func classify(topic string, err error) error {
 			return sink.Permanent(fmt.Errorf("kafka refused the record for topic %q: %w", topic, err))
 		}
 	}
+	for _, o := range overloadErrors {
+		if errors.Is(err, o) {
+			return sink.Overloaded(fmt.Errorf("kafka is slow or throttling (not counted as a delivery attempt) for topic %q: %w", topic, err))
+		}
+	}
 	return fmt.Errorf("kafka produce to topic %q: %w", topic, err)
+}
+
+// overloadErrors are a broker that throttles or acknowledges too slowly
+// (the attempt's deadline passed waiting for acks=all): not the record's
+// fault, so the record is retried without counting an attempt and never
+// dead-lettered for it.
+var overloadErrors = []error{
+	kerr.ThrottlingQuotaExceeded,
+	kerr.RequestTimedOut,
+	kerr.NotEnoughReplicas,
+	kerr.NotEnoughReplicasAfterAppend,
+	kgo.ErrRecordTimeout,
+	context.DeadlineExceeded,
 }
 
 // topicFunc compiles the template into a function of the record.

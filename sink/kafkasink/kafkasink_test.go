@@ -357,3 +357,26 @@ func TestTransientErrorsAreRetriedWithinDeliver(t *testing.T) {
 		t.Fatalf("broker failed %d produce requests, want the first 3 refused and retried", got)
 	}
 }
+
+// Broker throttling and slow acks are overload (retried without counting
+// an attempt), a record the broker refuses is permanent, anything else a
+// plain retry.
+func TestClassifyOverload(t *testing.T) {
+	for _, tc := range []struct {
+		err                   error
+		overloaded, permanent bool
+	}{
+		{kerr.ThrottlingQuotaExceeded, true, false},
+		{kerr.RequestTimedOut, true, false},
+		{fmt.Errorf("produce: %w", context.DeadlineExceeded), true, false},
+		{kgo.ErrRecordTimeout, true, false},
+		{kerr.MessageTooLarge, false, true},
+		{errors.New("broken pipe"), false, false},
+	} {
+		err := classify("t", tc.err)
+		if sink.IsOverloaded(err) != tc.overloaded || sink.IsPermanent(err) != tc.permanent {
+			t.Errorf("classify(%v) = %v: overloaded %v, permanent %v; want %v, %v",
+				tc.err, err, sink.IsOverloaded(err), sink.IsPermanent(err), tc.overloaded, tc.permanent)
+		}
+	}
+}

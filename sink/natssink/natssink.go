@@ -238,7 +238,8 @@ func (s *Sink) Deliver(ctx context.Context, recs []outbox.Record) []error {
 		case err := <-f.Err():
 			errs[i] = classify(subjects[i], err)
 		case <-ctx.Done():
-			errs[i] = fmt.Errorf("nats publish to %q: no ack: %w", subjects[i], ctx.Err())
+			// A slow ack is the server's pace, not the record's fault.
+			errs[i] = sink.Overloaded(fmt.Errorf("nats publish to %q: no ack yet (not counted as a delivery attempt): %w", subjects[i], ctx.Err()))
 		}
 	}
 	return errs
@@ -268,6 +269,8 @@ func classify(subject string, err error) error {
 		return fmt.Errorf("no JetStream stream stores subject %q; create one "+
 			"(nats stream add CDC --subjects %q, or add the subject to an existing stream); "+
 			"the record stays pending and is retried: %w", subject, wildcard(subject), err)
+	case errors.Is(err, nats.ErrTimeout), errors.Is(err, jetstream.ErrTooManyStalledMsgs):
+		return sink.Overloaded(fmt.Errorf("nats publish to %q: server slow to acknowledge (not counted as a delivery attempt): %w", subject, err))
 	case errors.Is(err, nats.ErrMaxPayload), errors.Is(err, nats.ErrBadSubject),
 		errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum:
 		return sink.Permanent(fmt.Errorf("nats refused the record for subject %q: %w", subject, err))

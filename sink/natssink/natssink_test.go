@@ -329,7 +329,12 @@ func TestBadOptions(t *testing.T) {
 			t.Errorf("%s: New succeeded", name)
 		}
 	}
-	if err := classify("x", errors.New("boom")); sink.IsPermanent(err) {
-		t.Fatalf("unknown error classified permanent: %v", err)
+	if err := classify("x", errors.New("boom")); sink.IsPermanent(err) || sink.IsOverloaded(err) {
+		t.Fatalf("unknown error classified permanent or overloaded: %v", err)
+	}
+	// A server slow to acknowledge is overload: retried without counting
+	// an attempt.
+	if err := classify("x", nats.ErrTimeout); !sink.IsOverloaded(err) || sink.IsPermanent(err) {
+		t.Fatalf("ack timeout: %v, want overloaded", err)
 	}
 }
