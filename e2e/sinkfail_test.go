@@ -91,16 +91,17 @@ sinks:
 	}
 	total := keys * (1 + updates)
 
-	// Fail until both failure kinds were seen several times and the
-	// poisoned row got its 400. The endpoint's limiter backs off such a
-	// receiver (timeouts are overload: the limit drops to one and
-	// overloads in a row pause the endpoint, up to 5 s), so this takes
-	// tens of seconds.
+	// Fail until both failure kinds were seen several times. The
+	// endpoint's limiter backs off such a receiver (timeouts are overload:
+	// the limit drops to one and overloads in a row pause the endpoint, up
+	// to 5 s), so this takes tens of seconds, and the poisoned row may not
+	// have been tried yet: its 400 may come after the recovery (it answers
+	// 400 for as long as poisoned is set).
 	waitFor(t, 60*time.Second, func() (bool, string) {
 		if p.exited() {
 			t.Fatalf("cdcout exited: %v", p.err)
 		}
-		return n500.Load() >= 5 && nSlow.Load() >= 5 && n400.Load() >= 1,
+		return n500.Load() >= 5 && nSlow.Load() >= 5,
 			fmt.Sprintf("%d 500s, %d slow answers, %d 400s", n500.Load(), nSlow.Load(), n400.Load())
 	})
 	failing.Store(false)
