@@ -56,14 +56,18 @@ func detectFlavor(dsn string) (Flavor, error) {
 }
 
 // MySQLPrefix is where .ci/install-mysql unpacks Oracle MySQL:
-// $CDCOUT_MYSQL_PREFIX, else ${XDG_CACHE_HOME:-$HOME/.cache}/cdcout/mysql.
+// $CDCOUT_MYSQL_PREFIX, else ${XDG_CACHE_HOME:-$HOME/.cache}/cdcout/mysql
+// (/tmp/.cache/… without a home directory).
 func MySQLPrefix() string {
 	if p := os.Getenv("CDCOUT_MYSQL_PREFIX"); p != "" {
 		return p
 	}
 	cache := os.Getenv("XDG_CACHE_HOME")
 	if cache == "" {
-		home, _ := os.UserHomeDir()
+		home, err := os.UserHomeDir()
+		if err != nil || home == "" {
+			home = "/tmp" // as .ci/install-mysql does without $HOME
+		}
 		cache = filepath.Join(home, ".cache")
 	}
 	return filepath.Join(cache, "cdcout", "mysql")
