@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -320,7 +319,7 @@ func runCapacity(t testing.TB, name string, rc *capacityReceiver, n int) capacit
 		}
 	}
 
-	inspectAddr := freeAddr(t)
+	inspectAddr := mysqltest.FreeAddr(t)
 	dir := t.TempDir()
 	cfgPath := filepath.Join(dir, "cdcout.yaml")
 	cfg := fmt.Sprintf("instance: cap\nhttp_addr: %q\nsinks:\n  - name: hook\n    url: %s/hook\n", inspectAddr, rc.url)
@@ -407,17 +406,6 @@ func runCapacity(t testing.TB, name string, rc *capacityReceiver, n int) capacit
 		t.Errorf("%d delivery-failed lines against a receiver that never fails", n)
 	}
 	return res
-}
-
-// freeAddr returns a loopback address with a port free right now.
-func freeAddr(t testing.TB) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 // sinksEndpoint returns the endpoint block of /v1/sinks (the webhook's
