@@ -41,13 +41,17 @@ func TestTwoInstallationsAndCreateSelect(t *testing.T) {
 		}
 	}
 	db := srv.Open(t)
+	// Both start before the CREATE … SELECT: with the default --from now,
+	// a replica that leads before its stream has fixed "now" would start
+	// after it (CI saw b.jsonl stay empty once).
+	from := mysqltest.GTIDPos(t, db)
 	deadline := time.Now().Add(60 * time.Second)
 	// One after the other: urfave/cli's flag parsing is not safe for two
 	// apps at once in one process.
 	for _, a := range [][2]string{{stateA, outA}, {stateB, outB}} {
 		s := a[0]
 		go func() {
-			code, _, stderr := runArgs(t, ctx, "run", "--dsn", srv.DSN, "--state-db", a[0], "--instance", a[0],
+			code, _, stderr := runArgs(t, ctx, "run", "--dsn", srv.DSN, "--state-db", a[0], "--instance", a[0], "--from", from,
 				"--sink", "f=file://"+a[1], "--http-addr", "off", "--log-level", "warn")
 			exited <- result{code, stderr}
 		}()
