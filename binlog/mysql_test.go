@@ -229,9 +229,9 @@ func TestCachingSHA2LoginMySQL(t *testing.T) {
 	srv.Exec(t, "CREATE USER '"+user+"'@'%' IDENTIFIED WITH caching_sha2_password BY '"+password+"'",
 		"GRANT REPLICATION SLAVE, REPLICATION CLIENT, SELECT ON *.* TO '"+user+"'@'%'")
 	t.Cleanup(func() { srv.Exec(t, "DROP USER '"+user+"'@'%'") })
-	for i, params := range []string{"", "tls=skip-verify"} {
-		name := map[int]string{0: "tcp-rsa", 1: "tls"}[i]
-		t.Run(name, func(t *testing.T) {
+	for i, c := range []struct{ name, params string }{{"tcp-rsa", ""}, {"tls", "tls=skip-verify"}} {
+		params := c.params
+		t.Run(c.name, func(t *testing.T) {
 			// An empty cache: the login takes the full exchange.
 			srv.Exec(t, "FLUSH PRIVILEGES")
 			cfg := testConfig(t, srv, db)

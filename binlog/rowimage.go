@@ -51,7 +51,7 @@ func decodeJSONRows(e *replication.RowsEvent, data []byte, pos int, jsonCols []i
 	if err := e.DecodeData(pos, data); err != nil {
 		return err
 	}
-	images, err := walkImages(e, data[pos:], true)
+	images, err := walkImages(e, data[pos:], len(jsonCols))
 	if err != nil {
 		return fmt.Errorf("partial update rows event of %s.%s: %w", e.Table.Schema, e.Table.Table, err)
 	}
@@ -102,40 +102,32 @@ type rawJSON struct {
 	partial bool
 }
 
-// walkImages walks the row images in data (the rows event body after its
-// header) the way the server wrote them (Rows_log_event::print_verbose)
-// and returns each image's JSON column values. It decodes nothing else,
-// only measures; it must end exactly at the end of the data, so a
-// misreading is an error, never a wrong value.
-func walkImages(e *replication.RowsEvent, data []byte, partialEvent bool) (images [][]rawJSON, err error) {
+// walkImages walks the row images of a PARTIAL_UPDATE_ROWS_EVENT in data
+// (the event body after its header) the way the server wrote them
+// (Rows_log_event::print_verbose) and returns each image's JSON column
+// values; jsonCount is the table's number of JSON columns. It decodes
+// nothing else, only measures; it must end exactly at the end of the data,
+// so a misreading is an error, never a wrong value.
+func walkImages(e *replication.RowsEvent, data []byte, jsonCount int) (images [][]rawJSON, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("malformed row image: %v", r)
 		}
 	}()
 	tm := e.Table
-	jsonCount := len(jsonColumns(tm))
 	pos := 0
 	for pos < len(data) {
-		img, n, err := walkImage(tm, data[pos:], e.ColumnBitmap1, false, 0)
+		before, n, err := walkImage(tm, data[pos:], e.ColumnBitmap1, false, 0)
 		if err != nil {
 			return nil, err
 		}
-		images = append(images, img)
 		pos += n
-		if e.ColumnBitmap2 == nil {
-			continue
-		}
-		if partialEvent {
-			img, n, err = walkImage(tm, data[pos:], e.ColumnBitmap2, true, jsonCount)
-		} else {
-			img, n, err = walkImage(tm, data[pos:], e.ColumnBitmap2, false, 0)
-		}
+		after, n, err := walkImage(tm, data[pos:], e.ColumnBitmap2, true, jsonCount)
 		if err != nil {
 			return nil, err
 		}
-		images = append(images, img)
 		pos += n
+		images = append(images, before, after)
 	}
 	if pos != len(data) {
 		return nil, fmt.Errorf("row images end at byte %d of %d", pos, len(data))
