@@ -172,14 +172,26 @@ func (s *Sink) validate(errs *Errors, at string, claimLease time.Duration) {
 		if !strings.HasPrefix(rest, "//") || strings.Trim(hosts, ", ") == "" {
 			errs.add(at+".url", "want %s://host:port[,host:port]/template", scheme)
 		}
+	case "redis", "rediss":
+		// The stream template is not a Redis database number, so the URL
+		// is not one go-redis parses; sink/redissink does.
+		rest, ok := strings.CutPrefix(s.URL[len(scheme)+1:], "//")
+		hostPart, _, _ := strings.Cut(rest, "/")
+		hostPart, _, _ = strings.Cut(hostPart, "?")
+		if i := strings.LastIndexByte(hostPart, '@'); i >= 0 {
+			hostPart = hostPart[i+1:]
+		}
+		if !ok || hostPart == "" {
+			errs.add(at+".url", "want %s://[user:password@]host:port/stream-template", scheme)
+		}
 	case "":
 		if s.URL == "" {
-			errs.add(at+".url", "required (stdout:, file://, http://, https://, kafka://, nats://)")
+			errs.add(at+".url", "required (stdout:, file://, http://, https://, kafka://, nats://, redis://)")
 		} else {
-			errs.add(at+".url", "no scheme (want stdout:, file://, http://, https://, kafka://, nats://)")
+			errs.add(at+".url", "no scheme (want stdout:, file://, http://, https://, kafka://, nats://, redis://)")
 		}
 	default:
-		errs.add(at+".url", "unknown scheme %q (want stdout:, file://, http://, https://, kafka://, nats://)", scheme)
+		errs.add(at+".url", "unknown scheme %q (want stdout:, file://, http://, https://, kafka://, nats://, redis://)", scheme)
 	}
 	switch s.Format {
 	case "debezium", "cloudevents", "maxwell":

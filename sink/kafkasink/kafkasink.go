@@ -94,7 +94,7 @@ func ParseURL(raw string) (brokers []string, topicTemplate string, err error) {
 		return nil, "", fmt.Errorf("kafka url %q: want kafka://host:port[,host:port…]/topic-template", raw)
 	}
 	hosts, tmpl, _ := strings.Cut(rest, "/")
-	tmpl = strings.NewReplacer("%7B", "{", "%7b", "{", "%7D", "}", "%7d", "}").Replace(tmpl)
+	tmpl = format.UnescapeBraces(tmpl)
 	for _, h := range strings.Split(hosts, ",") {
 		if h = strings.TrimSpace(h); h == "" {
 			continue
@@ -173,7 +173,7 @@ func New(ctx context.Context, o Options) (*Sink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kafka sink: %w", err)
 	}
-	return &Sink{client: cl, format: f, topic: topicFunc(o.TopicTemplate), logger: logger}, nil
+	return &Sink{client: cl, format: f, topic: format.NameTemplate(o.TopicTemplate, topicSafe), logger: logger}, nil
 }
 
 // Close flushes nothing (Deliver waits for its records) and closes the
@@ -286,20 +286,6 @@ var overloadErrors = []error{
 	kerr.NotEnoughReplicasAfterAppend,
 	kgo.ErrRecordTimeout,
 	context.DeadlineExceeded,
-}
-
-// topicFunc compiles the template into a function of the record.
-func topicFunc(tmpl string) func(outbox.Record) string {
-	if !strings.Contains(tmpl, "{") {
-		return func(outbox.Record) string { return tmpl }
-	}
-	return func(rec outbox.Record) string {
-		return strings.NewReplacer(
-			"{db}", topicSafe(rec.DB),
-			"{table}", topicSafe(rec.Table),
-			"{instance}", topicSafe(format.Instance(rec)),
-		).Replace(tmpl)
-	}
 }
 
 // topicSafe maps a name onto Kafka's topic alphabet [a-zA-Z0-9._-].

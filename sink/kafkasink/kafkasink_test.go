@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/cdcout/cdcout/canonical"
+	"github.com/cdcout/cdcout/format"
 	"github.com/cdcout/cdcout/outbox"
 	"github.com/cdcout/cdcout/sink"
 )
@@ -284,10 +285,10 @@ func TestTopicTemplate(t *testing.T) {
 	r := rec("a", 1)
 	r.Pipe = "eu/prod:shop.items:kafka"
 	r.Table = "order items"
-	if got, want := topicFunc("{instance}.{db}.{table}")(r), "eu_prod.shop.order_items"; got != want {
+	if got, want := format.NameTemplate("{instance}.{db}.{table}", topicSafe)(r), "eu_prod.shop.order_items"; got != want {
 		t.Fatalf("topic = %q, want %q", got, want)
 	}
-	if got, want := topicFunc("all-changes")(r), "all-changes"; got != want {
+	if got, want := format.NameTemplate("all-changes", topicSafe)(r), "all-changes"; got != want {
 		t.Fatalf("topic = %q, want %q", got, want)
 	}
 }

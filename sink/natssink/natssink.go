@@ -92,7 +92,7 @@ func ParseURL(raw string) (serverURL, subjectTemplate string, err error) {
 			servers = append(servers, "nats://"+h)
 		}
 	}
-	tmpl = strings.NewReplacer("%7B", "{", "%7b", "{", "%7D", "}", "%7d", "}").Replace(tmpl)
+	tmpl = format.UnescapeBraces(tmpl)
 	return strings.Join(servers, ","), tmpl, nil
 }
 
@@ -168,7 +168,7 @@ func New(ctx context.Context, o Options) (*Sink, error) {
 		nc.Close()
 		return nil, fmt.Errorf("nats sink: %w", err)
 	}
-	return &Sink{nc: nc, js: js, format: f, subject: subjectFunc(o.SubjectTemplate), logger: logger, connErr: connErr}, nil
+	return &Sink{nc: nc, js: js, format: f, subject: format.NameTemplate(o.SubjectTemplate, token), logger: logger, connErr: connErr}, nil
 }
 
 // awaitConnect gives a connection that is still making its first attempts
@@ -286,20 +286,6 @@ func wildcard(subject string) string {
 		return subject[:i] + ".*"
 	}
 	return subject
-}
-
-// subjectFunc compiles the template into a function of the record.
-func subjectFunc(tmpl string) func(outbox.Record) string {
-	if !strings.Contains(tmpl, "{") {
-		return func(outbox.Record) string { return tmpl }
-	}
-	return func(rec outbox.Record) string {
-		return strings.NewReplacer(
-			"{db}", token(rec.DB),
-			"{table}", token(rec.Table),
-			"{instance}", token(format.Instance(rec)),
-		).Replace(tmpl)
-	}
 }
 
 // token keeps a name one subject token: '.' separates tokens, '*' and '>'

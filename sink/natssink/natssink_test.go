@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cdcout/cdcout/canonical"
+	"github.com/cdcout/cdcout/format"
 	"github.com/cdcout/cdcout/outbox"
 	"github.com/cdcout/cdcout/sink"
 )
@@ -296,7 +297,7 @@ func TestSubjectTemplate(t *testing.T) {
 	r := rec("a", 1)
 	r.Pipe = "eu.prod:shop.items:nats"
 	r.Table = "order items>"
-	if got, want := subjectFunc(DefaultSubjectTemplate)(r), "cdcout.eu_prod.shop.order_items_"; got != want {
+	if got, want := format.NameTemplate(DefaultSubjectTemplate, token)(r), "cdcout.eu_prod.shop.order_items_"; got != want {
 		t.Fatalf("subject = %q, want %q", got, want)
 	}
 }
