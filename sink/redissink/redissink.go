@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	neturl "net/url"
 	"strconv"
 	"strings"
@@ -145,6 +146,9 @@ func New(o Options) (*Sink, error) {
 		// appended; the client retrying a pipeline on its own could append
 		// them twice more.
 		MaxRetries: -1,
+		// The attempt's timeout (ctx) bounds the round trip, not the
+		// client's own 3 s read timeout.
+		ContextTimeoutEnabled: true,
 	}
 	if o.TLS != nil {
 		if ro.TLSConfig, err = o.TLS.Config(); err != nil {
@@ -209,8 +213,9 @@ func (s *Sink) Deliver(ctx context.Context, recs []outbox.Record) []error {
 }
 
 func classify(ctx context.Context, stream string, err error) error {
+	var netErr net.Error
 	switch msg := err.Error(); {
-	case ctx.Err() != nil:
+	case ctx.Err() != nil, errors.As(err, &netErr) && netErr.Timeout():
 		// A slow answer is the server's pace, not the record's fault.
 		return sink.Overloaded(fmt.Errorf("redis XADD to %q: no answer yet (not counted as a delivery attempt): %w", stream, err))
 	case strings.HasPrefix(msg, "OOM"), strings.HasPrefix(msg, "LOADING"), strings.HasPrefix(msg, "BUSY"):

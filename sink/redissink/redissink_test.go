@@ -200,3 +200,20 @@ func TestParseURL(t *testing.T) {
 		}
 	}
 }
+
+// TestUnansweredXAddIsOverload: a server that does not answer within the
+// attempt's timeout (writes paused) is overload, not an attempt.
+func TestUnansweredXAddIsOverload(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	s := newSink(t, srv.URL("/s"), nil)
+	noErrors(t, s.Deliver(context.Background(), []outbox.Record{rec("a", 1)}))
+	if err := client(t, srv).Do(context.Background(), "CLIENT", "PAUSE", "2000", "WRITE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	err := s.Deliver(ctx, []outbox.Record{rec("a", 2)})[0]
+	cancel()
+	if err == nil || !sink.IsOverloaded(err) || sink.IsPermanent(err) {
+		t.Fatalf("deliver to a paused server: %v, want an overload error", err)
+	}
+}
