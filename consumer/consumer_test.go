@@ -17,6 +17,7 @@ import (
 	"github.com/cdcout/cdcout/canonical"
 	"github.com/cdcout/cdcout/consumer"
 	"github.com/cdcout/cdcout/format"
+	"github.com/cdcout/cdcout/internal/sinktest"
 	"github.com/cdcout/cdcout/outbox"
 	"github.com/cdcout/cdcout/sink"
 	"github.com/cdcout/cdcout/sink/httpsink"
@@ -120,15 +121,6 @@ func deliver(t *testing.T, s *httpsink.Sink, recs ...outbox.Record) []error {
 	return s.Deliver(ctx, recs)
 }
 
-func noErrors(t *testing.T, errs []error) {
-	t.Helper()
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("record %d: %v", i, err)
-		}
-	}
-}
-
 // TestEveryFormatVerifiedParsedAndDeduplicated sends the four kinds of
 // change through the real webhook sink, in each format, one by one and
 // as a batch, each twice: the receiver verifies every signature, parses
@@ -156,10 +148,10 @@ func TestEveryFormatVerifiedParsedAndDeduplicated(t *testing.T) {
 				s := newSink(t, r.srv.URL, fname, secret, func(o *httpsink.Options) { o.Batch = batch })
 				for range 2 {
 					if batch {
-						noErrors(t, deliver(t, s, recs...))
+						sinktest.NoErrors(t, deliver(t, s, recs...))
 					} else {
 						for _, rec := range recs {
-							noErrors(t, deliver(t, s, rec))
+							sinktest.NoErrors(t, deliver(t, s, rec))
 						}
 					}
 				}
@@ -225,8 +217,8 @@ func TestBadSignatureIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	r2 := newReceiver(t, v2, nil)
-	noErrors(t, deliver(t, newSink(t, r2.srv.URL, "debezium", secret, nil), record(t, "insert")))
-	noErrors(t, deliver(t, newSink(t, r2.srv.URL, "debezium", "whsec_c29tZSBvdGhlciBzZWNyZXQ=", nil), record(t, "update")))
+	sinktest.NoErrors(t, deliver(t, newSink(t, r2.srv.URL, "debezium", secret, nil), record(t, "insert")))
+	sinktest.NoErrors(t, deliver(t, newSink(t, r2.srv.URL, "debezium", "whsec_c29tZSBvdGhlciBzZWNyZXQ=", nil), record(t, "update")))
 }
 
 func TestOldTimestampIsRefused(t *testing.T) {
@@ -241,7 +233,7 @@ func TestOldTimestampIsRefused(t *testing.T) {
 		t.Fatal("a request signed 10 minutes ago was accepted (replay)")
 	}
 	v.Tolerance = time.Hour
-	noErrors(t, deliver(t, s, record(t, "insert")))
+	sinktest.NoErrors(t, deliver(t, s, record(t, "insert")))
 }
 
 // TestFailedProcessingIsRetried: a record whose processing failed is not
@@ -255,8 +247,8 @@ func TestFailedProcessingIsRetried(t *testing.T) {
 	if err == nil || sink.IsPermanent(err) {
 		t.Fatalf("delivery whose processing failed: %v, want a retryable error", err)
 	}
-	noErrors(t, deliver(t, s, record(t, "insert")))
-	noErrors(t, deliver(t, s, record(t, "insert")))
+	sinktest.NoErrors(t, deliver(t, s, record(t, "insert")))
+	sinktest.NoErrors(t, deliver(t, s, record(t, "insert")))
 	if got := len(r.changes()); got != 1 {
 		t.Fatalf("processed %d times, want once", got)
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/cdcout/cdcout/canonical"
 	"github.com/cdcout/cdcout/format"
+	"github.com/cdcout/cdcout/internal/sinktest"
 	"github.com/cdcout/cdcout/outbox"
 	"github.com/cdcout/cdcout/sink"
 )
@@ -42,22 +43,11 @@ func newSink(t testing.TB, c *kfake.Cluster, o Options) *Sink {
 	return s
 }
 
-// rec is a record of key k carrying seq n; its payload stands in for an
-// envelope (the default format sends payloads as they are).
+// rec is an update of key k carrying seq n (sinktest.Record).
 func rec(k string, n int) outbox.Record {
-	id := fmt.Sprintf("0192f3a0-0000-7000-8000-%06d%06d", len(k), n)
-	return outbox.Record{
-		ID:         id,
-		Pipe:       "prod:shop.items:kafka",
-		Sink:       "kafka",
-		DB:         "shop",
-		Table:      "items",
-		Op:         canonical.OpUpdate,
-		Key:        fmt.Sprintf(`{"id":%q}`, k),
-		Payload:    fmt.Appendf(nil, `{"id":%q,"key":%q,"seq":%d}`, id, k, n),
-		Attempt:    1,
-		CommitTime: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC),
-	}
+	r := sinktest.Record("kafka", k, n)
+	r.Op = canonical.OpUpdate
+	return r
 }
 
 // consume reads n records of topic from the start, failing after a deadline.
@@ -82,14 +72,7 @@ func consume(t *testing.T, c *kfake.Cluster, topic string, n int) []*kgo.Record 
 	return out
 }
 
-func noErrors(t *testing.T, errs []error) {
-	t.Helper()
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("record %d: %v", i, err)
-		}
-	}
-}
+func noErrors(t *testing.T, errs []error) { t.Helper(); sinktest.NoErrors(t, errs) }
 
 func header(r *kgo.Record, key string) string {
 	for _, h := range r.Headers {

@@ -2,15 +2,14 @@ package redissink
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/cdcout/cdcout/canonical"
 	"github.com/cdcout/cdcout/internal/redistest"
+	"github.com/cdcout/cdcout/internal/sinktest"
 	"github.com/cdcout/cdcout/outbox"
 	"github.com/cdcout/cdcout/sink"
 )
@@ -39,30 +38,9 @@ func client(t testing.TB, srv *redistest.Server) *redis.Client {
 	return c
 }
 
-func rec(k string, n int) outbox.Record {
-	id := fmt.Sprintf("0192f3a0-0000-7000-8000-%s-%06d", k, n)
-	return outbox.Record{
-		ID:         id,
-		Pipe:       "prod:shop.items:redis",
-		Sink:       "redis",
-		DB:         "shop",
-		Table:      "items",
-		Op:         canonical.OpCreate,
-		Key:        fmt.Sprintf(`{"id":%q}`, k),
-		Payload:    fmt.Appendf(nil, `{"id":%q,"key":%q,"seq":%d}`, id, k, n),
-		Attempt:    1,
-		CommitTime: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC),
-	}
-}
+func rec(k string, n int) outbox.Record { return sinktest.Record("redis", k, n) }
 
-func noErrors(t testing.TB, errs []error) {
-	t.Helper()
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("record %d: %v", i, err)
-		}
-	}
-}
+func noErrors(t testing.TB, errs []error) { t.Helper(); sinktest.NoErrors(t, errs) }
 
 func TestDeliverAppendsRecordsWithTheirID(t *testing.T) {
 	srv := redistest.Start(t, redistest.Options{})
