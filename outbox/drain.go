@@ -13,18 +13,21 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/cdcout/cdcout/canonical"
+	"github.com/cdcout/cdcout/config"
 	"github.com/cdcout/cdcout/lease"
 	"github.com/cdcout/cdcout/sink"
 	"github.com/cdcout/cdcout/state"
 )
 
-// Drainer defaults.
+// Drainer defaults. A pipe's are the sink defaults the configuration
+// documents (config.DefaultSink…), so a Drainer built without a config
+// behaves as a configured sink that sets nothing.
 const (
 	DefaultClaimLease    = 5 * time.Minute
-	DefaultTimeout       = 10 * time.Second
-	DefaultMaxAttempts   = 10
-	DefaultConcurrency   = 8
-	DefaultBatchSize     = 100
+	DefaultTimeout       = config.DefaultSinkTimeout
+	DefaultMaxAttempts   = config.DefaultSinkMaxAttempts
+	DefaultConcurrency   = config.DefaultSinkConcurrency
+	DefaultBatchSize     = config.DefaultSinkBatchSize
 	DefaultBackoffBase   = 200 * time.Millisecond
 	DefaultBackoffCap    = 5 * time.Minute
 	DefaultAttemptLogCap = 20
@@ -45,7 +48,7 @@ type PipeConfig struct {
 	// when it passes. Default 10s.
 	Timeout time.Duration
 	// MaxAttempts: a row whose attempt count reaches it is dead-lettered.
-	// Default 10.
+	// Default DefaultMaxAttempts (25).
 	MaxAttempts int
 	// Concurrency is how many batches of this pipe are in flight at once.
 	// Default 8.
@@ -938,9 +941,9 @@ func (p *pipeDrainer) release(ctx context.Context, recs []Record) {
 	deadline := time.Now().Add(outcomeRetryFor)
 	pause := 100 * time.Millisecond
 	for {
-		_, err := p.d.cfg.DB.ExecContext(context.WithoutCancel(ctx), `UPDATE `+p.d.outbox+`
-SET claimer = 0, next_attempt_at = NOW(6), attempts = GREATEST(attempts - 1, 0)
-WHERE id IN (`+state.Placeholders(len(recs))+`) AND status = 'pending' AND claimer = ?`, ids...)
+		_, err := p.d.cfg.DB.ExecContext(context.WithoutCancel(ctx),
+			releaseStatement(p.d.outbox, `id IN (`+state.Placeholders(len(recs))+`) AND claimer = ?`, false),
+			releaseArgs(0, true, ids...)...)
 		if err == nil {
 			return
 		}
@@ -1162,14 +1165,8 @@ WHERE id = ? AND status = 'pending' AND claimer = ?`, o.errText, o.rec.ID, d.cla
 				}
 				continue
 			}
-			giveBack := 0
-			if o.overload {
-				giveBack = 1
-			}
-			if _, err := tx.ExecContext(ctx, `UPDATE `+d.outbox+`
-SET claimer = 0, next_attempt_at = NOW(6) + INTERVAL ? MICROSECOND, attempts = GREATEST(attempts - ?, 0),
-    last_error = ?, last_error_at = NOW(6)
-WHERE id = ? AND status = 'pending' AND claimer = ?`, o.delay.Microseconds(), giveBack, o.errText, o.rec.ID, d.claimer); err != nil {
+			if _, err := tx.ExecContext(ctx, releaseStatement(d.outbox, `id = ? AND claimer = ?`, true),
+				releaseArgs(o.delay, o.overload, o.errText, o.rec.ID, d.claimer)...); err != nil {
 				return fmt.Errorf("schedule retry: %w", err)
 			}
 		}

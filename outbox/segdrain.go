@@ -42,6 +42,26 @@ import (
 // outbox row is older than the oldest pending segment: rows come only from
 // segments that are done.
 
+// rowsFromKeptSegments counts, per (pipe, status) group of outbox rows o
+// restricted by in (a "pipe IN (…)" condition, its arguments given once
+// for the join and once for the outer WHERE), the rows that left a done
+// segment still kept: a done segment's records were delivered except
+// those, which count in their row's status instead (Store.Backlogs). They
+// are the rows whose id is at or above the pipe's oldest done segment's
+// id, by the ordering rule above: rows are only ever written from done
+// segments (or before segments existed, with older ids), a pipe's segments
+// are done in id order and deleted by retention in that order, and a
+// row's id is its record's id in the segment. So the count is exact unless
+// ids of a pipe's segments interleave (two leaders enqueueing at once, each
+// with its own clock), where delivered is off by the rows concerned. The
+// derived table is one probe of the fifo index per pipe (MIN(id) of a
+// (pipe, status) prefix); the count stays a scan of the due index.
+func rowsFromKeptSegments(segments, in string) (count, join string) {
+	return `COALESCE(SUM(o.id >= s.first), 0)`, `LEFT JOIN (
+  SELECT pipe, MIN(id) AS first FROM ` + segments + ` WHERE ` + in + ` AND status = 'done' GROUP BY pipe
+) s ON s.pipe = o.pipe`
+}
+
 // segment is one claimed segment.
 type segment struct {
 	id        string
@@ -292,13 +312,8 @@ func (p *pipeDrainer) takeBack(ctx context.Context) error {
 // releaseClaim clears our claim of a segment, due at once.
 func (p *pipeDrainer) releaseClaim(ctx context.Context, c stuckClaim) error {
 	d := p.d
-	attempts := "GREATEST(attempts - 1, 0)"
-	if c.keepAttempt {
-		attempts = "attempts"
-	}
-	_, err := d.cfg.DB.ExecContext(ctx, `UPDATE `+d.segments+`
-SET claimer = 0, next_attempt_at = NOW(6), attempts = `+attempts+`
-WHERE id = ? AND status = 'pending' AND claimer = ?`, c.id, d.claimer)
+	_, err := d.cfg.DB.ExecContext(ctx, releaseStatement(d.segments, `id = ? AND claimer = ?`, false),
+		releaseArgs(0, !c.keepAttempt, c.id, d.claimer)...)
 	return err
 }
 
@@ -457,9 +472,8 @@ func (p *pipeDrainer) holdSegment(ctx context.Context, seg *segment, h *segmentH
 	if h.delay < 0 {
 		h.delay = d.backoff.Delay(seg.attempt - giveBack)
 	}
-	if _, err := d.cfg.DB.ExecContext(ctx, `UPDATE `+d.segments+`
-SET claimer = 0, next_attempt_at = NOW(6) + INTERVAL ? MICROSECOND, attempts = GREATEST(attempts - ?, 0), last_error = ?, last_error_at = NOW(6)
-WHERE id = ? AND status = 'pending' AND claimer = ?`, h.delay.Microseconds(), giveBack, h.errText, seg.id, d.claimer); err != nil {
+	if _, err := d.cfg.DB.ExecContext(ctx, releaseStatement(d.segments, `id = ? AND claimer = ?`, true),
+		releaseArgs(h.delay, h.overload, h.errText, seg.id, d.claimer)...); err != nil {
 		// drainSegment remembers the claim and takes it back when the hold ends.
 		return fmt.Errorf("hold segment %s of %s: %w", seg.id, p.name, err)
 	}
