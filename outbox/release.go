@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/cdcout/cdcout/state"
+	"go.uber.org/zap"
 )
 
 // A claim is a pending row or segment with a claimer and its next attempt
@@ -101,4 +102,55 @@ func (s *Store) releaseRowsAndSegments(ctx context.Context, where string, giveBa
 		n += m
 	}
 	return n, nil
+}
+
+// release puts claimed rows we will not deliver now back to pending,
+// undoing the claim's attempt count, so their keys are not held until the
+// claim lease runs out.
+func (p *pipeDrainer) release(ctx context.Context, recs []Record) {
+	if len(recs) == 0 {
+		return
+	}
+	defer p.finished(recs)
+	ids := make([]any, 0, len(recs)+1)
+	for _, r := range recs {
+		ids = append(ids, r.ID)
+	}
+	ids = append(ids, p.d.claimer)
+	// Retried like an outcome write: the usual cause of a failure here is
+	// the database restarting between a claim and its read-back, and rows
+	// left claimed by a live replica hold their keys until the claim lease
+	// ends (minutes; seen in e2e TestChaos as a 2-minute stall).
+	deadline := time.Now().Add(outcomeRetryFor)
+	pause := 100 * time.Millisecond
+	for {
+		_, err := p.d.cfg.DB.ExecContext(context.WithoutCancel(ctx),
+			releaseStatement(p.d.outbox, `id IN (`+state.Placeholders(len(recs))+`) AND claimer = ?`, false),
+			releaseArgs(0, true, ids...)...)
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			// They are re-claimed when the claim lease ends.
+			p.log.Warn("release claimed rows", zap.Int("rows", len(recs)), zap.Error(err))
+			return
+		}
+		p.log.Debug("release claimed rows, retrying", zap.Error(err))
+		time.Sleep(pause)
+		pause = min(pause*2, 5*time.Second)
+	}
+}
+
+// releaseIDs releases rows of a claim whose read-back failed: those among
+// ids that we claimed and that are not in a delivery of ours.
+func (p *pipeDrainer) releaseIDs(ctx context.Context, ids []any) {
+	var recs []Record
+	p.mu.Lock()
+	for _, id := range ids {
+		if s, ok := id.(string); ok && !p.inflight[s] {
+			recs = append(recs, Record{ID: s})
+		}
+	}
+	p.mu.Unlock()
+	p.release(ctx, recs)
 }
