@@ -422,3 +422,29 @@ func TestSetBytes(t *testing.T) {
 		}
 	}
 }
+
+// TestSecretFromEnvironment: a secret written ${NAME} is read from the
+// environment (a Kubernetes Secret behind a ConfigMap's config), and an
+// unset variable is an error at its path.
+func TestSecretFromEnvironment(t *testing.T) {
+	t.Setenv("CDCOUT_TEST_HOOK_SECRET", "whsec_c2VjcmV0LWZyb20tZW52")
+	t.Setenv("CDCOUT_TEST_TOKEN", "tok-from-env")
+	cfg := Default()
+	err := Parse(cfg, []byte("sinks:\n  - url: http://h/\n    secret: ${CDCOUT_TEST_HOOK_SECRET}\n    headers: {Authorization: \"${CDCOUT_TEST_TOKEN}\"}\n  - url: http://h2/\n    secret: plain-$ecret-{x}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := cfg.Sinks[0].Secret.Value(), "whsec_c2VjcmV0LWZyb20tZW52"; got != want {
+		t.Errorf("secret = %q, want %q", got, want)
+	}
+	if got, want := cfg.Sinks[0].Headers["Authorization"].Value(), "tok-from-env"; got != want {
+		t.Errorf("header = %q, want %q", got, want)
+	}
+	if got, want := cfg.Sinks[1].Secret.Value(), "plain-$ecret-{x}"; got != want {
+		t.Errorf("literal secret = %q, want %q", got, want)
+	}
+	err = Parse(Default(), []byte("sinks:\n  - url: http://h/\n    secret: ${CDCOUT_TEST_UNSET_SECRET}\n"))
+	if err == nil || !strings.Contains(err.Error(), "sinks[0].secret: environment variable CDCOUT_TEST_UNSET_SECRET is not set") {
+		t.Fatalf("unset variable: %v", err)
+	}
+}
