@@ -8,17 +8,24 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"go.yaml.in/yaml/v3"
 )
 
-// tool finds a command-line tool, failing under CI=true (.ci/setup
-// installs them) and skipping elsewhere.
+// tool finds a command-line tool on PATH or in GOPATH/bin (where
+// .ci/setup go-installs helm and kubeconform), failing under CI=true and
+// skipping elsewhere when it is missing.
 func tool(t *testing.T, name string) string {
 	t.Helper()
 	p, err := exec.LookPath(name)
+	if err != nil {
+		if gopath, gerr := exec.Command("go", "env", "GOPATH").Output(); gerr == nil {
+			p, err = exec.LookPath(filepath.Join(strings.TrimSpace(string(gopath)), "bin", name))
+		}
+	}
 	if err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatalf("%s not installed (CI=true, so this fails; .ci/setup installs it)", name)
