@@ -23,6 +23,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/cdcout/cdcout/format"
+	"github.com/cdcout/cdcout/internal/tracing"
 	"github.com/cdcout/cdcout/outbox"
 	"github.com/cdcout/cdcout/sink"
 )
@@ -194,6 +195,8 @@ func (s *Sink) Ping(ctx context.Context) error {
 // would break the idempotent producer's sequence.
 func (s *Sink) Deliver(ctx context.Context, recs []outbox.Record) []error {
 	errs := make([]error, len(recs))
+	spans := tracing.Start(ctx, "kafka", recs)
+	defer func() { spans.End(errs) }()
 	var wg sync.WaitGroup
 	for i, rec := range recs {
 		value, err := s.format.Encode(rec)
@@ -205,7 +208,7 @@ func (s *Sink) Deliver(ctx context.Context, recs []outbox.Record) []error {
 		kr := &kgo.Record{
 			Topic:   topic,
 			Value:   value,
-			Headers: headers(rec, s.format.ContentType()),
+			Headers: headers(spans.Context(i), rec, s.format.ContentType()),
 		}
 		// A keyless table's records ("null") have no row identity to keep
 		// together; letting them spread avoids one hot partition.
@@ -222,7 +225,7 @@ func (s *Sink) Deliver(ctx context.Context, recs []outbox.Record) []error {
 	return errs
 }
 
-func headers(rec outbox.Record, contentType string) []kgo.RecordHeader {
+func headers(ctx context.Context, rec outbox.Record, contentType string) []kgo.RecordHeader {
 	h := []kgo.RecordHeader{
 		{Key: "ce_id", Value: []byte(rec.ID)},
 		{Key: "ce_specversion", Value: []byte(format.CESpecVersion)},
@@ -233,6 +236,9 @@ func headers(rec outbox.Record, contentType string) []kgo.RecordHeader {
 	}
 	if t := format.CETime(rec); t != "" {
 		h = append(h, kgo.RecordHeader{Key: "ce_time", Value: []byte(t)})
+	}
+	for k, v := range tracing.Headers(ctx) {
+		h = append(h, kgo.RecordHeader{Key: k, Value: []byte(v)})
 	}
 	return h
 }

@@ -25,6 +25,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/cdcout/cdcout/format"
+	"github.com/cdcout/cdcout/internal/tracing"
 	"github.com/cdcout/cdcout/outbox"
 	"github.com/cdcout/cdcout/sink"
 )
@@ -171,6 +172,8 @@ func (s *Sink) Close() { s.client.Close() }
 // is retried and may be appended twice, under the same id field.
 func (s *Sink) Deliver(ctx context.Context, recs []outbox.Record) []error {
 	errs := make([]error, len(recs))
+	spans := tracing.Start(ctx, "redis", recs)
+	defer func() { spans.End(errs) }()
 	cmds := make([]*redis.StringCmd, len(recs))
 	streams := make([]string, len(recs))
 	pipe := s.client.Pipeline()
@@ -181,11 +184,12 @@ func (s *Sink) Deliver(ctx context.Context, recs []outbox.Record) []error {
 			continue
 		}
 		streams[i] = s.stream(rec)
-		args := &redis.XAddArgs{
-			Stream: streams[i],
-			Values: []any{"id", rec.ID, "pipe", rec.Pipe, "key", rec.Key, "op", string(rec.Op),
-				"content-type", s.format.ContentType(), "body", body},
+		values := []any{"id", rec.ID, "pipe", rec.Pipe, "key", rec.Key, "op", string(rec.Op),
+			"content-type", s.format.ContentType(), "body", body}
+		for k, v := range tracing.Headers(spans.Context(i)) {
+			values = append(values, k, v)
 		}
+		args := &redis.XAddArgs{Stream: streams[i], Values: values}
 		if s.maxLen > 0 {
 			args.MaxLen, args.Approx = s.maxLen, true
 		}
