@@ -277,7 +277,7 @@ func (s *Stream) syncerConfig() (replication.BinlogSyncerConfig, error) {
 		DiscardGTIDSet:   true,
 		// go-mysql buffers this many decoded events ahead of the reader;
 		// its default (10,240) costs ~160 MB inside a huge transaction's
-		// large row events. A small queue keeps memory bounded (DESIGN.md
+		// large row events. A small queue keeps memory bounded (docs/ARCHITECTURE.md,
 		// invariant 6) and costs no throughput: the reader is the
 		// bottleneck either way.
 		EventCacheCount:     128,

@@ -1,6 +1,6 @@
 // Package dedup gives every row change a deterministic identity (its
 // changeKey) so that replicas racing to enqueue the same change collapse to
-// one outbox row (DESIGN.md, "Change identity").
+// one outbox row (docs/ARCHITECTURE.md, "Change identity").
 //
 // Keys come in three kinds:
 //

@@ -103,7 +103,7 @@ type DrainerConfig struct {
 // Drainer delivers outbox rows to sinks: per pipe, it claims due rows,
 // delivers them in batches with bounded concurrency and records each
 // outcome. Within a pipe, rows of one key are delivered in commit order and
-// a failing row delays only its own key (DESIGN.md, Invariant 5).
+// a failing row delays only its own key (docs/ARCHITECTURE.md, invariant 5).
 type Drainer struct {
 	cfg      DrainerConfig
 	claimer  int64 // ClaimerID(cfg.ClaimedBy)
