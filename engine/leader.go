@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	mrand "math/rand/v2"
-	"strings"
 	"sync"
 	"time"
 
@@ -370,10 +369,7 @@ func (e *Engine) openStream(ctx context.Context, bcfg binlog.Config) (*binlog.St
 	wait := time.Second
 	for {
 		s, err := binlog.Open(ctx, bcfg)
-		// binlog has no sentinel for this check yet; its message is the
-		// only signal.
-		busy := err != nil && errors.Is(err, binlog.ErrServerNotReady) && strings.Contains(err.Error(), "already used by a connected replica")
-		if !busy || time.Now().After(deadline) || ctx.Err() != nil {
+		if !errors.Is(err, binlog.ErrServerIDInUse) || time.Now().After(deadline) || ctx.Err() != nil {
 			return s, err
 		}
 		e.log.Warn("server id still in use (a previous process of this replica?); retrying", zap.Uint32("server_id", bcfg.ServerID), zap.Duration("retry_in", wait))
