@@ -10,9 +10,6 @@
 //	                          many times that digest was seen before, counted
 //	                          by an OccurrenceCounter
 //	b:<backfill id>:<key digest>  a row read by a backfill
-//
-// The package also holds the HandoffBuffer a standby replica keeps its
-// observed changes in, so a takeover can enqueue them at once.
 package dedup
 
 import (

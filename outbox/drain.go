@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -147,8 +146,8 @@ type pipeDrainer struct {
 
 // sinkName is the sink part of the pipe's name.
 func (p *pipeDrainer) sinkName() string {
-	if i := strings.LastIndexByte(p.name, ':'); i >= 0 {
-		return p.name[i+1:]
+	if _, _, sink, ok := SplitPipe(p.name); ok {
+		return sink
 	}
 	return p.name
 }
