@@ -21,7 +21,7 @@ import (
 // TestCrashRecovery kills one `cdcout run` (an HTTP, a file and a Redis
 // Streams sink, two tables) with SIGKILL at 30+ random moments under a steady write load and
 // restarts it each time. Afterwards the outbox must hold exactly one row per
-// (source change, pipe) (DESIGN.md invariants 1 and 2), compared with an
+// (source change, pipe) (docs/ARCHITECTURE.md, invariants 1 and 2), compared with an
 // independent `cdcout tail` of the same binlog range; the receiver, the
 // file and the streams must have every change, redelivered only under the same id, in
 // per-key order (invariant 5).

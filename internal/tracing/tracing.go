@@ -129,6 +129,9 @@ func (a *Attempts) End(errs []error) {
 // and "tracestate" when there is one); empty when ctx has no span that is
 // sampled or tracing is off.
 func Headers(ctx context.Context) map[string]string {
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		return nil // tracing off: nothing to send, nothing allocated
+	}
 	c := propagation.MapCarrier{}
 	otel.GetTextMapPropagator().Inject(ctx, c)
 	return c
