@@ -179,14 +179,18 @@ func (s *Sink) validateURL(errs *Errors, at, scheme string) {
 		if !ok || hostPart == "" {
 			errs.add(at+".url", "want %s://[user:password@]host:port/stream-template", scheme)
 		}
+	case "pubsub":
+		if project, _, _ := strings.Cut(strings.TrimPrefix(s.URL, "pubsub://"), "/"); !strings.HasPrefix(s.URL, "pubsub://") || project == "" {
+			errs.add(at+".url", "want pubsub://project/topic-template")
+		}
 	case "":
 		if s.URL == "" {
-			errs.add(at+".url", "required (stdout:, file://, http://, https://, kafka://, nats://, redis://)")
+			errs.add(at+".url", "required (stdout:, file://, http://, https://, kafka://, nats://, redis://, pubsub://)")
 		} else {
-			errs.add(at+".url", "no scheme (want stdout:, file://, http://, https://, kafka://, nats://, redis://)")
+			errs.add(at+".url", "no scheme (want stdout:, file://, http://, https://, kafka://, nats://, redis://, pubsub://)")
 		}
 	default:
-		errs.add(at+".url", "unknown scheme %q (want stdout:, file://, http://, https://, kafka://, nats://, redis://)", scheme)
+		errs.add(at+".url", "unknown scheme %q (want stdout:, file://, http://, https://, kafka://, nats://, redis://, pubsub://)", scheme)
 	}
 }
 

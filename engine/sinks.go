@@ -103,6 +103,8 @@ func (e *Engine) buildSink(sc config.Sink) (outbox.Sink, error) {
 		return s, nil
 	case "redis", "rediss":
 		return e.redisSink(sc)
+	case "pubsub":
+		return e.pubsubSink(sc)
 	default:
 		return nil, fmt.Errorf("unknown sink scheme %q", scheme)
 	}

@@ -28,3 +28,21 @@ func NameTemplate(tmpl string, clean func(string) string) func(outbox.Record) st
 		).Replace(tmpl)
 	}
 }
+
+// CEAttributes are a record's CloudEvents attributes as message
+// attributes (the Kafka binding's ce_ prefix), for brokers whose message
+// metadata is a string map.
+func CEAttributes(rec outbox.Record, contentType string) map[string]string {
+	a := map[string]string{
+		"ce_id":          rec.ID,
+		"ce_specversion": CESpecVersion,
+		"ce_type":        CEType(rec),
+		"ce_source":      CESource(rec),
+		"ce_subject":     CESubject(rec),
+		"content-type":   contentType,
+	}
+	if t := CETime(rec); t != "" {
+		a["ce_time"] = t
+	}
+	return a
+}
