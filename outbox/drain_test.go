@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cdcout/cdcout/internal/mysqltest"
+	"github.com/cdcout/cdcout/internal/wait"
 	"github.com/cdcout/cdcout/lease"
 	"github.com/cdcout/cdcout/sink"
 	"github.com/cdcout/cdcout/state"
@@ -153,13 +154,7 @@ func drainUntil(t *testing.T, d *Drainer, what string, cond func() bool) {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	wait.Until(t, what, 20*time.Second, cond)
 }
 
 func TestNewDrainerValidation(t *testing.T) {
