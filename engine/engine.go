@@ -109,7 +109,7 @@ func New(cfg *config.Config, logger *zap.Logger, opts ...Option) (*Engine, error
 		leaseName: "enqueue/" + cfg.Instance,
 		sinks:     map[string]sinkEntry{},
 		metrics:   metrics.New(),
-		role:      "standby",
+		role:      inspect.RoleStandby,
 		started:   time.Now(),
 
 		roleChanged: make(chan struct{}, 1),

@@ -16,6 +16,7 @@ import (
 	"github.com/cdcout/cdcout/binlog"
 	"github.com/cdcout/cdcout/config"
 	"github.com/cdcout/cdcout/dedup"
+	"github.com/cdcout/cdcout/inspect"
 	"github.com/cdcout/cdcout/internal/buildinfo"
 	"github.com/cdcout/cdcout/lease"
 	"github.com/cdcout/cdcout/outbox"
@@ -209,7 +210,7 @@ func (t *tenure) end(err error) error {
 	t.wg.Wait()
 	e.metrics.SetLeaseHeld(t.lease.Name, false)
 	e.mu.Lock()
-	e.stream, e.role = nil, "standby"
+	e.stream, e.role = nil, inspect.RoleStandby
 	e.metrics.SetSourceConnected(false)
 	e.signalRoleChange()
 	e.mu.Unlock()
@@ -261,7 +262,7 @@ func (t *tenure) begin() (*binlog.Position, []string, error) {
 		return nil, nil, err
 	}
 	e.mu.Lock()
-	e.role = "leader"
+	e.role = inspect.RoleLeader
 	e.signalRoleChange()
 	e.mu.Unlock()
 	return pos, claims, nil
