@@ -152,6 +152,22 @@ func drainUntil(t *testing.T, d *Drainer, what string, cond func() bool) {
 	}
 }
 
+// runUntilDelivered runs d until every outbox row is delivered, then stops
+// it; Run must return nil.
+func (s *testState) runUntilDelivered(t *testing.T, d *Drainer) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	waitFor(t, "every row delivered", func() bool {
+		return s.count(t, `SELECT COUNT(*) FROM {outbox} WHERE status <> 'delivered'`) == 0
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	wait.Until(t, what, 20*time.Second, cond)
@@ -244,16 +260,7 @@ func TestDrainPerKeyOrderUnderConcurrency(t *testing.T) {
 		return errs
 	}}
 	d := s.drainer(t, "r1/boot", map[string]PipeConfig{pipe: {Sink: snk, Concurrency: 4, BatchSize: 2}}, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	waitFor(t, "every row delivered", func() bool {
-		return s.count(t, `SELECT COUNT(*) FROM {outbox} WHERE status <> 'delivered'`) == 0
-	})
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	s.runUntilDelivered(t, d)
 	mu.Lock()
 	defer mu.Unlock()
 	for _, k := range keys {
@@ -739,16 +746,7 @@ func TestRunHotKeysWithRandomFailuresKeepsOrder(t *testing.T) {
 		return errs
 	}}
 	d := s.drainer(t, "r1/boot", map[string]PipeConfig{pipe: {Sink: snk, BatchSize: 10, Concurrency: 2}}, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	waitFor(t, "every row delivered", func() bool {
-		return s.count(t, `SELECT COUNT(*) FROM {outbox} WHERE status <> 'delivered'`) == 0
-	})
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	s.runUntilDelivered(t, d)
 	mu.Lock()
 	defer mu.Unlock()
 	for k, want := range order {
