@@ -161,25 +161,7 @@ func startEngine(t testing.TB, cfg *config.Config, logger *zap.Logger) func() {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- e.Run(ctx) }()
-	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("engine Run = %v", err)
-				}
-			case <-time.After(60 * time.Second):
-				t.Errorf("engine did not stop")
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
+	return wait.Background(t, 60*time.Second, e.Run)
 }
 
 func dropWatermarkDB(t testing.TB, srv *mysqltest.Server, stateDB string) {

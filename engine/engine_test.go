@@ -127,27 +127,7 @@ func runEngineE(t *testing.T, cfg *config.Config, logger *zap.Logger) (*Engine, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- e.Run(ctx) }()
-	stopped := false
-	stop := func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run after cancel = %v, want nil", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Fatal("Run did not return after cancel")
-		}
-	}
-	t.Cleanup(stop)
-	return e, stop
+	return e, wait.Background(t, 30*time.Second, e.Run)
 }
 
 // TestEndToEnd writes inserts, updates and deletes in multi-row

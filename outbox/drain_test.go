@@ -152,6 +152,17 @@ func drainUntil(t *testing.T, d *Drainer, what string, cond func() bool) {
 	}
 }
 
+// checkKeyOrder fails t unless every key's ids were delivered in the
+// order want has them.
+func checkKeyOrder(t *testing.T, got, want map[string][]string) {
+	t.Helper()
+	for k, w := range want {
+		if g, w := strings.Join(got[k], " "), strings.Join(w, " "); g != w {
+			t.Fatalf("key %s delivered\n %s\nwant\n %s", k, g, w)
+		}
+	}
+}
+
 // runUntilDelivered runs d until every outbox row is delivered, then stops
 // it; Run must return nil.
 func (s *testState) runUntilDelivered(t *testing.T, d *Drainer) {
@@ -263,11 +274,7 @@ func TestDrainPerKeyOrderUnderConcurrency(t *testing.T) {
 	s.runUntilDelivered(t, d)
 	mu.Lock()
 	defer mu.Unlock()
-	for _, k := range keys {
-		if got, want := strings.Join(got[k], " "), strings.Join(order[k], " "); got != want {
-			t.Fatalf("key %s delivered\n %s\nwant\n %s", k, got, want)
-		}
-	}
+	checkKeyOrder(t, got, order)
 	if failures != 3 {
 		t.Fatalf("failing row failed %d times, want 3", failures)
 	}
@@ -749,11 +756,7 @@ func TestRunHotKeysWithRandomFailuresKeepsOrder(t *testing.T) {
 	s.runUntilDelivered(t, d)
 	mu.Lock()
 	defer mu.Unlock()
-	for k, want := range order {
-		if got, want := strings.Join(got[k], " "), strings.Join(want, " "); got != want {
-			t.Fatalf("key %s delivered\n %s\nwant\n %s", k, got, want)
-		}
-	}
+	checkKeyOrder(t, got, order)
 }
 
 // The database crashes and comes back while Run is draining: claims and

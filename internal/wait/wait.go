@@ -3,6 +3,8 @@
 package wait
 
 import (
+	"context"
+	"sync"
 	"testing"
 	"time"
 )
@@ -32,4 +34,30 @@ func For(tb testing.TB, timeout time.Duration, cond func() (done bool, what stri
 func Until(tb testing.TB, what string, timeout time.Duration, cond func() bool) {
 	tb.Helper()
 	For(tb, timeout, func() (bool, string) { return cond(), "waiting for " + what })
+}
+
+// Background runs run in a goroutine until the returned stop is called or
+// the test ends: stop cancels run's context and fails tb unless run
+// returns nil within timeout. stop may be called more than once.
+func Background(tb testing.TB, timeout time.Duration, run func(ctx context.Context) error) (stop func()) {
+	tb.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					tb.Errorf("Run after cancel = %v, want nil", err)
+				}
+			case <-time.After(timeout):
+				tb.Errorf("Run did not return within %v of the cancel", timeout)
+			}
+		})
+	}
+	tb.Cleanup(stop)
+	return stop
 }

@@ -1,6 +1,7 @@
 package wait
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -36,5 +37,19 @@ func TestForFailsWithTheLastState(t *testing.T) {
 	})
 	if r.failed == "" || r.failed[:len("timed out after 30ms: ")] != "timed out after 30ms: " {
 		t.Fatalf("failure %q, want a timeout with the last state", r.failed)
+	}
+}
+
+func TestBackgroundStopsOnce(t *testing.T) {
+	runs := 0
+	stop := Background(t, time.Second, func(ctx context.Context) error {
+		runs++
+		<-ctx.Done()
+		return nil
+	})
+	stop()
+	stop()
+	if runs != 1 {
+		t.Fatalf("run ran %d times", runs)
 	}
 }
