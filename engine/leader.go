@@ -18,6 +18,7 @@ import (
 	"github.com/cdcout/cdcout/dedup"
 	"github.com/cdcout/cdcout/inspect"
 	"github.com/cdcout/cdcout/internal/buildinfo"
+	"github.com/cdcout/cdcout/internal/pause"
 	"github.com/cdcout/cdcout/lease"
 	"github.com/cdcout/cdcout/outbox"
 )
@@ -83,12 +84,8 @@ func (e *Engine) acquire(ctx context.Context, leases *lease.Manager, store *outb
 			}()
 		}
 		e.reportDropped()
-		t := time.NewTimer(acquireEvery(ttl))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return lease.Lease{}, nil, ctx.Err()
-		case <-t.C:
+		if err := pause.For(ctx, acquireEvery(ttl)); err != nil {
+			return lease.Lease{}, nil, err
 		}
 	}
 }
@@ -456,12 +453,8 @@ func (e *Engine) openStream(ctx context.Context, bcfg binlog.Config) (*binlog.St
 			return s, err
 		}
 		e.log.Warn("server id still in use (a previous process of this replica?); retrying", zap.Uint32("server_id", bcfg.ServerID), zap.Duration("retry_in", wait))
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil, ctx.Err()
-		case <-t.C:
+		if err := pause.For(ctx, wait); err != nil {
+			return nil, err
 		}
 		wait = min(wait*2, 5*time.Second)
 	}
