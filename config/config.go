@@ -70,6 +70,9 @@ type Config struct {
 	// (default keep-alive + 5s).
 	HTTPKeepAlive      time.Duration `yaml:"http_keep_alive"`
 	HTTPHeadersTimeout time.Duration `yaml:"http_headers_timeout"`
+	// BinlogRunwayMin: /readyz reports not ready while the source may purge
+	// the binlog file holding the checkpoint sooner than this; 0 disables.
+	BinlogRunwayMin time.Duration `yaml:"binlog_runway_min"`
 	// HandoffBufferSize bounds changes a standby replica keeps in memory.
 	HandoffBufferSize int `yaml:"handoff_buffer_size"`
 

@@ -101,6 +101,7 @@ type Engine struct {
 	// what they are for (readiness: a replica that cannot write its
 	// leases, outbox rows or checkpoint is not making progress).
 	writeFails map[string]writeFailure
+	runway     runwayState // runway.go
 }
 
 // writeFailure is the first of a run of failed attempts of one write.
@@ -354,7 +355,7 @@ func (e *Engine) Run(parent context.Context) error {
 	store := outbox.NewStore(db, cfg.StateDB, e.log)
 	leases := lease.NewManager(db, cfg.StateDB)
 
-	srv := inspect.New(inspect.Config{Addr: cfg.HTTPAddr, KeepAlive: cfg.HTTPKeepAlive, HeadersTimeout: cfg.HTTPHeadersTimeout}, inspect.Deps{
+	srv := inspect.New(inspect.Config{Addr: cfg.HTTPAddr, KeepAlive: cfg.HTTPKeepAlive, HeadersTimeout: cfg.HTTPHeadersTimeout, RunwayMin: cfg.BinlogRunwayMin}, inspect.Deps{
 		DB: db, Schema: cfg.StateDB, Instance: cfg.Instance, ReplicaID: cfg.ReplicaID,
 		Source: e.sourceStatus, Ready: e.ready, Metrics: e.metrics, Pipes: nil,
 		DroppedPending: e.droppedPending, Endpoints: e.endpoints,
@@ -437,6 +438,11 @@ func (e *Engine) Run(parent context.Context) error {
 		}
 	}()
 	defer func() { stopJanitor(); <-janitorDone }()
+
+	rwctx, stopRunway := context.WithCancel(ctx)
+	runwayDone := make(chan struct{})
+	go func() { defer close(runwayDone); e.watchRunway(rwctx, store) }()
+	defer func() { stopRunway(); <-runwayDone }()
 
 	resetPending := cfg.ResetPosition
 	var runErr error
@@ -575,12 +581,14 @@ func (e *Engine) sourceStatus() inspect.SourceStatus {
 		lag += time.Since(h.LastContact)
 	}
 	xa, xaSince := st.PreparedXA()
+	runway, runwayErr := e.runway.get()
 	return inspect.SourceStatus{
 		Connected: h.Connected, Role: "leader", Position: st.Position(), IdentityMode: mode,
 		Lag: lag, LastEventAt: lastEventAt, LastContactAt: h.LastContact, Error: h.Error,
 		Flavor: info.Flavor, ServerVersion: info.Version, MetadataMode: info.MetadataMode,
 		DSN:        e.cfg.DSN.String(),
 		PreparedXA: xa, PreparedXASince: xaSince,
+		Runway: runway, RunwayError: runwayErr,
 	}
 }
 
@@ -751,9 +759,10 @@ func (e *Engine) observation() fleet.Observation {
 	if host, _, ok := strings.Cut(e.cfg.HTTPAddr, ":"); ok && host != "" && host != "0.0.0.0" && host != "[::]" {
 		reach = e.cfg.HTTPAddr
 	}
+	runway, _ := e.runway.get()
 	return fleet.Observation{
 		ReplicaID: e.cfg.ReplicaID, Kind: fleet.KindEngine, StartedAt: e.started, Version: buildinfo.Version(),
-		Payload:     inspect.EngineInfo{Instance: e.cfg.Instance, Holder: e.holder, Role: role, DrainLeases: n, Sinks: e.servedSinks()},
+		Payload:     inspect.EngineInfo{Instance: e.cfg.Instance, Holder: e.holder, Role: role, DrainLeases: n, Sinks: e.servedSinks(), BinlogRunway: runway},
 		ReachableAt: reach,
 	}
 }
