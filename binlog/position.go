@@ -135,15 +135,11 @@ func masterStatus(ctx context.Context, db *sql.DB) (string, uint32, error) {
 			continue
 		}
 		cols, _ := rows.Columns()
-		vals := make([]sql.RawBytes, len(cols))
-		ptrs := make([]any, len(cols))
-		for i := range vals {
-			ptrs[i] = &vals[i]
-		}
 		var file string
 		var pos uint64
 		if rows.Next() {
-			if err := rows.Scan(ptrs...); err != nil {
+			vals, err := scanRaw(rows, len(cols))
+			if err != nil {
 				rows.Close()
 				return "", 0, err
 			}
@@ -172,12 +168,8 @@ func mariadbGTIDListAt(ctx context.Context, db *sql.DB, file string) (gomysql.GT
 	defer rows.Close()
 	cols, _ := rows.Columns()
 	for rows.Next() {
-		vals := make([]sql.RawBytes, len(cols))
-		ptrs := make([]any, len(cols))
-		for i := range vals {
-			ptrs[i] = &vals[i]
-		}
-		if err := rows.Scan(ptrs...); err != nil {
+		vals, err := scanRaw(rows, len(cols))
+		if err != nil {
 			return nil, err
 		}
 		// Log_name, Pos, Event_type, Server_id, End_log_pos, Info

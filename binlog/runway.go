@@ -133,21 +133,17 @@ func rdsRetentionHours(ctx context.Context, db *sql.DB) (hours sql.NullInt64, fo
 		return hours, false, err
 	}
 	for rows.Next() {
-		vals := make([]sql.NullString, len(cols))
-		ptrs := make([]any, len(cols))
-		for i := range vals {
-			ptrs[i] = &vals[i]
-		}
-		if err := rows.Scan(ptrs...); err != nil {
+		vals, err := scanRaw(rows, len(cols))
+		if err != nil {
 			return hours, false, err
 		}
 		// name, value, description
-		if len(vals) >= 2 && strings.EqualFold(vals[0].String, "binlog retention hours") {
+		if len(vals) >= 2 && strings.EqualFold(string(vals[0]), "binlog retention hours") {
 			found = true
-			if vals[1].Valid && vals[1].String != "" && !strings.EqualFold(vals[1].String, "NULL") {
-				n, perr := strconv.ParseInt(vals[1].String, 10, 64)
+			if v := string(vals[1]); vals[1] != nil && v != "" && !strings.EqualFold(v, "NULL") {
+				n, perr := strconv.ParseInt(v, 10, 64)
 				if perr != nil {
-					return hours, false, fmt.Errorf("RDS binlog retention hours %q: %w", vals[1].String, perr)
+					return hours, false, fmt.Errorf("RDS binlog retention hours %q: %w", v, perr)
 				}
 				hours = sql.NullInt64{Int64: n, Valid: true}
 			}
@@ -171,12 +167,8 @@ func binaryLogs(ctx context.Context, db *sql.DB) ([]binlogFile, error) {
 	}
 	var files []binlogFile
 	for rows.Next() {
-		vals := make([]sql.RawBytes, len(cols))
-		ptrs := make([]any, len(cols))
-		for i := range vals {
-			ptrs[i] = &vals[i]
-		}
-		if err := rows.Scan(ptrs...); err != nil {
+		vals, err := scanRaw(rows, len(cols))
+		if err != nil {
 			return nil, err
 		}
 		f := binlogFile{name: string(vals[0])}
@@ -343,4 +335,16 @@ func (s *Stream) fileStart(ctx context.Context, file string) (time.Time, error) 
 			return time.Unix(int64(ev.Header.Timestamp), 0), nil
 		}
 	}
+}
+
+// scanRaw scans the current row of rows, which has n columns, as raw
+// bytes (nil for NULL): SHOW statements whose column count differs
+// between servers and versions.
+func scanRaw(rows *sql.Rows, n int) ([]sql.RawBytes, error) {
+	vals := make([]sql.RawBytes, n)
+	ptrs := make([]any, n)
+	for i := range vals {
+		ptrs[i] = &vals[i]
+	}
+	return vals, rows.Scan(ptrs...)
 }

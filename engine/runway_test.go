@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"context"
 	"database/sql"
 	"encoding/json"
 	"math"
@@ -24,36 +23,14 @@ import (
 func TestBinlogRunway(t *testing.T) {
 	srv := mysqltest.Start(t, mysqltest.Options{})
 	srv.Exec(t, "SET GLOBAL binlog_expire_logs_seconds = 3600")
-	db := srv.Open(t)
-	src := srv.CreateDB(t, "runway_src")
-	stateDB := srv.CreateDB(t, "runway_state")
-	srv.Exec(t, "CREATE TABLE `"+src+"`.t (id INT PRIMARY KEY)")
-	cfg := config.Default()
-	cfg.DSN = config.DSN(srv.DSN)
-	cfg.StateDB, cfg.Instance, cfg.ReplicaID = stateDB, "runway", "r1"
-	cfg.From = mysqltest.GTIDPos(t, db)
-	cfg.Tables = []string{src + ".*"}
-	cfg.HTTPAddr = mysqltest.FreeAddr(t)
-	cfg.BinlogRunwayMin = 2 * time.Hour
-	cfg.Sinks = []config.Sink{{Name: "out", URL: "file://" + t.TempDir() + "/out.jsonl"}}
-	if _, err := reresolve(cfg); err != nil {
-		t.Fatal(err)
-	}
-	e, err := New(cfg, zaptest.NewLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.runway.every = 500 * time.Millisecond
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- e.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
-	srv.Exec(t, "INSERT INTO `"+src+"`.t VALUES (1)")
+	s := newSourceOn(t, srv, "runway", "id INT PRIMARY KEY", func(cfg *config.Config) {
+		cfg.HTTPAddr = mysqltest.FreeAddr(t)
+		cfg.BinlogRunwayMin = 2 * time.Hour
+		cfg.Sinks = []config.Sink{{Name: "out", URL: "file://" + t.TempDir() + "/out.jsonl"}}
+	})
+	db, cfg := s.db, s.cfg
+	runEngineE(t, cfg, zaptest.NewLogger(t), func(e *Engine) { e.runway.every = 500 * time.Millisecond })
+	srv.Exec(t, "INSERT INTO `"+s.src+"`.t VALUES (1)")
 
 	type runway struct {
 		Seconds *float64 `json:"seconds"`
