@@ -122,6 +122,9 @@ type Sink struct {
 	MaxAttempts int           `yaml:"max_attempts"`
 	BatchSize   int           `yaml:"batch_size"`
 	Concurrency int           `yaml:"concurrency"`
+	// Heartbeat, when positive, sends the sink an "hb" record with the
+	// source position whenever it got no record for this long.
+	Heartbeat time.Duration `yaml:"heartbeat"`
 
 	Kafka *KafkaOptions `yaml:"kafka"`
 	NATS  *NATSOptions  `yaml:"nats"`

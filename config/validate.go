@@ -229,6 +229,9 @@ func (s *Sink) validate(errs *Errors, at string, claimLease time.Duration) {
 	if s.Timeout > 0 && claimLease > 0 && claimLease <= s.Timeout {
 		errs.add(at+".timeout", "%s must be shorter than claim_lease %s, or a slow delivery would be handed to a second drainer", s.Timeout, claimLease)
 	}
+	if s.Heartbeat < 0 || (s.Heartbeat > 0 && s.Heartbeat < 100*time.Millisecond) {
+		errs.add(at+".heartbeat", "must be 0 (off) or at least 100ms, got %s", s.Heartbeat)
+	}
 	if s.MaxAttempts < 0 {
 		errs.add(at+".max_attempts", "must not be negative, got %d", s.MaxAttempts)
 	}

@@ -89,6 +89,7 @@ type Engine struct {
 	// leases, outbox rows or checkpoint is not making progress).
 	writeFails map[string]writeFailure
 	runway     runwayState // runway.go
+	hb         heartbeats  // heartbeat.go
 }
 
 // New validates cfg and builds the sinks. Nothing connects to a database
@@ -272,6 +273,9 @@ func (e *Engine) Run(parent context.Context) error {
 	runwayDone := make(chan struct{})
 	go func() { defer close(runwayDone); e.watchRunway(rwctx, store) }()
 	defer func() { stopRunway(); <-runwayDone }()
+	hbDone := make(chan struct{})
+	go func() { defer close(hbDone); e.runHeartbeats(rwctx) }()
+	defer func() { stopRunway(); <-hbDone }()
 
 	resetPending := cfg.ResetPosition
 	var runErr error

@@ -274,7 +274,7 @@ func (e *Engine) tenure(ctx context.Context, db *sql.DB, l lease.Lease, leases *
 		maxBuffer:   cfg.EnqueueMaxBuffer,
 		maxRowBytes: cfg.MaxRowBytes,
 		interval:    cfg.EnqueueFlushInterval,
-		written:     drains.written,
+		written:     func(pipes []string) { drains.written(pipes); e.hb.enqueued(pipes) },
 		valid:       func() bool { return keeper.Lease().Valid(time.Now()) },
 		observe:     e.metrics.ObserveEnqueue,
 		report:      func(err error) { e.noteWrite(writeEnqueue, err) },

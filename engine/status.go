@@ -112,6 +112,7 @@ func (e *Engine) observeEvent(ev binlog.Event) {
 	lag := max(now.Sub(ev.Commit.Time), 0)
 	e.mu.Lock()
 	e.lag, e.lastEventAt = lag, now
+	e.hb.committed(ev.Commit.Time)
 	st := e.stream
 	e.mu.Unlock()
 	e.metrics.SetSourceLag(lag)

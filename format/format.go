@@ -73,8 +73,14 @@ func Instance(rec outbox.Record) string {
 const CESpecVersion = "1.0"
 
 // CEType is the CloudEvents type of a record: "cdcout.change.<op>" with op
-// the envelope's op letter (c, u, d, r).
-func CEType(rec outbox.Record) string { return "cdcout.change." + string(rec.Op) }
+// the envelope's op letter (c, u, d, r); "cdcout.heartbeat" for a
+// heartbeat, which is no change.
+func CEType(rec outbox.Record) string {
+	if rec.Op == canonical.OpHeartbeat {
+		return "cdcout.heartbeat"
+	}
+	return "cdcout.change." + string(rec.Op)
+}
 
 // CESource is the CloudEvents source of a record: "cdcout/<instance>".
 func CESource(rec outbox.Record) string { return "cdcout/" + Instance(rec) }

@@ -56,7 +56,7 @@ func TestGolden(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, c := range []string{"insert", "update", "delete", "read"} {
+		for _, c := range []string{"insert", "update", "delete", "read", "heartbeat"} {
 			t.Run(fname+"/"+c, func(t *testing.T) {
 				rec := record(t, c)
 				got, err := f.Encode(rec)
@@ -199,7 +199,7 @@ func BenchmarkEncode(b *testing.B) {
 }
 
 func FuzzEncode(f *testing.F) {
-	for _, c := range []string{"insert", "update", "delete", "read"} {
+	for _, c := range []string{"insert", "update", "delete", "read", "heartbeat"} {
 		b, err := os.ReadFile(filepath.Join("testdata", c+".envelope.json"))
 		if err != nil {
 			f.Fatal(err)

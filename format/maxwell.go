@@ -33,13 +33,15 @@ type envelope struct {
 	Before map[string]json.RawMessage `json:"before"`
 	After  map[string]json.RawMessage `json:"after"`
 	Source struct {
-		DB    string `json:"db"`
-		Table string `json:"table"`
-		GTID  string `json:"gtid"`
-		File  string `json:"file"`
-		Pos   uint32 `json:"pos"`
-		TsMs  int64  `json:"ts_ms"`
+		DB      string `json:"db"`
+		Table   string `json:"table"`
+		GTID    string `json:"gtid"`
+		GTIDSet string `json:"gtid_set"` // heartbeats
+		File    string `json:"file"`
+		Pos     uint32 `json:"pos"`
+		TsMs    int64  `json:"ts_ms"`
 	} `json:"source"`
+	TsMs int64 `json:"ts_ms"`
 }
 
 var maxwellTypes = map[canonical.Op]string{
@@ -53,6 +55,9 @@ func (maxwellFormat) Encode(rec outbox.Record) ([]byte, error) {
 	var env envelope
 	if err := json.Unmarshal(rec.Payload, &env); err != nil {
 		return nil, fmt.Errorf("encode maxwell %s: parse envelope: %w", rec.ID, err)
+	}
+	if env.Op == canonical.OpHeartbeat {
+		return maxwellHeartbeat(rec, env)
 	}
 	typ, ok := maxwellTypes[env.Op]
 	if !ok {
@@ -84,14 +89,7 @@ func (maxwellFormat) Encode(rec outbox.Record) ([]byte, error) {
 			doc["xid"] = xid
 		}
 	}
-	if env.Source.File != "" {
-		doc["position"] = env.Source.File + ":" + strconv.FormatUint(uint64(env.Source.Pos), 10)
-	}
-	b, err := marshal(doc)
-	if err != nil {
-		return nil, fmt.Errorf("encode maxwell %s: %w", rec.ID, err)
-	}
-	return b, nil
+	return marshalMaxwell(rec, env, doc)
 }
 
 // rawRow turns a row of raw canonical values into one the canonical
@@ -117,4 +115,34 @@ func gtidSeq(gtid string) (uint64, bool) {
 	}
 	n, err := strconv.ParseUint(gtid[i+1:], 10, 64)
 	return n, err == nil
+}
+
+// maxwellHeartbeat is a heartbeat as Maxwell's consumers see its own:
+// Maxwell writes a row to maxwell.heartbeats and reads it back from the
+// binlog; cdcout's has type "heartbeat", the position read up to, and in
+// data the heartbeat's time and the last source commit (ms).
+func maxwellHeartbeat(rec outbox.Record, env envelope) ([]byte, error) {
+	doc := map[string]any{
+		"database": env.Source.DB,
+		"table":    env.Source.Table,
+		"type":     "heartbeat",
+		"ts":       env.TsMs / 1000,
+		"data":     map[string]any{"heartbeat": env.TsMs, "source_ts_ms": env.Source.TsMs},
+	}
+	if env.Source.GTIDSet != "" {
+		doc["gtid_set"] = env.Source.GTIDSet
+	}
+	return marshalMaxwell(rec, env, doc)
+}
+
+// marshalMaxwell adds the binlog position to doc and encodes it.
+func marshalMaxwell(rec outbox.Record, env envelope, doc map[string]any) ([]byte, error) {
+	if env.Source.File != "" {
+		doc["position"] = env.Source.File + ":" + strconv.FormatUint(uint64(env.Source.Pos), 10)
+	}
+	b, err := marshal(doc)
+	if err != nil {
+		return nil, fmt.Errorf("encode maxwell %s: %w", rec.ID, err)
+	}
+	return b, nil
 }
