@@ -125,6 +125,9 @@ type Sink struct {
 	// Heartbeat, when positive, sends the sink an "hb" record with the
 	// source position whenever it got no record for this long.
 	Heartbeat time.Duration `yaml:"heartbeat"`
+	// Transactions adds BEGIN/END records around each source transaction
+	// that touched the sink's tables, and source.tx to its changes.
+	Transactions bool `yaml:"transactions"`
 
 	Kafka *KafkaOptions `yaml:"kafka"`
 	NATS  *NATSOptions  `yaml:"nats"`

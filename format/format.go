@@ -74,10 +74,14 @@ const CESpecVersion = "1.0"
 
 // CEType is the CloudEvents type of a record: "cdcout.change.<op>" with op
 // the envelope's op letter (c, u, d, r); "cdcout.heartbeat" for a
-// heartbeat, which is no change.
+// heartbeat and "cdcout.transaction" for a transaction's BEGIN or END,
+// which are no changes.
 func CEType(rec outbox.Record) string {
-	if rec.Op == canonical.OpHeartbeat {
+	switch rec.Op {
+	case canonical.OpHeartbeat:
 		return "cdcout.heartbeat"
+	case canonical.OpTransaction:
+		return "cdcout.transaction"
 	}
 	return "cdcout.change." + string(rec.Op)
 }

@@ -41,7 +41,8 @@ type envelope struct {
 		Pos     uint32 `json:"pos"`
 		TsMs    int64  `json:"ts_ms"`
 	} `json:"source"`
-	TsMs int64 `json:"ts_ms"`
+	TsMs int64           `json:"ts_ms"`
+	Tx   json.RawMessage `json:"tx"` // transaction records
 }
 
 var maxwellTypes = map[canonical.Op]string{
@@ -56,8 +57,11 @@ func (maxwellFormat) Encode(rec outbox.Record) ([]byte, error) {
 	if err := json.Unmarshal(rec.Payload, &env); err != nil {
 		return nil, fmt.Errorf("encode maxwell %s: parse envelope: %w", rec.ID, err)
 	}
-	if env.Op == canonical.OpHeartbeat {
+	switch env.Op {
+	case canonical.OpHeartbeat:
 		return maxwellHeartbeat(rec, env)
+	case canonical.TransactionOpName:
+		return maxwellTransaction(rec, env)
 	}
 	typ, ok := maxwellTypes[env.Op]
 	if !ok {
@@ -145,4 +149,26 @@ func marshalMaxwell(rec outbox.Record, env envelope, doc map[string]any) ([]byte
 		return nil, fmt.Errorf("encode maxwell %s: %w", rec.ID, err)
 	}
 	return b, nil
+}
+
+// maxwellTransaction is a transaction's BEGIN or END. Maxwell marks a
+// transaction only by "commit": true on its last row; cdcout's
+// transaction records (sinks with transactions: true) have type
+// "transaction", Maxwell's xid and gtid, and in data the envelope's tx
+// (status, id, and on END the counts).
+func maxwellTransaction(rec outbox.Record, env envelope) ([]byte, error) {
+	doc := map[string]any{
+		"database": env.Source.DB,
+		"table":    env.Source.Table,
+		"type":     "transaction",
+		"ts":       env.Source.TsMs / 1000,
+		"data":     canonical.RawJSON(env.Tx),
+	}
+	if env.Source.GTID != "" {
+		doc["gtid"] = env.Source.GTID
+		if xid, ok := gtidSeq(env.Source.GTID); ok {
+			doc["xid"] = xid
+		}
+	}
+	return marshalMaxwell(rec, env, doc)
 }
