@@ -148,7 +148,7 @@ func (q *enqueuer) handleChange(ctx context.Context, ch *canonical.Change) error
 			c = q.txPlace(r.sink, c)
 		}
 		q.open = append(q.open, openChange{
-			pipe: pipeName(q.instance, ch.Source.DB, ch.Source.Table, r.sink),
+			pipe: outbox.PipeName(q.instance, ch.Source.DB, ch.Source.Table, r.sink),
 			sink: r.sink,
 			ch:   c,
 		})

@@ -7,6 +7,7 @@ import (
 
 	"github.com/cdcout/cdcout/binlog"
 	"github.com/cdcout/cdcout/canonical"
+	"github.com/cdcout/cdcout/outbox"
 )
 
 // txMeta builds the transaction metadata of the transaction being read
@@ -77,7 +78,7 @@ func (q *enqueuer) txRecord(sink string, r *canonical.TxRecord, src canonical.So
 		status = "end"
 	}
 	return openChange{
-		pipe: pipeName(q.instance, canonical.HeartbeatDB, canonical.TransactionTable, sink),
+		pipe: outbox.PipeName(q.instance, canonical.HeartbeatDB, canonical.TransactionTable, sink),
 		sink: sink,
 		ch: &canonical.Change{Op: canonical.OpTransaction, Key: canonical.Row{"instance": q.instance}, Source: src, TsMs: tsMs,
 			ChangeKey: "t:" + r.ID + ":" + status, Tx: r},
