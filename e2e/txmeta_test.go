@@ -48,12 +48,19 @@ type txLine struct {
 // records, however often the file got them), END's counts equal the
 // changes carrying the transaction's id in source.tx, whose total_order
 // and table_order number them 1…n without gaps, and the transactions and
-// changes are exactly those the writer committed.
+// changes are exactly those the writer committed. In both identity modes:
+// the transaction records' keys do not depend on it.
 func TestTransactionRecords(t *testing.T) {
+	for _, mode := range []string{"gtid", "digest"} {
+		t.Run(mode, func(t *testing.T) { testTransactionRecords(t, mode) })
+	}
+}
+
+func testTransactionRecords(t *testing.T, mode string) {
 	const txs, kills = 1000, 5
 	srv := mysqltest.Shared(t)
-	src := srv.CreateDB(t, "e2e_txmeta")
-	stateDB := srv.CreateDB(t, "e2e_txmeta_state")
+	src := srv.CreateDB(t, "e2e_txmeta_"+mode)
+	stateDB := srv.CreateDB(t, "e2e_txmeta_state_"+mode)
 	for _, tbl := range []string{"a", "b"} {
 		srv.Exec(t, "CREATE TABLE `"+src+"`."+tbl+" (id INT PRIMARY KEY, v INT NOT NULL, note VARCHAR(32) NOT NULL)")
 	}
@@ -81,8 +88,8 @@ sinks:
 		t.Fatal(err)
 	}
 	args := []string{"run", "--config", cfgPath, "--dsn", srv.DSN, "--state-db", stateDB,
-		"--tables", src + ".*", "--from", from, "--change-identity", "gtid", "--log-format", "json"}
-	log := newLogFile(t, "txmeta")
+		"--tables", src + ".*", "--from", from, "--change-identity", mode, "--log-format", "json"}
+	log := newLogFile(t, "txmeta-"+mode)
 
 	w := &writer{db: db, tables: []string{"`" + src + "`.a", "`" + src + "`.b"}, keys: 40}
 	wctx, stopWriter := context.WithCancel(context.Background())
@@ -211,7 +218,7 @@ sinks:
 	if total != wantChanges {
 		t.Errorf("%d changes in the records, the writer committed %d", total, wantChanges)
 	}
-	t.Logf("%d transactions, %d changes, %d SIGKILLs: every transaction bracketed once, counts match", wantTx, wantChanges, kills)
+	t.Logf("%s: %d transactions, %d changes, %d SIGKILLs, %d torn lines: every transaction bracketed once, counts match", mode, wantTx, wantChanges, kills, torn)
 }
 
 // isOneToN reports whether ns is a permutation of 1…len(ns).
