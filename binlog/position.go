@@ -473,3 +473,14 @@ func compareFiles(a, b string) int {
 	}
 	return strings.Compare(as, bs)
 }
+
+// scanRaw scans the current row into n raw columns: SHOW statements'
+// columns differ by flavour and version, so they are read by position.
+func scanRaw(rows *sql.Rows, n int) ([]sql.RawBytes, error) {
+	vals := make([]sql.RawBytes, n)
+	ptrs := make([]any, n)
+	for i := range vals {
+		ptrs[i] = &vals[i]
+	}
+	return vals, rows.Scan(ptrs...)
+}

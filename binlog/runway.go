@@ -336,15 +336,3 @@ func (s *Stream) fileStart(ctx context.Context, file string) (time.Time, error) 
 		}
 	}
 }
-
-// scanRaw scans the current row of rows, which has n columns, as raw
-// bytes (nil for NULL): SHOW statements whose column count differs
-// between servers and versions.
-func scanRaw(rows *sql.Rows, n int) ([]sql.RawBytes, error) {
-	vals := make([]sql.RawBytes, n)
-	ptrs := make([]any, n)
-	for i := range vals {
-		ptrs[i] = &vals[i]
-	}
-	return vals, rows.Scan(ptrs...)
-}
