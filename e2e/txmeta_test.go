@@ -2,14 +2,12 @@ package e2e
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"sort"
-	"sync"
 	"testing"
 	"time"
 
@@ -84,33 +82,20 @@ sinks:
     timeout: 2s
     batch_size: 32
 `, outFile)
-	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	args := []string{"run", "--config", cfgPath, "--dsn", srv.DSN, "--state-db", stateDB,
-		"--tables", src + ".*", "--from", from, "--change-identity", mode, "--log-format", "json"}
+	args := runConfig(t, cfgPath, cfg, srv.DSN, stateDB, src, from, mode)
 	log := newLogFile(t, "txmeta-"+mode)
 
 	w := &writer{db: db, tables: []string{"`" + src + "`.a", "`" + src + "`.b"}, keys: 40}
-	wctx, stopWriter := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
+	loaded := make(chan error, 1)
+	go func() { loaded <- w.transactions(txs) }()
 	var werr error
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		w.rows = []map[int]bool{{}, {}}
-		for wctx.Err() == nil && w.txs.Load() < txs {
-			n := 2 + rand.IntN(5)
-			if rand.IntN(100) < 3 {
-				n = 30 // above enqueue_max_buffer's share: written in parts
-			}
-			if werr = w.tx(n); werr != nil {
-				return
-			}
-			time.Sleep(time.Duration(2+rand.IntN(6)) * time.Millisecond)
+	writerDone := false
+	waitWriter := func() {
+		if !writerDone {
+			werr, writerDone = <-loaded, true
 		}
-	}()
-	defer func() { stopWriter(); wg.Wait() }()
+	}
+	defer waitWriter()
 
 	for range kills {
 		p := startCdcout(t, log, args...)
@@ -121,7 +106,7 @@ sinks:
 		p.kill()
 	}
 	last := startCdcout(t, log, args...)
-	wg.Wait()
+	waitWriter()
 	if werr != nil {
 		t.Fatalf("writer: %v", werr)
 	}
@@ -260,4 +245,24 @@ func readTxLines(t *testing.T, path string) (out map[string]txLine, torn int) {
 		t.Fatal(err)
 	}
 	return out, torn
+}
+
+// transactions commits n random transactions of 2–6 changes (3 % of 30,
+// written in parts) over w's tables.
+func (w *writer) transactions(n int64) error {
+	w.rows = make([]map[int]bool, len(w.tables))
+	for i := range w.rows {
+		w.rows[i] = map[int]bool{}
+	}
+	for w.txs.Load() < n {
+		size := 2 + rand.IntN(5)
+		if rand.IntN(100) < 3 {
+			size = 30 // above enqueue_max_buffer's share: written in parts
+		}
+		if err := w.tx(size); err != nil {
+			return err
+		}
+		time.Sleep(time.Duration(2+rand.IntN(6)) * time.Millisecond)
+	}
+	return nil
 }
