@@ -186,11 +186,7 @@ sinks:
     batch_size: 16
     concurrency: 4
 `, recv.srv.URL, outFile, br.name, br.url)
-	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	args := []string{"run", "--config", cfgPath, "--dsn", srv.DSN, "--state-db", stateDB,
-		"--tables", src + ".*", "--from", from, "--change-identity", mode, "--log-format", "json"}
+	args := runConfig(t, cfgPath, cfg, srv.DSN, stateDB, src, from, mode)
 	log := newLogFile(t, "crash-"+mode)
 
 	w := &writer{db: db, tables: []string{"`" + src + "`.a", "`" + src + "`.b"}, keys: 40}
@@ -504,4 +500,16 @@ func runningStatements(t *testing.T, db *sql.DB, prefix string, parts ...string)
 		}
 	}
 	return n
+}
+
+// runConfig writes cfg (YAML) to path and returns the arguments of a
+// `cdcout run` with it, capturing src.* from the position from in the
+// given identity mode.
+func runConfig(t testing.TB, path, cfg, dsn, stateDB, src, from, mode string) []string {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return []string{"run", "--config", path, "--dsn", dsn, "--state-db", stateDB,
+		"--tables", src + ".*", "--from", from, "--change-identity", mode, "--log-format", "json"}
 }

@@ -17,10 +17,12 @@ type route struct {
 	// from one table only.
 	dropAll   map[string]bool
 	dropTable map[string]map[string]bool
+	// transactions: the sink wants transaction metadata (txmeta.go).
+	transactions bool
 }
 
 func newRoute(s config.Sink) *route {
-	r := &route{sink: s.Name, filter: s.Tables}
+	r := &route{sink: s.Name, filter: s.Tables, transactions: s.Transactions}
 	if len(s.Ops) > 0 {
 		r.ops = map[canonical.Op]bool{}
 		for _, op := range s.Ops {

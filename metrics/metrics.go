@@ -45,6 +45,7 @@ type Metrics struct {
 	xaPrepared       prometheus.Gauge
 	tableDDL         *prometheus.CounterVec
 	xaSince          atomic.Int64 // unix ns of the oldest held XA PREPARE, 0 for none
+	runway           runwayGauge
 
 	mu     sync.Mutex
 	outbox *outboxCollector
@@ -128,7 +129,7 @@ func New() *Metrics {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.sourceLag, m.sourceConnected, m.changes, m.claims, m.digestMismatch,
 		m.deliveries, m.deliveryDuration, m.deliveryLatency, m.drainErrors,
-		m.leaseHeld, m.handoffDropped, m.xaPrepared, m.tableDDL, xaAge, build,
+		m.leaseHeld, m.handoffDropped, m.xaPrepared, m.tableDDL, xaAge, build, &m.runway,
 	)
 	return m
 }
