@@ -2,7 +2,6 @@ package binlog
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -523,7 +522,7 @@ func decodeJSON(v any) (any, error) {
 // to be embedded (re-emitted canonically) by the encoder.
 func decodeJSONText(s string) (any, error) {
 	b := []byte(s)
-	if !json.Valid(b) || !utf8.Valid(b) {
+	if !canonical.ValidJSON(b) {
 		return nil, fmt.Errorf("invalid JSON document %.64q", s)
 	}
 	return canonical.RawJSON(b), nil

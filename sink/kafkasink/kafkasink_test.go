@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -16,6 +17,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/cdcout/cdcout/canonical"
+	"github.com/cdcout/cdcout/format"
+	"github.com/cdcout/cdcout/internal/sinktest"
 	"github.com/cdcout/cdcout/outbox"
 	"github.com/cdcout/cdcout/sink"
 )
@@ -41,22 +44,11 @@ func newSink(t testing.TB, c *kfake.Cluster, o Options) *Sink {
 	return s
 }
 
-// rec is a record of key k carrying seq n; its payload stands in for an
-// envelope (the default format sends payloads as they are).
+// rec is an update of key k carrying seq n (sinktest.Record).
 func rec(k string, n int) outbox.Record {
-	id := fmt.Sprintf("0192f3a0-0000-7000-8000-%06d%06d", len(k), n)
-	return outbox.Record{
-		ID:         id,
-		Pipe:       "prod:shop.items:kafka",
-		Sink:       "kafka",
-		DB:         "shop",
-		Table:      "items",
-		Op:         canonical.OpUpdate,
-		Key:        fmt.Sprintf(`{"id":%q}`, k),
-		Payload:    fmt.Appendf(nil, `{"id":%q,"key":%q,"seq":%d}`, id, k, n),
-		Attempt:    1,
-		CommitTime: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC),
-	}
+	r := sinktest.Record("kafka", k, n)
+	r.Op = canonical.OpUpdate
+	return r
 }
 
 // consume reads n records of topic from the start, failing after a deadline.
@@ -81,14 +73,7 @@ func consume(t *testing.T, c *kfake.Cluster, topic string, n int) []*kgo.Record 
 	return out
 }
 
-func noErrors(t *testing.T, errs []error) {
-	t.Helper()
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("record %d: %v", i, err)
-		}
-	}
-}
+func noErrors(t *testing.T, errs []error) { t.Helper(); sinktest.NoErrors(t, errs) }
 
 func header(r *kgo.Record, key string) string {
 	for _, h := range r.Headers {
@@ -284,10 +269,10 @@ func TestTopicTemplate(t *testing.T) {
 	r := rec("a", 1)
 	r.Pipe = "eu/prod:shop.items:kafka"
 	r.Table = "order items"
-	if got, want := topicFunc("{instance}.{db}.{table}")(r), "eu_prod.shop.order_items"; got != want {
+	if got, want := format.NameTemplate("{instance}.{db}.{table}", topicSafe)(r), "eu_prod.shop.order_items"; got != want {
 		t.Fatalf("topic = %q, want %q", got, want)
 	}
-	if got, want := topicFunc("all-changes")(r), "all-changes"; got != want {
+	if got, want := format.NameTemplate("all-changes", topicSafe)(r), "all-changes"; got != want {
 		t.Fatalf("topic = %q, want %q", got, want)
 	}
 }
@@ -377,6 +362,32 @@ func TestClassifyOverload(t *testing.T) {
 		if sink.IsOverloaded(err) != tc.overloaded || sink.IsPermanent(err) != tc.permanent {
 			t.Errorf("classify(%v) = %v: overloaded %v, permanent %v; want %v, %v",
 				tc.err, err, sink.IsOverloaded(err), sink.IsPermanent(err), tc.overloaded, tc.permanent)
+		}
+	}
+}
+
+// The headers carry the CloudEvents attributes exactly as the format
+// package computes them (cloudevents format, NATS and webhook headers).
+func TestHeadersMatchFormat(t *testing.T) {
+	rec := outbox.Record{ID: "01HX-id", Pipe: "inst:shop.orders:kafka", DB: "shop", Table: "orders", Op: "u",
+		CommitTime: time.Date(2026, 12, 1, 14, 30, 0, 123456000, time.FixedZone("x", 3600))}
+	for _, tc := range []struct {
+		rec  outbox.Record
+		want map[string]string
+	}{
+		{rec, map[string]string{"ce_id": rec.ID, "ce_specversion": format.CESpecVersion, "ce_type": format.CEType(rec),
+			"ce_source": format.CESource(rec), "ce_subject": format.CESubject(rec), "content-type": "application/json",
+			"ce_time": format.CETime(rec)}},
+		{outbox.Record{ID: "x", Pipe: "p", DB: "d", Table: "t", Op: "c"}, map[string]string{"ce_id": "x",
+			"ce_specversion": format.CESpecVersion, "ce_type": "cdcout.change.c", "ce_source": "cdcout/p", "ce_subject": "d.t",
+			"content-type": "application/json"}},
+	} {
+		got := map[string]string{}
+		for _, h := range headers(context.Background(), tc.rec, "application/json") {
+			got[h.Key] = string(h.Value)
+		}
+		if !maps.Equal(got, tc.want) {
+			t.Errorf("headers of %+v:\n got %v\nwant %v", tc.rec, got, tc.want)
 		}
 	}
 }
