@@ -99,7 +99,8 @@ func TestDeployMetrics(t *testing.T) {
 			return false, "parse /metrics: " + err.Error()
 		}
 		_, rows := fams["cdcout_outbox_rows"]
-		return rows, "no cdcout_outbox_rows yet"
+		_, runway := fams["cdcout_binlog_runway_seconds"]
+		return rows && runway, "no cdcout_outbox_rows or cdcout_binlog_runway_seconds yet"
 	})
 	exists := func(name string) bool {
 		if fams[name] != nil {
