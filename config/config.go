@@ -92,6 +92,13 @@ type Config struct {
 	// ShutdownTimeout bounds how long a graceful stop waits for in-flight
 	// deliveries.
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
+
+	// Admin API (admin.go): write endpoints exist only with a token.
+	AdminToken     Secret `yaml:"admin_token"`
+	AdminTokenFile string `yaml:"admin_token_file"`
+	AdminAddr      string `yaml:"admin_addr"`
+	AdminReadAuth  bool   `yaml:"admin_read_auth"`
+	adminFileToken Secret
 }
 
 // Sink is one destination.

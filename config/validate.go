@@ -86,11 +86,7 @@ func (c *Config) Validate() error {
 		errs.add("claim_lease", "must be positive, got %s", c.ClaimLease)
 	}
 	if c.HTTPAddr != "off" {
-		if _, port, err := net.SplitHostPort(c.HTTPAddr); err != nil {
-			errs.add("http_addr", "%q is not host:port or off", c.HTTPAddr)
-		} else if _, err := strconv.ParseUint(port, 10, 16); err != nil {
-			errs.add("http_addr", "%q: bad port", c.HTTPAddr)
-		}
+		checkListenAddr(&errs, "http_addr", c.HTTPAddr)
 	}
 	if c.HTTPKeepAlive <= 0 {
 		errs.add("http_keep_alive", "must be positive, got %s", c.HTTPKeepAlive)
@@ -116,6 +112,8 @@ func (c *Config) Validate() error {
 		errs.add("shutdown_timeout", "must be positive, got %s", c.ShutdownTimeout)
 	}
 
+	c.validateAdmin(&errs)
+
 	if len(c.Sinks) == 0 {
 		errs.add("sinks", "no sinks configured (add --sink stdout: or a sinks: list in the config file)")
 	}
@@ -131,6 +129,15 @@ func (c *Config) Validate() error {
 		}
 	}
 	return errs.err()
+}
+
+// checkListenAddr reports addr unless it is host:port with a numeric port.
+func checkListenAddr(errs *Errors, field, addr string) {
+	if _, port, err := net.SplitHostPort(addr); err != nil {
+		errs.add(field, "%q is not host:port or off", addr)
+	} else if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		errs.add(field, "%q: bad port", addr)
+	}
 }
 
 func checkDSN(errs *Errors, field, dsn string) {

@@ -354,7 +354,8 @@ func (e *Engine) Run(parent context.Context) error {
 	store := outbox.NewStore(db, cfg.StateDB, e.log)
 	leases := lease.NewManager(db, cfg.StateDB)
 
-	srv := inspect.New(inspect.Config{Addr: cfg.HTTPAddr, KeepAlive: cfg.HTTPKeepAlive, HeadersTimeout: cfg.HTTPHeadersTimeout}, inspect.Deps{
+	srv := inspect.New(inspect.Config{Addr: cfg.HTTPAddr, KeepAlive: cfg.HTTPKeepAlive, HeadersTimeout: cfg.HTTPHeadersTimeout,
+		Admin: inspect.AdminConfig{Token: cfg.AdminTokenValue(), Addr: cfg.AdminAddr, ReadAuth: cfg.AdminReadAuth}}, inspect.Deps{
 		DB: db, Schema: cfg.StateDB, Instance: cfg.Instance, ReplicaID: cfg.ReplicaID,
 		Source: e.sourceStatus, Ready: e.ready, Metrics: e.metrics, Pipes: nil,
 		DroppedPending: e.droppedPending, Endpoints: e.endpoints,
@@ -501,6 +502,9 @@ func (e *Engine) Run(parent context.Context) error {
 // secrets lists what the inspect server must never echo.
 func (e *Engine) secrets() []string {
 	var out []string
+	if t := e.cfg.AdminTokenValue(); t != "" {
+		out = append(out, t.Value())
+	}
 	for _, dsn := range []config.DSN{e.cfg.DSN, e.cfg.StateDSN} {
 		if mc, err := mysql.ParseDSN(dsn.Value()); err == nil && mc.Passwd != "" {
 			out = append(out, mc.Passwd)

@@ -73,22 +73,7 @@ func TestDashboardRendersInChromium(t *testing.T) {
 			IdentityMode: "gtid", Flavor: "mariadb", ServerVersion: "10.11", MetadataMode: "binlog"}
 	}
 	s := New(Config{Addr: "127.0.0.1:0"}, deps)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
-	deadline := time.Now().Add(5 * time.Second)
-	for s.Addr() == nil {
-		if time.Now().After(deadline) {
-			t.Fatal("server did not listen")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	serve(t, s)
 	url := fmt.Sprintf("http://%s/", s.Addr())
 
 	dom := string(runChromium(t, bin, "--dump-dom", url))

@@ -1,7 +1,6 @@
 package inspect
 
 import (
-	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -36,22 +35,8 @@ func TestLagHistoryServed(t *testing.T) {
 	deps := testDeps(t)
 	deps.Source = func() SourceStatus { return SourceStatus{Connected: true, Lag: 1500 * time.Millisecond} }
 	s := New(Config{Addr: "127.0.0.1:0"}, deps)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
+	serve(t, s)
 	deadline := time.Now().Add(5 * time.Second)
-	for s.Addr() == nil {
-		if time.Now().After(deadline) {
-			t.Fatal("server did not listen")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 	var v struct {
 		IntervalSeconds   float64
 		ResolutionSeconds float64
