@@ -317,10 +317,11 @@ func (s *Stream) decodeRowsEvent(e *replication.RowsEvent, data []byte) error {
 		gctune.Wide(len(data))
 	}
 	if !s.filter.match(string(e.Table.Schema), string(e.Table.Table)) {
-		if len(data) > maxDeferredBytes {
+		if len(data) >= wideEventBytes {
 			// Counted at once (the reader only reads len(e.Rows)): a copy
-			// of one huge event, typically our own write of a wide record,
-			// would cost its size once more.
+			// of one wide event, typically our own write of a wide record,
+			// would hold its size once more until the commit, while
+			// decoding a few wide rows costs little.
 			if err := e.DecodeData(pos, data); err != nil {
 				return err
 			}

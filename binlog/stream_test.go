@@ -142,7 +142,20 @@ func TestUncapturedRowsCounted(t *testing.T) {
 	c := collect(t, s)
 
 	conn := srv.Open(t)
-	big := maxDeferredBytes/2 + 1000
+	// The second transaction's first two rows are wide events (counted at
+	// once), the next 17 narrower ones pass maxDeferredBytes together
+	// (deferred, then counted).
+	second := []string{
+		fmt.Sprintf("INSERT INTO `%s`.s VALUES (10, REPEAT('a', %d))", state, wideEventBytes+1000), // 0
+		fmt.Sprintf("INSERT INTO `%s`.s VALUES (11, REPEAT('b', %d))", state, wideEventBytes+1000), // 1
+	}
+	for i := range 17 { // 2 … 18
+		second = append(second, fmt.Sprintf("INSERT INTO `%s`.s VALUES (%d, REPEAT('c', %d))", state, 20+i, wideEventBytes/2))
+	}
+	second = append(second,
+		"INSERT INTO `"+db+"`.hidden VALUES (2, 'h'), (3, 'i')", // 19, 20
+		"INSERT INTO `"+db+"`.a VALUES (3)",                     // 21
+	)
 	for _, stmts := range [][]string{
 		{
 			"INSERT INTO `" + db + "`.a VALUES (1)",                                   // 0
@@ -152,13 +165,7 @@ func TestUncapturedRowsCounted(t *testing.T) {
 			"INSERT INTO `" + db + "`.a VALUES (2)",                                   // 6
 			"INSERT INTO `" + state + "`.s VALUES (3, 'after the last captured row')", // 7
 		},
-		{
-			fmt.Sprintf("INSERT INTO `%s`.s VALUES (10, REPEAT('a', %d))", state, big), // 0
-			fmt.Sprintf("INSERT INTO `%s`.s VALUES (11, REPEAT('b', %d))", state, big), // 1
-			fmt.Sprintf("INSERT INTO `%s`.s VALUES (12, REPEAT('c', %d))", state, big), // 2
-			"INSERT INTO `" + db + "`.hidden VALUES (2, 'h'), (3, 'i')",                // 3, 4
-			"INSERT INTO `" + db + "`.a VALUES (3)",                                    // 5
-		},
+		second,
 	} {
 		tx, err := conn.Begin()
 		if err != nil {
@@ -178,7 +185,7 @@ func TestUncapturedRowsCounted(t *testing.T) {
 	for _, ch := range changesOf(evs) {
 		got = append(got, fmt.Sprintf("%s %d %s", ch.Source.Table, ch.Source.Row, jsonOf(t, ch.After)))
 	}
-	want := []string{`a 0 {"id":1}`, `a 6 {"id":2}`, `a 5 {"id":3}`}
+	want := []string{`a 0 {"id":1}`, `a 6 {"id":2}`, `a 21 {"id":3}`}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("changes:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}

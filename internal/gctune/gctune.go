@@ -5,6 +5,7 @@ package gctune
 import (
 	"os"
 	"runtime/debug"
+	"runtime/metrics"
 	"sync"
 	"time"
 )
@@ -26,8 +27,9 @@ import (
 const Percent = 400
 
 // While wide rows pass (Wide), the collector runs at WidePercent and under
-// a soft memory limit of wideBase + wideFactor × the widest rows event
-// seen. At Percent the heap may grow to five times what was live at the
+// a soft memory limit of what the runtime held when the wide period began
+// (its baseline) + wideFactor × the widest rows event seen, and never
+// below wideFloor. At Percent the heap may grow to five times what was live at the
 // last collection, and the spans a multi-MiB value leaves free are kept
 // (a larger value cannot reuse them) until the background scavenger
 // returns them, slowly: one 16 MiB BLOB update was measured at 440 MB
@@ -37,8 +39,8 @@ const Percent = 400
 // explicit GOMEMLIMIT lower than it wins.
 const (
 	WidePercent = 100
-	wideBase    = 32 << 20
-	wideFactor  = 4
+	wideFloor   = 8 << 20
+	wideFactor  = 3
 )
 
 // wideFor is how long after the last wide row the collector returns to
@@ -47,8 +49,9 @@ const wideFor = 30 * time.Second
 
 var (
 	mu        sync.Mutex
-	applied   bool // Apply set Percent, so Wide may change it
-	wideMax   int  // widest event of the current wide period, 0 outside one
+	applied   bool  // Apply set Percent, so Wide may change it
+	wideMax   int   // widest event of the current wide period, 0 outside one
+	wideBase  int64 // runtime memory when the wide period began
 	prevLimit int64
 	restore   *time.Timer
 )
@@ -79,9 +82,10 @@ func Wide(n int) {
 	if wideMax == 0 {
 		debug.SetGCPercent(WidePercent)
 		prevLimit = debug.SetMemoryLimit(-1)
+		wideBase = runtimeMemory()
 	}
 	wideMax = n
-	debug.SetMemoryLimit(min(prevLimit, int64(wideBase+wideFactor*n)))
+	debug.SetMemoryLimit(min(prevLimit, wideLimit(wideBase, n)))
 	if restore == nil {
 		restore = time.AfterFunc(wideFor, narrow)
 		return
@@ -97,4 +101,18 @@ func narrow() {
 		debug.SetGCPercent(Percent)
 		debug.SetMemoryLimit(prevLimit)
 	}
+}
+
+// wideLimit is the soft memory limit while rows events of up to n bytes
+// pass, base being what the runtime held before the first.
+func wideLimit(base int64, n int) int64 {
+	return max(wideFloor, base+int64(wideFactor*n))
+}
+
+// runtimeMemory is what the memory limit counts: the memory the Go runtime
+// has mapped, less what it has returned to the operating system.
+func runtimeMemory() int64 {
+	s := []metrics.Sample{{Name: "/memory/classes/total:bytes"}, {Name: "/memory/classes/heap/released:bytes"}}
+	metrics.Read(s)
+	return int64(s[0].Value.Uint64()) - int64(s[1].Value.Uint64())
 }

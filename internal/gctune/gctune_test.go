@@ -32,7 +32,7 @@ func TestWide(t *testing.T) {
 	if got, want := gcPercent(), WidePercent; got != want {
 		t.Fatalf("GOGC while wide = %d, want %d", got, want)
 	}
-	if got, want := debug.SetMemoryLimit(-1), int64(wideBase+wideFactor*(8<<20)); got != want {
+	if got, want := debug.SetMemoryLimit(-1), wideLimit(wideBase, 8<<20); got != want {
 		t.Fatalf("memory limit while wide = %d, want %d", got, want)
 	}
 	narrow()
