@@ -35,6 +35,7 @@ import (
 	"github.com/cdcout/cdcout/backfill"
 	"github.com/cdcout/cdcout/binlog"
 	"github.com/cdcout/cdcout/config"
+	"github.com/cdcout/cdcout/control"
 	"github.com/cdcout/cdcout/dedup"
 	"github.com/cdcout/cdcout/fleet"
 	"github.com/cdcout/cdcout/format"
@@ -358,7 +359,7 @@ func (e *Engine) Run(parent context.Context) error {
 		Admin: inspect.AdminConfig{Token: cfg.AdminTokenValue(), Addr: cfg.AdminAddr, ReadAuth: cfg.AdminReadAuth}}, inspect.Deps{
 		DB: db, Schema: cfg.StateDB, Instance: cfg.Instance, ReplicaID: cfg.ReplicaID,
 		Source: e.sourceStatus, Ready: e.ready, Metrics: e.metrics, Pipes: nil,
-		DroppedPending: e.droppedPending, Endpoints: e.endpoints,
+		DroppedPending: e.droppedPending, Endpoints: e.endpoints, Sinks: e.sinkNames(),
 		Secrets: e.secrets(), Logger: e.log,
 	})
 	ictx, stopInspect := context.WithCancel(context.WithoutCancel(ctx))
@@ -388,7 +389,12 @@ func (e *Engine) Run(parent context.Context) error {
 	dl.discover = drains.pendingPipes
 	dl.heldMetric = e.metrics.SetLeaseHeld
 	dl.reportMember = func(err error) { e.noteWrite(writeMember, err) }
-	drains.leases = dl.get
+	paused, err := control.Watch(ctx, db, cfg.StateDB, cfg.Instance, e.log, drains.wakeSink)
+	if err != nil {
+		return err
+	}
+	defer paused.Stop()
+	drains.leases = pauseGate(paused, dl.get)
 	drains.notify = dl.addPipes
 	e.mu.Lock()
 	e.dl = dl

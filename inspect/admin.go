@@ -102,6 +102,7 @@ func (s *Server) adminRoutes() {
 		s.writeText(w, http.StatusOK, "ok\n")
 	})
 	s.Admin("POST /v1/dead/retry", s.retryDead)
+	s.controlRoutes()
 }
 
 // retryDeadView is the POST /v1/dead/retry answer.

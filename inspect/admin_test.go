@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cdcout/cdcout/config"
+	"github.com/cdcout/cdcout/control"
 )
 
 const adminToken = "adm-7c1f0e2b9a4d4e55-TOKEN"
@@ -192,5 +193,54 @@ func TestAdminListenError(t *testing.T) {
 	}
 	if _, err := net.DialTimeout("tcp", s.Addr().String(), time.Second); err == nil {
 		t.Errorf("the main listener %s still accepts after the failed start", s.Addr())
+	}
+}
+
+// TestAdminPauseResume: pause and resume need the token, refuse a sink
+// the instance does not have, and /v1/sinks shows the state at once.
+func TestAdminPauseResume(t *testing.T) {
+	deps := testDeps(t)
+	deps.Sinks = []string{"hook", "fresh"}
+	hs := httptest.NewServer(New(Config{Admin: AdminConfig{Token: adminToken}}, deps).Handler())
+	defer hs.Close()
+	bearer := "Bearer " + adminToken
+	paused := func() map[string]bool {
+		var v sinksView
+		getJSON(t, hs.URL+"/v1/sinks", &v)
+		out := map[string]bool{}
+		for _, p := range v.Pipes {
+			out[p.Pipe] = p.Paused
+		}
+		return out
+	}
+	if code, _ := do(t, "POST", hs.URL+"/v1/sinks/hook/pause", ""); code != http.StatusUnauthorized {
+		t.Fatalf("pause without the token: %d, want 401", code)
+	}
+	for _, step := range []struct {
+		path, want string
+		code       int
+		paused     bool
+	}{
+		{"/v1/sinks/hook/pause", `"paused":true,"changed":true`, http.StatusOK, true},
+		{"/v1/sinks/hook/pause", `"paused":true,"changed":false`, http.StatusOK, true},
+		{"/v1/sinks/nope/pause", `instance inst has no sink \"nope\" (known sinks: fresh, hook)`, http.StatusNotFound, true},
+		{"/v1/sinks/fresh/pause", `"sink":"fresh","paused":true,"changed":true`, http.StatusOK, true},
+		{"/v1/sinks/hook/resume", `"paused":false,"changed":true`, http.StatusOK, false},
+	} {
+		code, body := do(t, "POST", hs.URL+step.path, bearer)
+		if code != step.code || !strings.Contains(body, step.want) {
+			t.Fatalf("POST %s: %d %s, want %d with %s", step.path, code, body, step.code, step.want)
+		}
+		got := paused()
+		if got["inst:shop.orders:hook"] != step.paused || got["inst:shop.users:hook"] != step.paused {
+			t.Fatalf("after POST %s: /v1/sinks paused %v, want hook's pipes %v", step.path, got, step.paused)
+		}
+	}
+	states, err := control.List(context.Background(), deps.DB, deps.Schema, "inst")
+	if err != nil || len(states) != 2 || states[0].Sink != "fresh" || !states[0].Paused || states[1].Paused || states[1].ChangedBy != "api" || states[1].ChangedAt.IsZero() {
+		t.Errorf("control rows of inst = %+v, %v; want fresh paused and hook resumed, by the api", states, err)
+	}
+	if other, err := control.Paused(context.Background(), deps.DB, deps.Schema, "other"); err != nil || len(other) != 0 {
+		t.Errorf("paused sinks of another instance = %v, %v; want none", other, err)
 	}
 }

@@ -139,6 +139,9 @@ type Deps struct {
 	// Endpoints, when set, reports the adaptive concurrency state of the
 	// sinks that pace themselves, by sink name.
 	Endpoints func() map[string]EndpointStatus
+	// Sinks are this replica's configured sink names (pause and resume
+	// accept them before any record or fleet row names them).
+	Sinks []string
 	// Secrets are scrubbed from every response body as a last line of
 	// defence (the source DSN's password, sink secrets).
 	Secrets []string
