@@ -44,7 +44,7 @@ func deadCommand() *cli.Command {
 						return err
 					}
 					defer db.Close()
-					rows, err := outbox.ListDead(c.Context, db, schema, c.String("pipe"), c.Int("limit"))
+					rows, err := outbox.NewStore(db, schema, nil).DeadRows(c.Context, outbox.DeadQuery{Pipe: c.String("pipe"), Limit: c.Int("limit")})
 					if err != nil {
 						return err
 					}
@@ -67,7 +67,7 @@ func deadCommand() *cli.Command {
 					}
 					defer db.Close()
 					id := c.String("id")
-					n, err := outbox.RetryDead(c.Context, db, schema, c.String("pipe"), id)
+					n, err := outbox.NewStore(db, schema, nil).RetryDead(c.Context, c.String("pipe"), id)
 					if err != nil {
 						return err
 					}
@@ -185,10 +185,10 @@ func writeDeadTable(w io.Writer, rows []outbox.DeadRow) error {
 	fmt.Fprintln(tw, "ID\tPIPE\tOP\tKEY\tATTEMPTS\tFAILED AT\tLAST ERROR")
 	for _, r := range rows {
 		at := ""
-		if !r.LastErrorAt.IsZero() {
+		if r.LastErrorAt != nil {
 			at = r.LastErrorAt.UTC().Format(time.RFC3339)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.Pipe, r.Op, oneLine(r.Key, 40),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.Pipe, r.Op, oneLine(r.RowKey, 40),
 			strconv.Itoa(r.Attempts), at, oneLine(r.LastError, 100))
 	}
 	return tw.Flush()

@@ -65,7 +65,7 @@ last_error, last_error_at, commit_ts, payload) VALUES (?, ?, 'hook', ?, 'app', '
 	if err := json.Unmarshal([]byte(strings.TrimSpace(out)), &row); err != nil {
 		t.Fatalf("not one JSON line: %q: %v", out, err)
 	}
-	if row["id"] != "00000000-0000-7000-8000-000000000002" || row["pipe"] != p2 || row["last_error"] != "HTTP 422" || row["attempts"] != float64(3) {
+	if row["id"] != "00000000-0000-7000-8000-000000000002" || row["pipe"] != p2 || row["lastError"] != "HTTP 422" || row["attempts"] != float64(3) {
 		t.Fatalf("json row = %v", row)
 	}
 

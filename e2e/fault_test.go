@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	crand "crypto/rand"
 	"database/sql"
 	"encoding/json"
 	"fmt"
@@ -33,7 +34,8 @@ import (
 // the binlog link blackholed (alone and with the state link), a storm of
 // connection resets during multi-thousand-row transactions, the state
 // database blackholed, killed (refusing), read-only and stripped of its
-// write grants, DDL under writes and while stopped, a hanging webhook and
+// write grants, one 20,000-row UPDATE statement, a 4 MiB BLOB inserted and
+// updated, DDL under writes and while stopped, a hanging webhook and
 // one answering 503 with Retry-After. A writer commits a sequence number
 // per change (the ground truth); after each fault every committed change
 // must reach the webhook, once in the outbox, in per-key commit order,
@@ -68,6 +70,10 @@ func TestFaults(t *testing.T) {
 			heal:  func() { r.srcProxy.Heal(); r.stateProxy.Heal() }},
 		{name: "15 resets of source and state in 10 s, 3 × 3,000-row transactions", hold: 10 * time.Second,
 			fault: func() { r.resetStorm(15, 10*time.Second, 3, 3000) }, heal: func() {}},
+		{name: "one 20,000-row UPDATE statement (after 20,000 inserts)", hold: 2 * time.Second,
+			fault: func() { r.hugeUpdate(20_000) }, heal: func() {}},
+		{name: "a 4 MiB BLOB inserted and updated under writes", hold: 2 * time.Second,
+			fault: func() { r.wideRow(4 << 20) }, heal: func() {}},
 		{name: "state link blackholed 8 s", unready: true, hold: 8 * time.Second,
 			fault: r.stateProxy.Blackhole, heal: r.stateProxy.Heal},
 		{name: "state database killed (refusing) 5 s", unready: true, hold: 5 * time.Second,
@@ -307,6 +313,49 @@ func (r *faultRig) bigTx(n int) error {
 		r.record(c.k, c.s)
 	}
 	return nil
+}
+
+// hugeUpdate commits n inserted changes (bigTx) and then one UPDATE
+// statement changing all n rows: one rows event sequence of n before and
+// after images in one transaction.
+func (r *faultRig) hugeUpdate(n int) {
+	if err := r.bigTx(n); err != nil {
+		r.t.Fatalf("insert %d rows: %v", n, err)
+	}
+	r.mu.Lock()
+	base := r.seq + 1
+	r.seq += int64(n)
+	r.mu.Unlock()
+	res, err := r.db.Exec("UPDATE `"+r.src+"`.t SET v = ? + (id - 1000) WHERE id BETWEEN 1000 AND ?", base, 1000+n-1)
+	if err != nil {
+		r.t.Fatalf("UPDATE of %d rows: %v", n, err)
+	}
+	if got, _ := res.RowsAffected(); got != int64(n) {
+		r.t.Fatalf("UPDATE changed %d rows, want %d", got, n)
+	}
+	for i := range n {
+		r.record(1000+i, base+int64(i))
+	}
+}
+
+// wideRow adds a LONGBLOB column, inserts a row of key 999 with a value of
+// n random bytes, updates it with another, and drops the column again: a
+// record of 2n bytes before base64 passes between the writer's changes.
+func (r *faultRig) wideRow(n int) {
+	r.srv.Exec(r.t, "ALTER TABLE `"+r.src+"`.t ADD COLUMN data LONGBLOB NULL")
+	for range 2 {
+		v := make([]byte, n)
+		_, _ = crand.Read(v)
+		r.mu.Lock()
+		r.seq++
+		seq := r.seq
+		r.mu.Unlock()
+		if _, err := r.db.Exec("INSERT INTO `"+r.src+"`.t (id, v, data) VALUES (999, ?, ?) ON DUPLICATE KEY UPDATE v = VALUES(v), data = VALUES(data)", seq, v); err != nil {
+			r.t.Fatalf("wide row: %v", err)
+		}
+		r.record(999, seq)
+	}
+	r.srv.Exec(r.t, "ALTER TABLE `"+r.src+"`.t DROP COLUMN data")
 }
 
 // resetStorm resets every proxied source and state connection resets

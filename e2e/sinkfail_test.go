@@ -152,8 +152,8 @@ sinks:
 				ID        string `json:"id"`
 				Pipe      string `json:"pipe"`
 				Op        string `json:"op"`
-				Key       string `json:"key"`
-				LastError string `json:"last_error"`
+				Key       string `json:"rowKey"`
+				LastError string `json:"lastError"`
 				Attempts  int    `json:"attempts"`
 			}
 			if err := json.Unmarshal([]byte(line), &r); err != nil {

@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"database/sql"
-	"fmt"
 	"sync"
 	"time"
 
@@ -12,7 +11,6 @@ import (
 	"github.com/cdcout/cdcout/config"
 	"github.com/cdcout/cdcout/lease"
 	"github.com/cdcout/cdcout/outbox"
-	"github.com/cdcout/cdcout/state"
 )
 
 // drainers runs one outbox.Drainer per pipe. Pipes are per table
@@ -23,6 +21,7 @@ type drainers struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	db     *sql.DB
+	store  *outbox.Store
 	cfg    *config.Config
 	holder string
 	sinks  map[string]sinkEntry
@@ -45,7 +44,7 @@ type drainers struct {
 func newDrainers(ctx context.Context, db *sql.DB, cfg *config.Config, holder string, sinks map[string]sinkEntry, log *zap.Logger) *drainers {
 	ctx, cancel := context.WithCancel(ctx)
 	return &drainers{
-		ctx: ctx, cancel: cancel, db: db, cfg: cfg, holder: holder, sinks: sinks, log: log,
+		ctx: ctx, cancel: cancel, db: db, store: outbox.NewStore(db, cfg.StateDB, log), cfg: cfg, holder: holder, sinks: sinks, log: log,
 		byPipe: map[string]*outbox.Drainer{}, skipped: map[string]bool{},
 	}
 }
@@ -61,26 +60,9 @@ func (d *drainers) discover(ctx context.Context) error {
 	return nil
 }
 
-// pendingPipes lists this instance's pipes with undelivered records: pending
-// outbox rows or pending segments. Each side is a range of its table's
-// (pipe, status, …) index.
+// pendingPipes lists this instance's pipes with undelivered records.
 func (d *drainers) pendingPipes(ctx context.Context) ([]string, error) {
-	like := likePrefix(d.cfg.Instance + ":")
-	return state.Strings(ctx, d.db, "SELECT DISTINCT pipe FROM "+state.Table(d.cfg.StateDB, "outbox")+
-		" WHERE pipe LIKE ? AND status = 'pending'"+
-		" UNION SELECT DISTINCT pipe FROM "+state.Table(d.cfg.StateDB, "segments")+
-		" WHERE pipe LIKE ? AND status = 'pending'", like, like)
-}
-
-func likePrefix(p string) string {
-	r := make([]rune, 0, len(p)+1)
-	for _, c := range p {
-		if c == '%' || c == '_' || c == '\\' {
-			r = append(r, '\\')
-		}
-		r = append(r, c)
-	}
-	return string(r) + "%"
+	return d.store.PipesWithRecords(ctx, d.cfg.Instance+":", outbox.StatusPending)
 }
 
 // written wakes (starting if needed) the drainers of pipes that got rows.
@@ -160,42 +142,15 @@ func (d *drainers) stopClaiming() {
 // releaseOrphans returns rows and segments this process claimed but never
 // handed to a sink (a claim whose read-back was cut off by the stop) to
 // pending, and reports how many it released. It must only run once every
-// drainer has returned: then no delivery of ours is in flight, and without
-// it those rows would wait out the claim lease (minutes) before another
-// drainer may take them; a pipe's claimed segment holds back all its later
-// segments.
+// drainer has returned (see outbox.Store.ReleaseClaimsOf).
 func (d *drainers) releaseOrphans(ctx context.Context) (int64, error) {
 	d.mu.Lock()
-	args := make([]any, 0, len(d.byPipe)+1)
+	pipes := make([]string, 0, len(d.byPipe))
 	for p := range d.byPipe {
-		args = append(args, p)
+		pipes = append(pipes, p)
 	}
 	d.mu.Unlock()
-	if len(args) == 0 {
-		return 0, nil
-	}
-	// A claimed row is pending with its next attempt pushed to the claim's
-	// expiry; per pipe that is a short range of the due index.
-	args = append(args, outbox.ClaimerID(d.holder))
-	res, err := d.db.ExecContext(ctx, "UPDATE "+state.Table(d.cfg.StateDB, "outbox")+" FORCE INDEX (due)"+
-		" SET claimer = 0, next_attempt_at = NOW(6), attempts = GREATEST(attempts - 1, 0)"+
-		" WHERE pipe IN ("+state.Placeholders(len(args)-1)+")"+
-		" AND status = 'pending' AND next_attempt_at > NOW(6) AND claimer = ?", args...)
-	if err != nil {
-		return 0, fmt.Errorf("release undelivered claims: %w", err)
-	}
-	rows, _ := res.RowsAffected()
-	// A claimed segment likewise; the fifo index (pipe, status, id) narrows
-	// it to the pipes' pending segments, which are few.
-	res, err = d.db.ExecContext(ctx, "UPDATE "+state.Table(d.cfg.StateDB, "segments")+
-		" SET claimer = 0, next_attempt_at = NOW(6), attempts = GREATEST(attempts - 1, 0)"+
-		" WHERE pipe IN ("+state.Placeholders(len(args)-1)+")"+
-		" AND status = 'pending' AND claimer = ? AND next_attempt_at > NOW(6)", args...)
-	if err != nil {
-		return rows, fmt.Errorf("release undelivered segment claims: %w", err)
-	}
-	segs, _ := res.RowsAffected()
-	return rows + segs, nil
+	return d.store.ReleaseClaimsOf(ctx, d.holder, pipes)
 }
 
 // wait waits for the drainers to finish, at most timeout. It reports

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"hash/fnv"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -15,7 +16,6 @@ import (
 
 	"github.com/cdcout/cdcout/lease"
 	"github.com/cdcout/cdcout/outbox"
-	"github.com/cdcout/cdcout/state"
 )
 
 // drainLeases spreads the drain leases ("drain/<pipe>") of one instance
@@ -230,33 +230,10 @@ func (d *drainLeases) tick(ctx context.Context) {
 
 // releaseDeadClaims returns to pending the pipe's rows and segments
 // claimed by processes that are no longer members (their member lease
-// expired with their drain lease: killed, or paused past the TTL), so their
-// keys move now instead of after the claim lease (default 5 minutes); a
-// claimed segment holds back every later segment of the pipe. A paused
-// process that resumes may still finish a delivery it had started: a
-// repeat under the same delivery key, which at-least-once allows; its
-// outcome write is conditional on its claim and matches nothing.
+// expired with their drain lease: killed, or paused past the TTL); see
+// outbox.Store.ReleaseClaimsExcept.
 func (d *drainLeases) releaseDeadClaims(ctx context.Context, pipe string, members map[string]bool) (int64, error) {
-	notMember := " AND claimer <> 0 AND claimer NOT IN (" + state.Placeholders(len(members)) + ")"
-	args := []any{pipe}
-	for m := range members {
-		args = append(args, outbox.ClaimerID(m))
-	}
-	res, err := d.db.ExecContext(ctx, "UPDATE "+state.Table(d.schema, "outbox")+" FORCE INDEX (due)"+
-		" SET claimer = 0, next_attempt_at = NOW(6)"+
-		" WHERE pipe = ? AND status = 'pending' AND next_attempt_at > NOW(6)"+notMember, args...)
-	if err != nil {
-		return 0, err
-	}
-	rows, _ := res.RowsAffected()
-	res, err = d.db.ExecContext(ctx, "UPDATE "+state.Table(d.schema, "segments")+
-		" SET claimer = 0, next_attempt_at = NOW(6)"+
-		" WHERE pipe = ? AND status = 'pending' AND next_attempt_at > NOW(6)"+notMember, args...)
-	if err != nil {
-		return rows, err
-	}
-	segs, _ := res.RowsAffected()
-	return rows + segs, nil
+	return outbox.NewStore(d.db, d.schema, d.log).ReleaseClaimsExcept(ctx, pipe, slices.Collect(maps.Keys(members)))
 }
 
 // renewHeld renews every held drain lease; one taken over is dropped.

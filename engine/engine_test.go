@@ -707,7 +707,7 @@ func TestSinkFailureAndRecovery(t *testing.T) {
 	mu.Lock()
 	poison = false
 	mu.Unlock()
-	if n, err := outbox.RetryDead(context.Background(), db, stateDB, "", ""); err != nil || n != 1 {
+	if n, err := outbox.NewStore(db, stateDB, nil).RetryDead(context.Background(), "", ""); err != nil || n != 1 {
 		t.Fatalf("RetryDead = %d, %v; want 1", n, err)
 	}
 	waitFor(t, "the retried dead letter", 30*time.Second, func() bool {

@@ -195,7 +195,7 @@ func Members(ctx context.Context, db *sql.DB, schema, instance string, rows []Ro
 	}
 	seen := map[string]bool{}
 	var out []Member
-	esc := escapeLike(instance)
+	esc := state.EscapeLike(instance)
 	lr, err := db.QueryContext(ctx, `SELECT holder FROM `+state.Table(schema, "leases")+`
 WHERE expires_at > NOW(6) AND holder <> '' AND (name LIKE ? OR name LIKE ?)`, "%/"+esc, "%/"+esc+":%")
 	if err != nil {
@@ -281,11 +281,6 @@ func (h *Heartbeat) Run(ctx context.Context) error {
 		case <-h.Changed:
 		}
 	}
-}
-
-func escapeLike(s string) string {
-	r := strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`)
-	return r.Replace(s)
 }
 
 func truncate(s string, n int) string {

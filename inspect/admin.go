@@ -10,7 +10,6 @@ import (
 
 	"github.com/cdcout/cdcout/config"
 	"github.com/cdcout/cdcout/outbox"
-	"github.com/cdcout/cdcout/state"
 )
 
 // The admin API: endpoints that change state (re-queue dead letters,
@@ -123,8 +122,7 @@ func (s *Server) retryDead(w http.ResponseWriter, r *http.Request) {
 	pipes := []string{pipe}
 	if pipe == "" {
 		var err error
-		pipes, err = state.Strings(r.Context(), s.deps.DB, `SELECT DISTINCT pipe FROM `+s.reader.table("outbox")+
-			` WHERE status = 'dead' AND pipe LIKE ?`, s.reader.pipeLike())
+		pipes, err = s.reader.store().PipesWithRecords(r.Context(), s.reader.pipePrefix(), outbox.StatusDead)
 		if err != nil {
 			s.reply(w, nil, err)
 			return
@@ -132,7 +130,7 @@ func (s *Server) retryDead(w http.ResponseWriter, r *http.Request) {
 	}
 	v := retryDeadView{Instance: s.deps.Instance}
 	for _, p := range pipes {
-		n, err := outbox.RetryDead(r.Context(), s.deps.DB, s.deps.Schema, p, id)
+		n, err := s.reader.store().RetryDead(r.Context(), p, id)
 		if err != nil {
 			s.reply(w, nil, err)
 			return

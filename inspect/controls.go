@@ -42,11 +42,11 @@ func (r Reader) KnownSinks(ctx context.Context, extra ...string) ([]string, erro
 			set[s.Name] = true
 		}
 	}
-	bl, err := r.backlogs(ctx)
+	pipes, err := r.store().PipesWithRecords(ctx, r.pipePrefix(), "")
 	if err != nil {
 		return nil, err
 	}
-	for pipe := range bl {
+	for _, pipe := range pipes {
 		if _, sink := splitPipe(r.Instance, pipe); sink != "" {
 			set[sink] = true
 		}

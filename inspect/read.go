@@ -7,13 +7,13 @@ import (
 	"fmt"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/cdcout/cdcout/config"
 	"github.com/cdcout/cdcout/fleet"
 	"github.com/cdcout/cdcout/metrics"
+	"github.com/cdcout/cdcout/outbox"
 	"github.com/cdcout/cdcout/state"
 )
 
@@ -24,14 +24,8 @@ import (
 // state database therefore never see each other's rows.
 //
 // A pipe's records are outbox rows (the slow path: retries and dead
-// letters) and records still in segments (the fast path), and every count
-// below adds both. Counting rows touches only the outbox's `due` index
-// (pipe, status, …); the other row aggregates read undelivered rows only,
-// which a healthy outbox has few of. Segments are one per enqueued
-// transaction and pipe: their record counts are read from the segments
-// themselves over the fifo index (pipe, status, id, records). A dashboard polling
-// every two seconds stays cheap even with millions of delivered records
-// kept for retention.
+// letters) and records still in segments (the fast path); every count adds
+// both (outbox.Store.Backlogs, which also says what the reads cost).
 
 // PipeStatus is one pipe's delivery state.
 type PipeStatus struct {
@@ -99,18 +93,9 @@ type Checkpoint struct {
 	AgeSeconds float64         `json:"ageSeconds"`
 }
 
-// DeadRow is a dead-lettered row as the dashboard lists it.
-type DeadRow struct {
-	ID    string `json:"id"`
-	Pipe  string `json:"pipe"`
-	Table string `json:"table"`
-	// RowKey is the row's key as JSON ({"id":42}), cut to rowKeyShown.
-	RowKey      string     `json:"rowKey"`
-	Op          string     `json:"op"`
-	Attempts    int        `json:"attempts"`
-	LastError   string     `json:"lastError"`
-	LastErrorAt *time.Time `json:"lastErrorAt,omitempty"`
-}
+// DeadRow is a dead-lettered row as GET /v1/dead and the dashboard list
+// it.
+type DeadRow = outbox.DeadRow
 
 // EngineInfo is the payload a `cdcout run` replica writes as its fleet
 // observation (kind fleet.KindEngine). Rows are scoped by Instance.
@@ -179,8 +164,12 @@ type Reader struct {
 
 func (r Reader) table(name string) string { return state.Table(r.Schema, name) }
 
-// pipeLike matches this instance's pipes.
-func (r Reader) pipeLike() string { return escapeLike(r.Instance) + ":%" }
+// store is the outbox of the state database; every read of outbox rows and
+// segments goes through it.
+func (r Reader) store() *outbox.Store { return outbox.NewStore(r.DB, r.Schema, nil) }
+
+// pipePrefix starts the names of this instance's pipes.
+func (r Reader) pipePrefix() string { return r.Instance + ":" }
 
 // Pipes returns the status of every pipe of the instance that has rows or
 // segments, plus the names in extra (configured pipes without any yet), by
@@ -204,50 +193,24 @@ func (r Reader) Pipes(ctx context.Context, extra ...string) ([]PipeStatus, error
 			get(e)
 		}
 	}
-	backlogs, err := r.backlogs(ctx)
+	st := r.store()
+	backlogs, err := st.Backlogs(ctx, r.pipePrefix())
 	if err != nil {
 		return nil, err
 	}
 	for pipe, b := range backlogs {
 		p := get(pipe)
-		p.Pending, p.Delivering, p.Delivered, p.Dead = b.pending, b.delivering, b.delivered, b.dead
-		p.OldestPendingAgeSeconds = micros(b.oldest)
-		p.DeliveryLagSeconds = micros(b.lag)
+		p.Pending, p.Delivering, p.Delivered, p.Dead = b.Pending, b.Delivering, b.Delivered, b.Dead
+		p.OldestPendingAgeSeconds = b.OldestAge.Seconds()
+		p.DeliveryLagSeconds = b.Lag.Seconds()
 	}
-
-	// A pipe's last error: a segment held whole (the sink failed every
-	// record tried) holds the pipe up, so its error comes first; otherwise
-	// the rows' (a record that failed left its segment as a row).
-	for _, e := range []struct{ what, q string }{
-		{"read held segments", `SELECT pipe, last_error, last_error_at FROM ` + r.table("segments") + `
-WHERE pipe LIKE ? AND status = 'pending' AND last_error_at IS NOT NULL ORDER BY last_error_at DESC`},
-		{"read pipe errors", `SELECT o.pipe, o.last_error, o.last_error_at
-FROM ` + r.table("outbox") + ` o JOIN (
-  SELECT pipe, MAX(last_error_at) AS m FROM ` + r.table("outbox") + `
-  WHERE pipe LIKE ? AND status <> 'delivered' AND last_error_at IS NOT NULL GROUP BY pipe
-) x ON o.pipe = x.pipe AND o.last_error_at = x.m
-WHERE o.status <> 'delivered'`},
-	} {
-		rows, err := r.DB.QueryContext(ctx, e.q, r.pipeLike())
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", e.what, err)
-		}
-		for rows.Next() {
-			var pipe string
-			var msg sql.NullString
-			var at sqlTime
-			if err := rows.Scan(&pipe, &msg, &at); err != nil {
-				rows.Close()
-				return nil, fmt.Errorf("%s: %w", e.what, err)
-			}
-			if p := get(pipe); p.LastErrorAt == nil {
-				p.LastError, p.LastErrorAt = msg.String, timePtr(at.T)
-			}
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return nil, fmt.Errorf("%s: %w", e.what, err)
-		}
+	lastErrors, err := st.LastErrors(ctx, r.pipePrefix())
+	if err != nil {
+		return nil, err
+	}
+	for pipe, e := range lastErrors {
+		p := get(pipe)
+		p.LastError, p.LastErrorAt = e.Error, timePtr(e.At)
 	}
 
 	leases, err := r.Leases(ctx)
@@ -278,7 +241,10 @@ WHERE o.status <> 'delivered'`},
 // undelivered record's age on the "pending" stat; it feeds
 // metrics.WatchOutbox.
 func (r Reader) OutboxStats(ctx context.Context) ([]metrics.OutboxStat, error) {
-	backlogs, err := r.backlogs(ctx)
+	if err := state.CheckName(r.Schema); err != nil {
+		return nil, err
+	}
+	backlogs, err := r.store().Backlogs(ctx, r.pipePrefix())
 	if err != nil {
 		return nil, err
 	}
@@ -287,14 +253,13 @@ func (r Reader) OutboxStats(ctx context.Context) ([]metrics.OutboxStat, error) {
 		// A pipe whose only undelivered records are being delivered still
 		// has an oldest undelivered record: it is reported on a zero
 		// "pending" stat.
-		if b.pending > 0 || b.oldest.Valid {
-			out = append(out, metrics.OutboxStat{Pipe: pipe, Status: "pending", Rows: b.pending,
-				OldestPendingAge: time.Duration(max(b.oldest.Int64, 0)) * time.Microsecond})
+		if b.Pending > 0 || b.Undelivered {
+			out = append(out, metrics.OutboxStat{Pipe: pipe, Status: "pending", Rows: b.Pending, OldestPendingAge: b.OldestAge})
 		}
 		for _, s := range []metrics.OutboxStat{
-			{Pipe: pipe, Status: "delivering", Rows: b.delivering},
-			{Pipe: pipe, Status: "delivered", Rows: b.delivered},
-			{Pipe: pipe, Status: "dead", Rows: b.dead},
+			{Pipe: pipe, Status: "delivering", Rows: b.Delivering},
+			{Pipe: pipe, Status: "delivered", Rows: b.Delivered},
+			{Pipe: pipe, Status: "dead", Rows: b.Dead},
 		} {
 			if s.Rows > 0 {
 				out = append(out, s)
@@ -310,163 +275,12 @@ func (r Reader) OutboxStats(ctx context.Context) ([]metrics.OutboxStat, error) {
 	return out, nil
 }
 
-// backlog is one pipe's records by state, rows and segment records added.
-type backlog struct {
-	// pending counts undelivered records not being delivered; delivering
-	// those claimed by a drainer whose claim has not lapsed.
-	pending, delivering, delivered, dead int64
-	// oldest and lag are the microseconds since the oldest undelivered
-	// record was enqueued and committed at the source; not Valid when
-	// there is none.
-	oldest, lag sql.NullInt64
-}
-
-// backlogs counts the instance's records per pipe. A record is an outbox
-// row or a record still in a segment:
-//
-//   - a pending segment's records are pending, or delivering while the
-//     segment is claimed (claimer set, claim not lapsed);
-//   - a done segment's records were delivered, except those that left it
-//     as outbox rows (a failure, a key blocked by a retry, a stop), which
-//     count in their row's status instead. The rows that left a done
-//     segment are counted as the rows whose id is at or above the pipe's
-//     oldest done segment's id: rows are only ever written from done
-//     segments (or before segments existed, with older ids), a pipe's
-//     segments are done in id order and deleted by retention in that
-//     order, and a row's id is its record's id in the segment. So the
-//     subtraction is exact unless ids of a pipe's segments interleave
-//     (two leaders enqueueing at once, each with its own clock), where
-//     delivered is off by the rows concerned. It never goes below zero.
-func (r Reader) backlogs(ctx context.Context) (map[string]*backlog, error) {
-	if err := state.CheckName(r.Schema); err != nil {
-		return nil, err
-	}
-	out := map[string]*backlog{}
-	// The pipes first, a loose scan of each index's first column: with
-	// "pipe IN (…) AND status = …" the queries below read only the entries
-	// of that status in the (pipe, status, …) indexes, where "pipe LIKE ?"
-	// would read every entry of the instance's pipes.
-	pipes, err := state.Strings(ctx, r.DB, `SELECT DISTINCT pipe FROM `+r.table("outbox")+` WHERE pipe LIKE ?
-UNION SELECT DISTINCT pipe FROM `+r.table("segments")+` WHERE pipe LIKE ?`, r.pipeLike(), r.pipeLike())
-	if err != nil {
-		return nil, fmt.Errorf("list pipes: %w", err)
-	}
-	if len(pipes) == 0 {
-		return out, nil
-	}
-	in := "pipe IN (" + state.Placeholders(len(pipes)) + ")"
-	args := make([]any, len(pipes))
-	for i, p := range pipes {
-		args[i] = p
-	}
-	// query runs q and hands each result row's backlog (by its first
-	// column, the pipe) to row, the other columns scanned into dest.
-	query := func(what, q string, args []any, dest []any, row func(b *backlog)) error {
-		rows, err := r.DB.QueryContext(ctx, q, args...)
-		if err != nil {
-			return fmt.Errorf("%s: %w", what, err)
-		}
-		defer rows.Close()
-		var pipe string
-		for rows.Next() {
-			if err := rows.Scan(append([]any{&pipe}, dest...)...); err != nil {
-				return fmt.Errorf("%s: %w", what, err)
-			}
-			b := out[pipe]
-			if b == nil {
-				b = &backlog{}
-				out[pipe] = b
-			}
-			row(b)
-		}
-		if err := rows.Err(); err != nil {
-			return fmt.Errorf("%s: %w", what, err)
-		}
-		return nil
-	}
-	older := func(a, b sql.NullInt64) sql.NullInt64 {
-		if !a.Valid || b.Valid && b.Int64 > a.Int64 {
-			return b
-		}
-		return a
-	}
-	var (
-		status   string
-		n, m     int64
-		age, lag sql.NullInt64
-		twice    = append(append([]any{}, args...), args...)
-	)
-
-	// Rows by status, and how many of them left a segment still kept (see
-	// above). The derived table is one probe of the fifo index per pipe
-	// (MIN(id) of a (pipe, status) prefix); the count stays a scan of the
-	// due index.
-	if err := query("count outbox rows", `SELECT o.pipe, o.status, COUNT(*), COALESCE(SUM(o.id >= s.first), 0)
-FROM `+r.table("outbox")+` o LEFT JOIN (
-  SELECT pipe, MIN(id) AS first FROM `+r.table("segments")+` WHERE `+in+` AND status = 'done' GROUP BY pipe
-) s ON s.pipe = o.pipe
-WHERE o.`+in+` GROUP BY o.pipe, o.status`, twice, []any{&status, &n, &m}, func(b *backlog) {
-		switch status {
-		case "pending":
-			b.pending += n
-		case "delivered":
-			b.delivered += n
-		case "dead":
-			b.dead += n
-		}
-		b.delivered -= m
-	}); err != nil {
-		return nil, err
-	}
-	// A claimed ("delivering") row is a pending row with a claimer whose
-	// next attempt is the claim's expiry: a short range of the due index.
-	if err := query("count claimed outbox rows", `SELECT pipe, COUNT(*) FROM `+r.table("outbox")+`
-WHERE `+in+` AND status = 'pending' AND next_attempt_at > NOW(6) AND claimer <> 0 GROUP BY pipe`, args, []any{&n}, func(b *backlog) {
-		b.pending -= n
-		b.delivering += n
-	}); err != nil {
-		return nil, err
-	}
-	if err := query("read oldest pending row", `SELECT pipe,
-  TIMESTAMPDIFF(MICROSECOND, MIN(created_at), NOW(6)),
-  TIMESTAMPDIFF(MICROSECOND, MIN(commit_ts), NOW(6))
-FROM `+r.table("outbox")+` WHERE `+in+` AND status = 'pending' GROUP BY pipe`, args, []any{&age, &lag}, func(b *backlog) {
-		b.oldest, b.lag = older(b.oldest, age), older(b.lag, lag)
-	}); err != nil {
-		return nil, err
-	}
-	// Pending segments are few: a healthy pipe has one or none.
-	if err := query("count pending segment records", `SELECT pipe, SUM(records),
-  SUM(IF(claimer <> 0 AND next_attempt_at > NOW(6), records, 0)),
-  TIMESTAMPDIFF(MICROSECOND, MIN(created_at), NOW(6)),
-  TIMESTAMPDIFF(MICROSECOND, MIN(first_commit_ts), NOW(6))
-FROM `+r.table("segments")+` WHERE `+in+` AND status = 'pending' GROUP BY pipe`, args, []any{&n, &m, &age, &lag}, func(b *backlog) {
-		b.pending += n - m
-		b.delivering += m
-		b.oldest, b.lag = older(b.oldest, age), older(b.lag, lag)
-	}); err != nil {
-		return nil, err
-	}
-	// Done segments are all those of the retention; records is in the fifo
-	// index (pipe, status, id, records), so the sum reads only the index.
-	if err := query("count delivered segment records", `SELECT pipe, SUM(records) FROM `+r.table("segments")+`
-WHERE `+in+` AND status = 'done' GROUP BY pipe`, args, []any{&n}, func(b *backlog) {
-		b.delivered += n
-	}); err != nil {
-		return nil, err
-	}
-	for _, b := range out {
-		b.delivered = max(b.delivered, 0)
-	}
-	return out, nil
-}
-
 // Leases returns the instance's leases by name.
 func (r Reader) Leases(ctx context.Context) ([]LeaseStatus, error) {
 	if err := state.CheckName(r.Schema); err != nil {
 		return nil, err
 	}
-	esc := escapeLike(r.Instance)
+	esc := state.EscapeLike(r.Instance)
 	rows, err := r.DB.QueryContext(ctx, `SELECT name, holder, epoch, expires_at, acquired_at, renewed_at,
   expires_at > NOW(6), TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at)
 FROM `+r.table("leases")+` WHERE name LIKE ? OR name LIKE ? ORDER BY name`, "%/"+esc, "%/"+esc+":%")
@@ -568,31 +382,7 @@ func (r Reader) Dead(ctx context.Context, limit int) ([]DeadRow, error) {
 	if limit <= 0 || limit > 1000 {
 		limit = 50
 	}
-	rows, err := r.DB.QueryContext(ctx, `SELECT id, pipe, db, tbl, LEFT(row_key, `+strconv.Itoa(rowKeyShown)+`), op, attempts, last_error, last_error_at
-FROM `+r.table("outbox")+` WHERE status = 'dead' AND pipe LIKE ?
-ORDER BY created_at DESC, id DESC LIMIT ?`, r.pipeLike(), limit)
-	if err != nil {
-		return nil, fmt.Errorf("list dead rows: %w", err)
-	}
-	defer rows.Close()
-	out := []DeadRow{}
-	for rows.Next() {
-		var (
-			d       DeadRow
-			db, tbl string
-			msg     sql.NullString
-			at      sqlTime
-		)
-		if err := rows.Scan(&d.ID, &d.Pipe, &db, &tbl, &d.RowKey, &d.Op, &d.Attempts, &msg, &at); err != nil {
-			return nil, fmt.Errorf("list dead rows: %w", err)
-		}
-		d.Table, d.LastError, d.LastErrorAt = db+"."+tbl, msg.String, timePtr(at.T)
-		out = append(out, d)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("list dead rows: %w", err)
-	}
-	return out, nil
+	return r.store().DeadRows(ctx, outbox.DeadQuery{Prefix: r.pipePrefix(), NewestFirst: true, Limit: limit, KeyChars: rowKeyShown})
 }
 
 // Status reads everything `cdcout status` shows.
@@ -621,17 +411,6 @@ func splitPipe(instance, pipe string) (table, sink string) {
 		return rest[:i], rest[i+1:]
 	}
 	return rest, ""
-}
-
-func escapeLike(s string) string {
-	return strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`).Replace(s)
-}
-
-func micros(v sql.NullInt64) float64 {
-	if !v.Valid || v.Int64 < 0 {
-		return 0
-	}
-	return float64(v.Int64) / 1e6
 }
 
 func timePtr(t time.Time) *time.Time {

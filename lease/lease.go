@@ -19,7 +19,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/cdcout/cdcout/state"
@@ -204,7 +203,7 @@ func (m *Manager) Get(ctx context.Context, name string) (Lease, bool, error) {
 
 // List reads every lease whose name starts with prefix, ordered by name.
 func (m *Manager) List(ctx context.Context, prefix string) ([]Lease, error) {
-	rows, err := m.db.QueryContext(ctx, `SELECT `+selectCols+` FROM `+m.table+` WHERE name LIKE ? ORDER BY name`, likePrefix(prefix))
+	rows, err := m.db.QueryContext(ctx, `SELECT `+selectCols+` FROM `+m.table+` WHERE name LIKE ? ORDER BY name`, state.LikePrefix(prefix))
 	if err != nil {
 		return nil, fmt.Errorf("list leases %q: %w", prefix, err)
 	}
@@ -221,11 +220,6 @@ func (m *Manager) List(ctx context.Context, prefix string) ([]Lease, error) {
 		return nil, fmt.Errorf("list leases %q: %w", prefix, err)
 	}
 	return out, nil
-}
-
-func likePrefix(p string) string {
-	r := strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`)
-	return r.Replace(p) + "%"
 }
 
 type scanner interface{ Scan(dest ...any) error }

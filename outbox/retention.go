@@ -178,11 +178,9 @@ WHERE name LIKE 'member/%' AND expires_at < NOW(6) - INTERVAL 1 HOUR`)
 	return sw, nil
 }
 
-// pipes lists the pipes that have outbox rows or segments: a loose scan of
-// the first column of each table's (pipe, status, …) index, one probe per
-// pipe.
+// pipes lists the pipes that have outbox rows or segments.
 func (j *Janitor) pipes(ctx context.Context) ([]string, error) {
-	return state.Strings(ctx, j.cfg.DB, `SELECT DISTINCT pipe FROM `+j.outbox+` UNION SELECT DISTINCT pipe FROM `+j.segments)
+	return NewStore(j.cfg.DB, j.cfg.Schema, nil).PipesWithRecords(ctx, "", "")
 }
 
 // sweepSegments deletes one batch of a pipe's segments done longer ago than

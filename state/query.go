@@ -32,3 +32,15 @@ func Placeholders(n int) string {
 	}
 	return strings.Repeat("?,", n-1) + "?"
 }
+
+// EscapeLike escapes s for use inside a LIKE pattern (the default escape
+// character is the backslash), so a name with `_` or `%` matches only
+// itself.
+func EscapeLike(s string) string {
+	return likeEscaper.Replace(s)
+}
+
+var likeEscaper = strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`)
+
+// LikePrefix is the LIKE pattern of the strings that start with p.
+func LikePrefix(p string) string { return EscapeLike(p) + "%" }

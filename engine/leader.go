@@ -1,0 +1,427 @@
+package engine
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	mrand "math/rand/v2"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/cdcout/cdcout/backfill"
+	"github.com/cdcout/cdcout/binlog"
+	"github.com/cdcout/cdcout/config"
+	"github.com/cdcout/cdcout/dedup"
+	"github.com/cdcout/cdcout/internal/buildinfo"
+	"github.com/cdcout/cdcout/lease"
+	"github.com/cdcout/cdcout/outbox"
+)
+
+// acquire waits until this replica holds the enqueue lease. While it
+// waits it is a standby: it streams too, into a handoff buffer the
+// returned handoff carries to the tenure (nil when it took the lease at
+// the first try). It retries every half second to second (jittered, at
+// most a third of the TTL), so a released lease is taken within about a
+// second and a dead holder's within about a TTL.
+func (e *Engine) acquire(ctx context.Context, leases *lease.Manager, store *outbox.Store) (lease.Lease, *handoff, error) {
+	ttl := e.cfg.LeaseTTL
+	logged := false
+	var (
+		ho         *handoff
+		stopFollow context.CancelFunc
+		followDone chan struct{}
+	)
+	stop := func() {
+		if stopFollow != nil {
+			stopFollow()
+			<-followDone
+			stopFollow = nil
+		}
+	}
+	defer stop()
+	for {
+		l, ok, err := leases.Acquire(ctx, e.leaseName, e.holder, ttl)
+		if ctx.Err() == nil {
+			e.noteWrite(writeEnqueueLease, err)
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return lease.Lease{}, nil, ctx.Err()
+			}
+			e.log.Warn("acquire enqueue lease", zap.Error(err))
+		} else if ok {
+			// A new tenure: the last one's failures are history.
+			e.noteWrite(writeRenewal, nil)
+			e.noteWrite(writeEnqueue, nil)
+			stop()
+			e.log.Info("enqueue lease acquired", zap.String("lease", l.Name), zap.Uint64("epoch", l.Epoch), zap.String("holder", l.Holder))
+			e.metrics.SetLeaseHeld(l.Name, true)
+			e.reportDropped()
+			return l, ho, nil
+		} else if !logged {
+			e.log.Info("enqueue lease held by another replica; following as a standby", zap.String("lease", e.leaseName), zap.String("holder", l.Holder))
+			logged = true
+		}
+		if ho == nil {
+			ho = newHandoff(e.handoffWindow(), e.cfg.HandoffBufferSize)
+			e.mu.Lock()
+			if e.ho != nil {
+				e.droppedBefore += e.ho.droppedPending()
+			}
+			e.ho = ho
+			e.mu.Unlock()
+			fctx, cancel := context.WithCancel(ctx)
+			stopFollow, followDone = cancel, make(chan struct{})
+			go func() {
+				defer close(followDone)
+				e.follow(fctx, ho, func(c context.Context) (*binlog.Position, error) { return store.LoadCheckpoint(c, e.leaseName) })
+			}()
+		}
+		e.reportDropped()
+		t := time.NewTimer(acquireEvery(ttl))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return lease.Lease{}, nil, ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// acquireEvery is a standby's retry interval: 0.5–1 s, at most a third
+// of the TTL, jittered so standbys do not ask in step.
+func acquireEvery(ttl time.Duration) time.Duration {
+	base := max(min(ttl/3, time.Second), 20*time.Millisecond)
+	return base/2 + mrand.N(base/2+1)
+}
+
+// signalRoleChange asks the fleet heartbeat for a prompt write.
+func (e *Engine) signalRoleChange() {
+	select {
+	case e.roleChanged <- struct{}{}:
+	default:
+	}
+}
+
+// handoffWindow is the handoff buffer's age bound: the dedup window, so a
+// buffered change is never older than the claims that collapse it.
+func (e *Engine) handoffWindow() time.Duration { return e.cfg.EffectiveDedupWindow() }
+
+// streamConfig is the binlog configuration of this replica's stream.
+func (e *Engine) streamConfig(resume *binlog.Position) binlog.Config {
+	cfg := e.cfg
+	return binlog.Config{
+		DSN:        cfg.DSN.Value(),
+		ServerID:   e.serverID(),
+		From:       cfg.From,
+		Resume:     resume,
+		Include:    withWatermarkTable(e.captureTables(), backfill.WatermarkDB(cfg.StateDB)+"."+backfill.WatermarkTable),
+		ExcludeDBs: []string{cfg.StateDB},
+		// The watermark database carries cdcout's marker: without this
+		// the stream would not decode this instance's own watermarks.
+		OwnMarkedDBs: []string{backfill.WatermarkDB(cfg.StateDB)},
+		Instance:     cfg.Instance,
+		Version:      buildinfo.Version(),
+		Logger:       e.log,
+		OnTableDDL:   func(d binlog.TableDDL) { e.metrics.ObserveTableDDL(d.DB+"."+d.Table, d.Statement) },
+	}
+}
+
+// tenure is one term as the enqueue lease holder: read from the
+// checkpoint and enqueue until ctx ends or the lease is lost.
+func (e *Engine) tenure(ctx context.Context, db *sql.DB, l lease.Lease, leases *lease.Manager, store *outbox.Store, drains *drainers, resetPending *bool, ho *handoff) (err error) {
+	cfg := e.cfg
+	tctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	keeper := leases.NewKeeper(l, e.log)
+	keeper.OnRenew = func(err error) { e.noteWrite(writeRenewal, err) }
+	var lost bool
+	var wg sync.WaitGroup
+	var lostMu sync.Mutex
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := keeper.Run(tctx); errors.Is(err, lease.ErrNotHeld) {
+			lostMu.Lock()
+			lost = true
+			lostMu.Unlock()
+			cancel()
+		}
+	}()
+	defer func() {
+		cancel()
+		wg.Wait()
+		e.metrics.SetLeaseHeld(l.Name, false)
+		e.mu.Lock()
+		e.stream, e.role = nil, "standby"
+		e.metrics.SetSourceConnected(false)
+		e.signalRoleChange()
+		e.mu.Unlock()
+		lostMu.Lock()
+		wasLost := lost
+		lostMu.Unlock()
+		if wasLost && err == nil || wasLost && errors.Is(err, context.Canceled) {
+			err = fmt.Errorf("%w: %v", errLeaseLost, keeper.Err())
+		}
+		if !wasLost && !errors.Is(err, errLeaseLost) {
+			rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
+			if rerr := leases.Release(rctx, keeper.Lease()); rerr != nil && !errors.Is(rerr, lease.ErrNotHeld) {
+				e.log.Warn("release enqueue lease", zap.Error(rerr))
+			}
+			rcancel()
+		}
+	}()
+
+	// A new leader's ids must sort after the previous leader's.
+	if err := store.RaiseIDFloor(tctx); err != nil {
+		return err
+	}
+	if *resetPending {
+		e.log.Warn("--reset-position: DISCARDING the stored checkpoint; changes between it and --from will NOT be captured",
+			zap.String("source", e.leaseName), zap.String("from", cfg.From))
+		if err := store.ResetCheckpoint(tctx, e.leaseName); err != nil {
+			return err
+		}
+		*resetPending = false
+	}
+	var (
+		pos    *binlog.Position
+		claims []string
+	)
+	if cfg.ChangeIdentity == "gtid" {
+		pos, err = store.LoadCheckpoint(tctx, e.leaseName)
+	} else {
+		// Digest mode may be chosen below (auto without GTIDs): read the
+		// claims in the checkpoint's snapshot now, so the counter can be
+		// seeded consistently.
+		pos, claims, err = store.LoadCheckpointAndClaims(tctx, e.leaseName, cfg.EffectiveDedupWindow())
+	}
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	e.role = "leader"
+	e.signalRoleChange()
+	e.mu.Unlock()
+	// A standby's buffer that holds every transaction after the
+	// checkpoint is enqueued at once and the stream continues where the
+	// standby's stopped; otherwise the binlog is read again from the
+	// checkpoint.
+	var buffered []binlog.Event
+	resume := pos
+	if ho != nil && pos != nil {
+		evs, end, n, ok := ho.after(*pos)
+		if ok {
+			buffered, resume = evs, &end
+			e.log.Info("taking over from the handoff buffer", zap.String("checkpoint", pos.String()),
+				zap.Int("transactions", n), zap.Int("events", len(evs)), zap.String("continue_at", end.String()))
+		} else {
+			e.log.Info("handoff buffer does not reach back to the checkpoint; re-reading the binlog from it",
+				zap.String("checkpoint", pos.String()), zap.Int64("dropped_pending", ho.droppedPending()))
+		}
+		e.reportDropped()
+	}
+	bcfg := e.streamConfig(resume)
+	if pos != nil {
+		e.log.Info("resuming from checkpoint", zap.Any("position", pos))
+	} else {
+		e.log.Info("no checkpoint; starting", zap.String("from", cfg.From))
+	}
+	stream, err := e.openStream(tctx, bcfg)
+	if err != nil {
+		return err
+	}
+	defer stream.Close()
+	if pos == nil {
+		// Pin --from (now, above all) to the position it resolved to, at
+		// once: otherwise a tenure that ends before its first write (a
+		// crash, a database restart) starts the next one at a new "now"
+		// and the changes in between are never captured (found by
+		// e2e.TestFaults).
+		start := stream.Position()
+		if _, err := store.Enqueue(tctx, cfg.ReplicaID, outbox.FenceOf(l), nil, &outbox.Checkpoint{Source: e.leaseName, Pos: start}); err != nil {
+			return fmt.Errorf("write the start position as the checkpoint: %w", err)
+		}
+		e.log.Info("start position written as the checkpoint", zap.String("position", start.String()))
+	}
+	info := stream.Info()
+	digestMode := false
+	switch cfg.ChangeIdentity {
+	case "digest":
+		digestMode = true
+	case "auto":
+		digestMode = !info.GTIDMode
+	case "gtid":
+		if !info.GTIDMode {
+			return errors.New("change_identity gtid: the source server does not use GTIDs (enable gtid_mode, or use --change-identity auto|digest)")
+		}
+	}
+	q := &enqueuer{
+		store:       store,
+		log:         e.log,
+		instance:    cfg.Instance,
+		claimedBy:   cfg.ReplicaID,
+		fence:       outbox.Fence{Lease: l.Name, Holder: l.Holder, Epoch: l.Epoch},
+		source:      e.leaseName,
+		routes:      e.routes,
+		digestMode:  digestMode,
+		batchSize:   cfg.EnqueueBatchSize,
+		maxBuffer:   cfg.EnqueueMaxBuffer,
+		maxRowBytes: cfg.MaxRowBytes,
+		interval:    cfg.EnqueueFlushInterval,
+		written:     drains.written,
+		valid:       func() bool { return keeper.Lease().Valid(time.Now()) },
+		observe:     e.metrics.ObserveEnqueue,
+		report:      func(err error) { e.noteWrite(writeEnqueue, err) },
+		lastRow:     -1,
+		hook:        e.newWatermarkHook(db),
+	}
+	if digestMode {
+		// The counter must remember longer than claims live (see
+		// dedup.OccurrenceCounter), hence twice the dedup window.
+		q.counter = dedup.NewOccurrenceCounter(2*cfg.EffectiveDedupWindow(), counterMaxEntries)
+		q.counter.SeedFromChangeKeys(claims, time.Now())
+	}
+	e.mu.Lock()
+	e.enq, e.stream, e.digest = q, stream, digestMode
+	e.lag, e.lastEventAt = 0, time.Now()
+	e.metrics.SetSourceConnected(true)
+	e.mu.Unlock()
+	e.log.Info("enqueueing", zap.Bool("digest_mode", digestMode), zap.Int("routes", len(e.routes)), zap.Int("seeded_claims", len(claims)))
+
+	// The ticker writes batches of an idle stream.
+	tickErr := make(chan error, 1)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(max(cfg.EnqueueFlushInterval/2, 5*time.Millisecond))
+		defer t.Stop()
+		for {
+			select {
+			case <-tctx.Done():
+				return
+			case <-t.C:
+				if err := q.tick(tctx); err != nil {
+					if tctx.Err() == nil {
+						tickErr <- err
+						cancel()
+					}
+					return
+				}
+			}
+		}
+	}()
+
+	handle := func(ctx context.Context, ev binlog.Event) error {
+		e.observeEvent(ev)
+		return q.handle(ctx, ev)
+	}
+	for _, ev := range buffered {
+		if err = handle(tctx, ev); err != nil {
+			break
+		}
+	}
+	buffered = nil
+	if err == nil {
+		err = stream.Run(tctx, handle)
+	}
+	select {
+	case terr := <-tickErr:
+		err = terr
+	default:
+	}
+	lostMu.Lock()
+	wasLost := lost
+	lostMu.Unlock()
+	if ctx.Err() != nil && !wasLost && !errors.Is(err, errLeaseLost) {
+		// Graceful stop: write the complete transactions still buffered,
+		// fenced by the lease we still hold.
+		fctx, fcancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ferr := q.final(fctx)
+		fcancel()
+		if ferr != nil {
+			e.log.Warn("write last batch on stop; it is read again from the checkpoint", zap.Error(ferr))
+		}
+		e.log.Info("enqueue stopped", zap.Int64("rows_written", q.rowsWritten), zap.Int64("batches", q.flushes))
+		return nil
+	}
+	if errors.Is(err, context.Canceled) && wasLost {
+		return errLeaseLost
+	}
+	return err
+}
+
+// serverIDBusyFor bounds how long a start waits for a replication
+// connection with our server id to go away.
+const serverIDBusyFor = 2 * binlog.DefaultReadTimeout
+
+// openStream opens the binlog stream. A server id still registered by a
+// connected replica is, for a derived id, almost always this replica's own
+// previous process (killed, its dump thread not yet reaped: the server
+// notices only when its next heartbeat write fails), so the open is retried
+// for a while instead of failing the restart.
+func (e *Engine) openStream(ctx context.Context, bcfg binlog.Config) (*binlog.Stream, error) {
+	deadline := time.Now().Add(serverIDBusyFor)
+	wait := time.Second
+	for {
+		s, err := binlog.Open(ctx, bcfg)
+		// binlog has no sentinel for this check yet; its message is the
+		// only signal.
+		busy := err != nil && errors.Is(err, binlog.ErrServerNotReady) && strings.Contains(err.Error(), "already used by a connected replica")
+		if !busy || time.Now().After(deadline) || ctx.Err() != nil {
+			return s, err
+		}
+		e.log.Warn("server id still in use (a previous process of this replica?); retrying", zap.Uint32("server_id", bcfg.ServerID), zap.Duration("retry_in", wait))
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+		wait = min(wait*2, 5*time.Second)
+	}
+}
+
+// captureTables is what the binlog reader decodes: --tables, or when that
+// is unset and every sink lists the tables it wants, the union of those
+// lists (tables nobody subscribes to are then not decoded at all).
+func (e *Engine) captureTables() []string {
+	if len(e.cfg.Tables) > 0 {
+		return e.cfg.Tables
+	}
+	var union []string
+	seen := map[string]bool{}
+	for _, s := range e.cfg.Sinks {
+		if len(s.Tables.Include) == 0 {
+			return nil
+		}
+		for _, p := range s.Tables.Include {
+			if !config.WholeNamePattern(p) {
+				return nil // a partial pattern: filter per sink only
+			}
+			if !seen[p] {
+				seen[p] = true
+				union = append(union, p)
+			}
+		}
+	}
+	return union
+}
+
+// serverID is the configured replication client id, or one derived from
+// the replica id and instance: stable across restarts, distinct between
+// replicas, and well above the small ids servers usually have.
+func (e *Engine) serverID() uint32 {
+	if e.cfg.ServerID != 0 {
+		return e.cfg.ServerID
+	}
+	h := fnv.New32a()
+	h.Write([]byte(e.cfg.Instance + "/" + e.cfg.ReplicaID))
+	return 1<<30 | h.Sum32()&(1<<30-1)
+}
