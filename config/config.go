@@ -117,6 +117,9 @@ type Sink struct {
 	// DropColumns are removed from row images before anything is stored:
 	// "col" in every table, or "db.table.col".
 	DropColumns []string `yaml:"drop_columns"`
+	// Filter is a CEL expression over op, before, after and source; the
+	// sink gets only the changes it is true for (package filter).
+	Filter string `yaml:"filter"`
 	// Secret signs webhooks (Standard Webhooks); "whsec_<base64>" is
 	// decoded, anything else is used as raw bytes.
 	Secret  Secret            `yaml:"secret"`

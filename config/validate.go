@@ -15,6 +15,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/cdcout/cdcout/filter"
 	"github.com/cdcout/cdcout/state"
 )
 
@@ -212,6 +213,11 @@ func (s *Sink) validate(errs *Errors, at string, claimLease time.Duration) {
 		parts := strings.Split(col, ".")
 		if (len(parts) != 1 && len(parts) != 3) || slicesHasEmpty(parts) {
 			errs.add(fmt.Sprintf("%s.drop_columns[%d]", at, i), "%q: want \"column\" or \"db.table.column\"", col)
+		}
+	}
+	if s.Filter != "" {
+		if _, err := filter.Compile(s.Filter); err != nil {
+			errs.add(at+".filter", "%v", err)
 		}
 	}
 	if s.Secret != "" && scheme != "http" && scheme != "https" {

@@ -125,7 +125,13 @@ func New(cfg *config.Config, logger *zap.Logger, opts ...Option) (*Engine, error
 			return nil, fmt.Errorf("sinks[%d] (%s): %w", i, sc.Name, err)
 		}
 		e.sinks[sc.Name] = sinkEntry{cfg: sc, sink: s}
-		e.routes = append(e.routes, newRoute(sc))
+		r, err := newRoute(sc)
+		if err != nil {
+			e.closeSinks()
+			return nil, fmt.Errorf("sinks[%d].filter: %w", i, err)
+		}
+		r.countFiltered = e.metrics.ObserveFiltered
+		e.routes = append(e.routes, r)
 	}
 	e.metrics.WatchEndpoints(e.endpointStats)
 	return e, nil

@@ -5,6 +5,7 @@ import (
 
 	"github.com/cdcout/cdcout/canonical"
 	"github.com/cdcout/cdcout/config"
+	"github.com/cdcout/cdcout/filter"
 )
 
 // route is one sink's subscription: which tables and ops it wants and which
@@ -17,10 +18,18 @@ type route struct {
 	// from one table only.
 	dropAll   map[string]bool
 	dropTable map[string]map[string]bool
+	// rowFilter is the sink's filter: expression (rowfilter.go), nil for
+	// none; countFiltered counts what it keeps from the sink.
+	rowFilter     *filter.Filter
+	countFiltered func(sink, result string)
 }
 
-func newRoute(s config.Sink) *route {
-	r := &route{sink: s.Name, filter: s.Tables}
+func newRoute(s config.Sink) (*route, error) {
+	f, err := compileFilter(s)
+	if err != nil {
+		return nil, err
+	}
+	r := &route{sink: s.Name, filter: s.Tables, rowFilter: f}
 	if len(s.Ops) > 0 {
 		r.ops = map[canonical.Op]bool{}
 		for _, op := range s.Ops {
@@ -51,7 +60,7 @@ func newRoute(s config.Sink) *route {
 		}
 		r.dropTable[t][parts[2]] = true
 	}
-	return r
+	return r, nil
 }
 
 func (r *route) matches(ch *canonical.Change) bool {
