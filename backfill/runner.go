@@ -241,39 +241,9 @@ func (r *Runner) Run(ctx context.Context) (err error) {
 	}
 	r.conn = conn
 
-	_, m, err := get(ctx, r.State, r.StateSchema, r.id)
+	pos, next, redo, err := r.resume(ctx)
 	if err != nil {
 		return err
-	}
-	r.keyOrder = m.KeyOrder
-	pos, err := decodeKeyArgs(m.Resume)
-	if err != nil {
-		return err
-	}
-	// Chunks of an earlier run beyond the completed prefix are read again
-	// over the same key ranges (their rows share one claim per range,
-	// dedup.BackfillUnit, so a chunk that reached the outbox before the
-	// stop is not written twice) under fresh numbers, so a late high
-	// watermark of theirs matches nothing.
-	var next int64
-	if err := r.State.QueryRowContext(ctx, "SELECT COALESCE(MAX(chunk) + 1, 0) FROM "+r.chunks+" WHERE backfill_id = ?", r.id).Scan(&next); err != nil {
-		return fmt.Errorf("read backfill chunks: %w", err)
-	}
-	redo, err := r.unfinished(ctx, m.Resume)
-	if err != nil {
-		return err
-	}
-	if _, err := r.State.ExecContext(ctx, "DELETE FROM "+r.chunks+" WHERE backfill_id = ?", r.id); err != nil {
-		return fmt.Errorf("clear backfill chunks: %w", err)
-	}
-	info, err := Get(ctx, r.State, r.StateSchema, r.id)
-	if err != nil {
-		return err
-	}
-	r.started = time.Now()
-	r.prog = Progress{ID: r.id, Rows: info.RowsDone, Enqueued: info.RowsDone, Estimate: r.table.estimate}
-	if r.OnProgress != nil {
-		r.OnProgress(r.prog)
 	}
 
 	wait := poll
@@ -329,17 +299,7 @@ func (r *Runner) Run(ctx context.Context) (err error) {
 		}
 		wait = min(2*wait, 8*poll)
 	}
-	if _, err := r.State.ExecContext(ctx, "UPDATE "+r.fills+" SET status = ?, updated_at = NOW(6) WHERE id = ? AND status = ?",
-		StatusDone, r.id, StatusRunning); err != nil {
-		return fmt.Errorf("record backfill done: %w", err)
-	}
-	if _, err := conn.ExecContext(ctx, "DELETE FROM "+r.wm+" WHERE id = ?", r.id); err != nil {
-		r.Logger.Warn("remove watermark row", zap.Error(err))
-	}
-	if _, err := r.State.ExecContext(ctx, "DELETE FROM "+r.chunks+" WHERE backfill_id = ?", r.id); err != nil {
-		r.Logger.Warn("remove backfill chunks", zap.Error(err))
-	}
-	return nil
+	return r.done(ctx)
 }
 
 // settle looks at the in-flight chunks: completed ones at the head advance
@@ -617,6 +577,61 @@ func (r *Runner) mark(ctx context.Context, chunk int64, mark string) error {
 		" ON DUPLICATE KEY UPDATE instance = VALUES(instance), tbl = VALUES(tbl), chunk = VALUES(chunk), mark = VALUES(mark), n = n + 1, updated_at = NOW(6)",
 		r.id, r.spec.Instance, r.spec.Table, chunk, mark); err != nil {
 		return fmt.Errorf("write watermark: %w", err)
+	}
+	return nil
+}
+
+// resume reads where the backfill stands: the key after its completed
+// prefix (pos), the next chunk number and the chunks of an earlier run to
+// read again (redo); it resets the progress to the rows done.
+func (r *Runner) resume(ctx context.Context) (pos keyArgs, next int64, redo []*flight, err error) {
+	_, m, err := get(ctx, r.State, r.StateSchema, r.id)
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	r.keyOrder = m.KeyOrder
+	pos, err = decodeKeyArgs(m.Resume)
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	// Chunks of an earlier run beyond the completed prefix are read again
+	// over the same key ranges (their rows share one claim per range,
+	// dedup.BackfillUnit, so a chunk that reached the outbox before the
+	// stop is not written twice) under fresh numbers, so a late high
+	// watermark of theirs matches nothing.
+	if err := r.State.QueryRowContext(ctx, "SELECT COALESCE(MAX(chunk) + 1, 0) FROM "+r.chunks+" WHERE backfill_id = ?", r.id).Scan(&next); err != nil {
+		return nil, 0, nil, fmt.Errorf("read backfill chunks: %w", err)
+	}
+	redo, err = r.unfinished(ctx, m.Resume)
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	if _, err := r.State.ExecContext(ctx, "DELETE FROM "+r.chunks+" WHERE backfill_id = ?", r.id); err != nil {
+		return nil, 0, nil, fmt.Errorf("clear backfill chunks: %w", err)
+	}
+	info, err := Get(ctx, r.State, r.StateSchema, r.id)
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	r.started = time.Now()
+	r.prog = Progress{ID: r.id, Rows: info.RowsDone, Enqueued: info.RowsDone, Estimate: r.table.estimate}
+	if r.OnProgress != nil {
+		r.OnProgress(r.prog)
+	}
+	return pos, next, redo, nil
+}
+
+// done records the backfill done and removes its watermark row and chunks.
+func (r *Runner) done(ctx context.Context) error {
+	if _, err := r.State.ExecContext(ctx, "UPDATE "+r.fills+" SET status = ?, updated_at = NOW(6) WHERE id = ? AND status = ?",
+		StatusDone, r.id, StatusRunning); err != nil {
+		return fmt.Errorf("record backfill done: %w", err)
+	}
+	if _, err := r.conn.ExecContext(ctx, "DELETE FROM "+r.wm+" WHERE id = ?", r.id); err != nil {
+		r.Logger.Warn("remove watermark row", zap.Error(err))
+	}
+	if _, err := r.State.ExecContext(ctx, "DELETE FROM "+r.chunks+" WHERE backfill_id = ?", r.id); err != nil {
+		r.Logger.Warn("remove backfill chunks", zap.Error(err))
 	}
 	return nil
 }

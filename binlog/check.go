@@ -17,6 +17,19 @@ import (
 // (or the replication user) must be reconfigured before cdcout can read it.
 var ErrServerNotReady = errors.New("server not ready for change capture")
 
+// ErrServerIDInUse means another connected replica registered the server
+// id this stream would use. It comes wrapped with ErrServerNotReady; a
+// derived id still in use is usually the previous process of the same
+// replica, not yet reaped by the server, so a caller may retry for a while.
+var ErrServerIDInUse = errors.New("server id in use by a connected replica")
+
+// serverIDInUse is a not-ready error that also matches ErrServerIDInUse.
+type serverIDInUse struct{ err error }
+
+func (e serverIDInUse) Error() string        { return e.err.Error() }
+func (e serverIDInUse) Unwrap() error        { return e.err }
+func (e serverIDInUse) Is(target error) bool { return target == ErrServerIDInUse }
+
 func notReady(format string, args ...any) error {
 	return fmt.Errorf(format+": %w", append(args, ErrServerNotReady)...)
 }
@@ -270,7 +283,7 @@ func (s *Stream) checkReplicaIDs(ctx context.Context) error {
 			if hostCol >= 0 {
 				host = string(vals[hostCol])
 			}
-			return notReady("server id %d is already used by a connected replica (host %q): choose another --server-id", s.cfg.ServerID, host)
+			return serverIDInUse{notReady("server id %d is already used by a connected replica (host %q): choose another --server-id", s.cfg.ServerID, host)}
 		}
 	}
 	return rows.Err()

@@ -126,7 +126,11 @@ func TestCheckServerID(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	wantNotReady(t, openErr(t, cfg), fmt.Sprintf("server id %d is already used by a connected replica", cfg.ServerID))
+	err := openErr(t, cfg)
+	wantNotReady(t, err, fmt.Sprintf("server id %d is already used by a connected replica", cfg.ServerID))
+	if !errors.Is(err, ErrServerIDInUse) {
+		t.Fatalf("error %v does not match ErrServerIDInUse", err)
+	}
 }
 
 // TestLeastPrivilegeUserMariaDB: the README's least-privilege grants for
@@ -163,7 +167,7 @@ func TestLeastPrivilegeUserMariaDB(t *testing.T) {
 		cancel()
 		if err == nil {
 			s.Close()
-		} else if strings.Contains(err.Error(), "already used by a connected replica") {
+		} else if errors.Is(err, ErrServerIDInUse) {
 			return
 		}
 		if time.Now().After(deadline) {

@@ -23,13 +23,3 @@ func ParseDSN(dsn string) (*mysql.Config, error) {
 	}
 	return nil, err
 }
-
-// RedactDSN returns "user@address" for logs and errors; "(invalid DSN)" if
-// it does not parse.
-func RedactDSN(dsn string) string {
-	cfg, err := mysql.ParseDSN(dsn)
-	if err != nil {
-		return "(invalid DSN)"
-	}
-	return cfg.User + "@" + cfg.Addr
-}

@@ -455,3 +455,45 @@ func (p Position) String() string {
 	}
 	return fmt.Sprintf("%s:%d", p.File, p.Pos)
 }
+
+// Covers reports whether position a is at or after position b, i.e.
+// every transaction up to b is included in a: a's GTID set contains b's,
+// or, both file:pos of one server, a is not before b. Unknown or
+// incomparable positions give false.
+func (a Position) Covers(b Position) bool {
+	if a.GTIDSet != "" && b.GTIDSet != "" {
+		ga, err := a.GTIDs()
+		if err != nil || ga == nil {
+			return false
+		}
+		gb, err := b.GTIDs()
+		if err != nil || gb == nil {
+			return false
+		}
+		return ga.Contain(gb)
+	}
+	if a.GTIDSet != "" || b.GTIDSet != "" || a.File == "" || b.File == "" || a.ServerUUID != b.ServerUUID {
+		return false
+	}
+	if c := compareFiles(a.File, b.File); c != 0 {
+		return c > 0
+	}
+	return a.Pos >= b.Pos
+}
+
+// compareFiles orders binlog file names (base.000012): same base, then by
+// the numeric suffix's length and text.
+func compareFiles(a, b string) int {
+	ai, bi := strings.LastIndexByte(a, '.'), strings.LastIndexByte(b, '.')
+	if ai < 0 || bi < 0 || a[:ai] != b[:bi] {
+		return strings.Compare(a, b)
+	}
+	as, bs := a[ai+1:], b[bi+1:]
+	if len(as) != len(bs) {
+		if len(as) < len(bs) {
+			return -1
+		}
+		return 1
+	}
+	return strings.Compare(as, bs)
+}

@@ -233,3 +233,31 @@ func TestPositionConversions(t *testing.T) {
 		t.Fatalf("String %q, want %q", got, want)
 	}
 }
+
+func TestPositionCovers(t *testing.T) {
+	m := func(g string) Position { return Position{Flavor: "mariadb", GTIDSet: g} }
+	f := func(file string, pos uint32) Position {
+		return Position{Flavor: "mysql", ServerUUID: "u", File: file, Pos: pos}
+	}
+	for _, c := range []struct {
+		a, b Position
+		want bool
+	}{
+		{m("0-1-10"), m("0-1-9"), true},
+		{m("0-1-10"), m("0-1-10"), true},
+		{m("0-1-9"), m("0-1-10"), false},
+		{m("0-1-10,1-1-5"), m("0-1-10"), true},
+		{m("0-1-10"), m("0-1-10,1-1-5"), false},
+		{f("b.000002", 4), f("b.000001", 900), true},
+		{f("b.000001", 900), f("b.000001", 900), true},
+		{f("b.000001", 800), f("b.000001", 900), false},
+		{f("b.000010", 4), f("b.000009", 4), true},
+		{f("b.000001", 4), Position{Flavor: "mysql", ServerUUID: "other", File: "b.000001", Pos: 1}, false},
+		{m("0-1-10"), f("b.000001", 4), false},
+		{Position{}, Position{}, false},
+	} {
+		if got := c.a.Covers(c.b); got != c.want {
+			t.Errorf("%v.Covers(%v) = %v, want %v", c.a, c.b, got, c.want)
+		}
+	}
+}

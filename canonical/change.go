@@ -60,7 +60,7 @@ type Change struct {
 	Source  Source
 	// TsMs is when cdcout decoded the change, ms since the epoch.
 	TsMs int64
-	// ChangeKey is the change's durable identity (DESIGN.md): in GTID mode
+	// ChangeKey is the change's durable identity (docs/ARCHITECTURE.md, "Change identity"): in GTID mode
 	// "g:<gtid>:<ordinal>", in digest mode "d:<digest>:<occurrence>", for a
 	// backfill "b:<backfill id>:<key digest>".
 	ChangeKey string

@@ -53,10 +53,11 @@ func AppendJSON(dst []byte, v any) ([]byte, error) {
 // collecting, sorting and escaping its keys. The output is the same bytes
 // either way: an order is only reused for exactly its own key set.
 type encoder struct {
-	keys   []string
-	vals   []any
-	orders [numOrders]keyOrder
-	next   int // the orders slot the next miss overwrites
+	keys    []string
+	vals    []any
+	members []member // rawJSON's objects' members, a stack like keys
+	orders  [numOrders]keyOrder
+	next    int // the orders slot the next miss overwrites
 }
 
 // numOrders covers the after/before image and the key of a few tables
@@ -90,10 +91,13 @@ func putEncoder(e *encoder) {
 	if cap(e.vals) > 1<<12 {
 		e.vals = nil
 	}
+	if cap(e.members) > 1<<12 {
+		e.members = nil
+	}
 	// Every object clears the keys and values it pushed when it pops them,
 	// also on errors, so a pooled encoder holds no references (clearing
 	// the whole capacity here cost more than the rest of a small object).
-	e.keys, e.vals = e.keys[:0], e.vals[:0]
+	e.keys, e.vals, e.members = e.keys[:0], e.vals[:0], e.members[:0]
 	encoderPool.Put(e)
 }
 
@@ -337,18 +341,6 @@ func (e *encoder) remember(keys []string) {
 	o.keys = append(o.keys[:0], keys...)
 	o.names, o.ends = names, ends
 	e.next = (e.next + 1) % numOrders
-}
-
-// rawJSON parses a JSON document and re-emits it canonically. Numbers are
-// kept as written (json.Number): converting them to float64 would corrupt
-// big integers and high-precision decimals stored in JSON columns.
-// Duplicate object keys keep the last value, as MySQL 8 does.
-func (e *encoder) rawJSON(dst []byte, raw RawJSON, depth int) ([]byte, error) {
-	v, err := ParseJSON(raw)
-	if err != nil {
-		return dst, err
-	}
-	return e.valueDepth(dst, v, depth)
 }
 
 // ParseJSON decodes one JSON document into generic values (map[string]any,

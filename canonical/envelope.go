@@ -172,7 +172,7 @@ func KeyJSONOf(c *Change) string {
 	return string(b)
 }
 
-// Digest is the change digest of DESIGN.md's digest mode: the hex SHA-256 of
+// Digest is the change digest of digest mode (docs/ARCHITECTURE.md, "Change identity"): the hex SHA-256 of
 // the canonical JSON of {"key":key,"next":next,"op":op,"pipe":pipe,
 // "prev":prev}, where next is the row after the change and prev the row
 // before it (nil rows are null). Two replicas that decoded the same change

@@ -120,48 +120,9 @@ func writeBackfills(w io.Writer, list []backfill.Info) error {
 }
 
 func backfillAction(c *cli.Context) error {
-	var set []config.Setting
-	for _, n := range []string{"dsn", "state-dsn", "state-db", "config", "instance", "log-level", "log-format"} {
-		if c.IsSet(n) {
-			set = append(set, config.Setting{Name: n, Value: c.String(n)})
-		}
-	}
-	// --sink takes run's forms, [NAME=]URL (a sink of this command's own),
-	// or names a sink: one of the config file's, or one the running fleet
-	// serves.
-	var names, urls []string
-	for _, v := range c.StringSlice("sink") {
-		if strings.Contains(v, ":") {
-			set = append(set, config.Setting{Name: "sink", Value: v})
-			urls = append(urls, v)
-		} else {
-			names = append(names, v)
-		}
-	}
-	cfg, err := config.Load(config.Sources{Flags: set, Env: os.LookupEnv, SinksOptional: true})
+	cfg, names, tables, err := backfillConfig(c)
 	if err != nil {
-		return ConfigErrorf("config: %v", err)
-	}
-	for _, v := range urls {
-		name, url := config.ParseSinkArg(v)
-		for _, s := range cfg.Sinks {
-			if (name != "" && s.Name == name) || (name == "" && s.URL == url) {
-				names = append(names, s.Name)
-				break
-			}
-		}
-	}
-	tables := c.StringSlice("table")
-	if len(tables) == 0 && c.String("resume") == "" {
-		return ConfigErrorf("--table db.table is required (or --resume ID)")
-	}
-	if c.String("resume") != "" && len(tables) > 0 {
-		return ConfigErrorf("--resume continues one backfill with its own table; leave out --table")
-	}
-	for _, t := range tables {
-		if db, name, ok := strings.Cut(t, "."); !ok || db == "" || name == "" || strings.Contains(name, ".") {
-			return ConfigErrorf("--table %q: want db.table", t)
-		}
+		return err
 	}
 	logger, err := newLogger(c.App.ErrWriter, cfg.LogLevel, cfg.LogFormat)
 	if err != nil {
@@ -192,66 +153,143 @@ func backfillAction(c *cli.Context) error {
 	// Without sinks of its own the command feeds the pipes the running
 	// fleet serves, and the fleet's leader applies the chunks: no engine
 	// of its own, which would have nothing to deliver to.
-	own := len(cfg.Sinks) > 0
-	var fl fleetSinks
-	if !own {
-		if fl, err = readFleetSinks(ctx, stateDB, cfg); err != nil {
+	b := backfillSinkResolver{cfg: cfg, own: len(cfg.Sinks) > 0}
+	if !b.own {
+		if b.fleet, err = readFleetSinks(ctx, stateDB, cfg); err != nil {
 			return scrubErr(err, cfg)
 		}
 	}
-	// Every table's sinks are resolved before anything is read.
-	specs := make([]backfill.Spec, 0, len(tables))
-	for _, t := range tables {
-		db, name, _ := strings.Cut(t, ".")
-		var sinks []string
-		if own {
-			sinks, err = backfillSinks(cfg, names, db, name)
-		} else {
-			sinks, err = fl.resolve(cfg.Instance, names, db, name)
-		}
-		if err != nil {
-			return err
-		}
-		specs = append(specs, backfill.Spec{Table: t, Sinks: sinks, Where: c.String("where"), ChunkSize: c.Int("chunk-size"), Instance: cfg.Instance})
+	specs, err := b.specs(c, names, tables)
+	if err != nil {
+		return err
 	}
-	if id := c.String("resume"); id != "" {
-		specs = append(specs, backfill.Spec{ResumeID: id, Instance: cfg.Instance})
-	}
-	if !own && !fl.leader {
+	if !b.own && !b.fleet.leader {
 		return ConfigErrorf("no cdcout run of instance %q is streaming now (no live leader in its fleet rows), and this command has no sinks of its own: "+
 			"start cdcout run (it applies the backfill), or give --sink [NAME=]URL or --config with the sinks to feed", cfg.Instance)
 	}
+	runners, err := b.prepare(c, logger, source, stateDB, specs)
+	if err != nil {
+		return err
+	}
+	if !b.own {
+		return runBackfills(c, logger, runners, cfg)
+	}
+	return runBackfillsWithEngine(c, logger, runners, cfg)
+}
 
+// backfillConfig loads the command's configuration: the sinks --sink names
+// (names; a [NAME=]URL of its own is added to the configuration and named
+// too) and the tables to backfill.
+func backfillConfig(c *cli.Context) (cfg *config.Config, names, tables []string, err error) {
+	var set []config.Setting
+	for _, n := range []string{"dsn", "state-dsn", "state-db", "config", "instance", "log-level", "log-format"} {
+		if c.IsSet(n) {
+			set = append(set, config.Setting{Name: n, Value: c.String(n)})
+		}
+	}
+	// --sink takes run's forms, [NAME=]URL (a sink of this command's own),
+	// or names a sink: one of the config file's, or one the running fleet
+	// serves.
+	var urls []string
+	for _, v := range c.StringSlice("sink") {
+		if strings.Contains(v, ":") {
+			set = append(set, config.Setting{Name: "sink", Value: v})
+			urls = append(urls, v)
+		} else {
+			names = append(names, v)
+		}
+	}
+	cfg, err = config.Load(config.Sources{Flags: set, Env: os.LookupEnv, SinksOptional: true})
+	if err != nil {
+		return nil, nil, nil, ConfigErrorf("config: %v", err)
+	}
+	for _, v := range urls {
+		name, url := config.ParseSinkArg(v)
+		for _, s := range cfg.Sinks {
+			if (name != "" && s.Name == name) || (name == "" && s.URL == url) {
+				names = append(names, s.Name)
+				break
+			}
+		}
+	}
+	tables = c.StringSlice("table")
+	if len(tables) == 0 && c.String("resume") == "" {
+		return nil, nil, nil, ConfigErrorf("--table db.table is required (or --resume ID)")
+	}
+	if c.String("resume") != "" && len(tables) > 0 {
+		return nil, nil, nil, ConfigErrorf("--resume continues one backfill with its own table; leave out --table")
+	}
+	for _, t := range tables {
+		if db, name, ok := strings.Cut(t, "."); !ok || db == "" || name == "" || strings.Contains(name, ".") {
+			return nil, nil, nil, ConfigErrorf("--table %q: want db.table", t)
+		}
+	}
+	return cfg, names, tables, nil
+}
+
+// backfillSinkResolver resolves the sinks a backfill feeds: the command's
+// own (own), or those the running fleet serves.
+type backfillSinkResolver struct {
+	cfg   *config.Config
+	own   bool
+	fleet fleetSinks
+}
+
+func (b backfillSinkResolver) resolve(names []string, db, table string) ([]string, error) {
+	if b.own {
+		return backfillSinks(b.cfg, names, db, table)
+	}
+	return b.fleet.resolve(b.cfg.Instance, names, db, table)
+}
+
+// specs are the backfills to run; every table's sinks are resolved before
+// anything is read.
+func (b backfillSinkResolver) specs(c *cli.Context, names, tables []string) ([]backfill.Spec, error) {
+	specs := make([]backfill.Spec, 0, len(tables))
+	for _, t := range tables {
+		db, name, _ := strings.Cut(t, ".")
+		sinks, err := b.resolve(names, db, name)
+		if err != nil {
+			return nil, err
+		}
+		specs = append(specs, backfill.Spec{Table: t, Sinks: sinks, Where: c.String("where"), ChunkSize: c.Int("chunk-size"), Instance: b.cfg.Instance})
+	}
+	if id := c.String("resume"); id != "" {
+		specs = append(specs, backfill.Spec{ResumeID: id, Instance: b.cfg.Instance})
+	}
+	return specs, nil
+}
+
+// prepare prepares a runner per spec (a resumed backfill's sinks must
+// still resolve) and prints what each will do.
+func (b backfillSinkResolver) prepare(c *cli.Context, logger *zap.Logger, source, stateDB *sql.DB, specs []backfill.Spec) ([]*backfill.Runner, error) {
+	cfg := b.cfg
 	runners := make([]*backfill.Runner, len(specs))
 	for i, spec := range specs {
 		r := &backfill.Runner{Source: source, State: stateDB, StateSchema: cfg.StateDB, Logger: logger.Named("backfill")}
-		info, err := r.Prepare(ctx, spec)
+		info, err := r.Prepare(c.Context, spec)
 		if err != nil {
 			if errors.Is(err, backfill.ErrBadInput) {
-				return ConfigErrorf("%s", strings.TrimPrefix(scrub(err, cfg), backfill.ErrBadInput.Error()+": "))
+				return nil, ConfigErrorf("%s", strings.TrimPrefix(scrub(err, cfg), backfill.ErrBadInput.Error()+": "))
 			}
-			return scrubErr(err, cfg)
+			return nil, scrubErr(err, cfg)
 		}
 		if spec.ResumeID != "" {
 			db, name, _ := strings.Cut(info.Table, ".")
-			if own {
-				_, err = backfillSinks(cfg, info.Sinks, db, name)
-			} else {
-				_, err = fl.resolve(cfg.Instance, info.Sinks, db, name)
-			}
-			if err != nil {
-				return err
+			if _, err := b.resolve(info.Sinks, db, name); err != nil {
+				return nil, err
 			}
 		}
 		runners[i] = r
 		fmt.Fprintf(c.App.Writer, "backfill %s: %s → %s\n", info.ID, info.Table, strings.Join(info.Sinks, ", "))
 	}
+	return runners, nil
+}
 
-	if !own {
-		return runBackfills(c, logger, runners, cfg)
-	}
-	// The in-process engine: standby when a cdcout run streams, the
-	// streamer otherwise.
+// runBackfillsWithEngine runs the backfills with an in-process engine:
+// standby when a cdcout run streams, the streamer otherwise.
+func runBackfillsWithEngine(c *cli.Context, logger *zap.Logger, runners []*backfill.Runner, cfg *config.Config) error {
+	ctx := c.Context
 	ecfg := *cfg
 	ecfg.ReplicaID = cfg.ReplicaID + "-backfill"
 	ecfg.HTTPAddr = "off"

@@ -45,7 +45,7 @@ type Config struct {
 	From string `yaml:"from"`
 	// ResetPosition discards the checkpoint and starts at From.
 	ResetPosition bool `yaml:"reset_position"`
-	// ChangeIdentity is auto, gtid or digest (DESIGN.md "Change identity").
+	// ChangeIdentity is auto, gtid or digest (docs/ARCHITECTURE.md, "Change identity").
 	ChangeIdentity string `yaml:"change_identity"`
 
 	LogLevel  string `yaml:"log_level"`

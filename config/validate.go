@@ -153,13 +153,8 @@ func checkDSN(errs *Errors, field, dsn string) {
 	}
 }
 
-func (s *Sink) validate(errs *Errors, at string, claimLease time.Duration) {
-	if s.Name == "" {
-		errs.add(at+".name", "required")
-	} else if !namePattern.MatchString(s.Name) {
-		errs.add(at+".name", "%q: use 1-64 letters, digits, '_', '.', '-'", s.Name)
-	}
-	scheme := schemeOf(s.URL)
+// validateURL checks the sink's URL for its scheme.
+func (s *Sink) validateURL(errs *Errors, at, scheme string) {
 	switch scheme {
 	case "stdout":
 	case "file":
@@ -189,6 +184,63 @@ func (s *Sink) validate(errs *Errors, at string, claimLease time.Duration) {
 	default:
 		errs.add(at+".url", "unknown scheme %q (want stdout:, file://, http://, https://, kafka://, nats://)", scheme)
 	}
+}
+
+// validateOptions checks the scheme-specific option blocks (kafka:, http:,
+// nats:).
+func (s *Sink) validateOptions(errs *Errors, at, scheme string) {
+	if s.Kafka != nil {
+		if scheme != "kafka" {
+			errs.add(at+".kafka", "only for kafka:// sinks")
+		}
+		if s.Kafka.SASL != nil {
+			switch s.Kafka.SASL.Mechanism {
+			case "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512":
+			default:
+				errs.add(at+".kafka.sasl.mechanism", "%q is not PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512", s.Kafka.SASL.Mechanism)
+			}
+			if s.Kafka.SASL.Username == "" {
+				errs.add(at+".kafka.sasl.username", "required with sasl")
+			}
+		}
+		checkTLS(errs, at+".kafka.tls", s.Kafka.TLS)
+	}
+	if s.HTTP != nil && scheme != "http" && scheme != "https" {
+		errs.add(at+".http", "only for http(s):// sinks")
+	}
+	if s.HTTP != nil && s.HTTP.MaxConcurrency < 0 {
+		errs.add(at+".http.max_concurrency", "must not be negative, got %d (0 means the default, 64)", s.HTTP.MaxConcurrency)
+	}
+	if s.NATS != nil {
+		if scheme != "nats" {
+			errs.add(at+".nats", "only for nats:// sinks")
+		}
+		n := s.NATS
+		methods := 0
+		for _, set := range []bool{n.CredentialsFile != "", n.User != "" || n.Password != "", n.Token != ""} {
+			if set {
+				methods++
+			}
+		}
+		if methods > 1 {
+			errs.add(at+".nats", "use one of credentials_file, user/password, token")
+		}
+		if (n.User == "") != (n.Password == "") {
+			errs.add(at+".nats", "user and password go together")
+		}
+		checkTLS(errs, at+".nats.tls", n.TLS)
+	}
+}
+
+// validate checks one sink at field path at (sinks[i]).
+func (s *Sink) validate(errs *Errors, at string, claimLease time.Duration) {
+	if s.Name == "" {
+		errs.add(at+".name", "required")
+	} else if !namePattern.MatchString(s.Name) {
+		errs.add(at+".name", "%q: use 1-64 letters, digits, '_', '.', '-'", s.Name)
+	}
+	scheme := schemeOf(s.URL)
+	s.validateURL(errs, at, scheme)
 	switch s.Format {
 	case "debezium", "cloudevents", "maxwell":
 	default:
@@ -248,47 +300,7 @@ func (s *Sink) validate(errs *Errors, at string, claimLease time.Duration) {
 	if s.Concurrency < 0 {
 		errs.add(at+".concurrency", "must not be negative, got %d", s.Concurrency)
 	}
-	if s.Kafka != nil {
-		if scheme != "kafka" {
-			errs.add(at+".kafka", "only for kafka:// sinks")
-		}
-		if s.Kafka.SASL != nil {
-			switch s.Kafka.SASL.Mechanism {
-			case "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512":
-			default:
-				errs.add(at+".kafka.sasl.mechanism", "%q is not PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512", s.Kafka.SASL.Mechanism)
-			}
-			if s.Kafka.SASL.Username == "" {
-				errs.add(at+".kafka.sasl.username", "required with sasl")
-			}
-		}
-		checkTLS(errs, at+".kafka.tls", s.Kafka.TLS)
-	}
-	if s.HTTP != nil && scheme != "http" && scheme != "https" {
-		errs.add(at+".http", "only for http(s):// sinks")
-	}
-	if s.HTTP != nil && s.HTTP.MaxConcurrency < 0 {
-		errs.add(at+".http.max_concurrency", "must not be negative, got %d (0 means the default, 64)", s.HTTP.MaxConcurrency)
-	}
-	if s.NATS != nil {
-		if scheme != "nats" {
-			errs.add(at+".nats", "only for nats:// sinks")
-		}
-		n := s.NATS
-		methods := 0
-		for _, set := range []bool{n.CredentialsFile != "", n.User != "" || n.Password != "", n.Token != ""} {
-			if set {
-				methods++
-			}
-		}
-		if methods > 1 {
-			errs.add(at+".nats", "use one of credentials_file, user/password, token")
-		}
-		if (n.User == "") != (n.Password == "") {
-			errs.add(at+".nats", "user and password go together")
-		}
-		checkTLS(errs, at+".nats.tls", n.TLS)
-	}
+	s.validateOptions(errs, at, scheme)
 }
 
 func checkTLS(errs *Errors, at string, t *TLS) {

@@ -1,6 +1,6 @@
 // Package dedup gives every row change a deterministic identity (its
 // changeKey) so that replicas racing to enqueue the same change collapse to
-// one outbox row (DESIGN.md, "Change identity").
+// one outbox row (docs/ARCHITECTURE.md, "Change identity").
 //
 // Keys come in three kinds:
 //
@@ -10,9 +10,6 @@
 //	                          many times that digest was seen before, counted
 //	                          by an OccurrenceCounter
 //	b:<backfill id>:<key digest>  a row read by a backfill
-//
-// The package also holds the HandoffBuffer a standby replica keeps its
-// observed changes in, so a takeover can enqueue them at once.
 package dedup
 
 import (

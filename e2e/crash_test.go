@@ -20,7 +20,7 @@ import (
 // TestCrashRecovery kills one `cdcout run` (an HTTP and a file sink, two
 // tables) with SIGKILL at 30+ random moments under a steady write load and
 // restarts it each time. Afterwards the outbox must hold exactly one row per
-// (source change, pipe) (DESIGN.md invariants 1 and 2), compared with an
+// (source change, pipe) (docs/ARCHITECTURE.md, invariants 1 and 2), compared with an
 // independent `cdcout tail` of the same binlog range; the receiver and the
 // file must have every change, redelivered only under the same id, in
 // per-key order (invariant 5).

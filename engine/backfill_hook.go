@@ -54,7 +54,7 @@ func (q *enqueuer) hookChange(ctx context.Context, ch *canonical.Change) (bool, 
 			if !r.matches(br.Change) {
 				continue
 			}
-			pipe := pipeName(q.instance, br.Change.Source.DB, br.Change.Source.Table, r.sink)
+			pipe := outbox.PipeName(q.instance, br.Change.Source.DB, br.Change.Source.Table, r.sink)
 			c := r.mask(br.Change)
 			filtered, dead := r.filterOut(br.Change)
 			q.ready = append(q.ready, outbox.Pending{

@@ -89,7 +89,7 @@ func (d *drainers) ensure(pipe string) *outbox.Drainer {
 	if d.skipped[pipe] {
 		return nil
 	}
-	inst, sinkName, ok := splitPipe(pipe)
+	inst, _, sinkName, ok := outbox.SplitPipe(pipe)
 	se, known := d.sinks[sinkName]
 	if !ok || inst != d.cfg.Instance || !known {
 		// Rows of a sink that is not configured stay pending: a deploy

@@ -144,16 +144,46 @@ func (e *Engine) Holder() string { return e.holder }
 // or a fatal error.
 func (e *Engine) Run(parent context.Context) error {
 	defer e.closeSinks()
-	cfg := e.cfg
 	// ctx also ends when the inspect server cannot serve (address in use):
 	// the replica then stops as gracefully as on a signal and reports why.
 	ctx, stopRun := context.WithCancel(parent)
 	defer stopRun()
+	if err := e.preflight(ctx); err != nil {
+		return err
+	}
+	db, err := e.openState(ctx)
+	if db == nil {
+		return err // nil when ctx ended first
+	}
+	defer db.Close()
+	var services group
+	defer services.stop()
 	serveErr := make(chan error, 1)
-	// A source whose binary log cdcout can never read is refused before
-	// the state database is created or migrated (by default it lives on
-	// that same server). A source that does not answer yet is only
-	// logged: the stream retries it.
+	e.startInspect(ctx, &services, db, func(err error) { serveErr <- err; stopRun() })
+	leases := lease.NewManager(db, e.cfg.StateDB)
+	drains, err := e.startDelivery(ctx, &services, db, leases)
+	if err != nil {
+		return err
+	}
+	runErr := e.lead(ctx, &leader{e: e, db: db, leases: leases, store: outbox.NewStore(db, e.cfg.StateDB, e.log),
+		drains: drains, resetPending: e.cfg.ResetPosition})
+	e.stopDrainers(drains)
+	select {
+	case err := <-serveErr:
+		if runErr == nil {
+			runErr = err
+		}
+	default:
+	}
+	return runErr
+}
+
+// preflight refuses a source whose binary log cdcout can never read
+// before the state database is created or migrated (by default it lives on
+// that same server). A source that does not answer yet is only logged: the
+// stream retries it.
+func (e *Engine) preflight(ctx context.Context) error {
+	cfg := e.cfg
 	pctx, pcancel := context.WithTimeout(ctx, 10*time.Second)
 	err := binlog.Preflight(pctx, cfg.DSN.Value())
 	pcancel()
@@ -170,26 +200,39 @@ func (e *Engine) Run(parent context.Context) error {
 	default:
 		e.log.Warn("source not reachable yet; the stream will keep trying", zap.Error(err))
 	}
+	return nil
+}
+
+// openState opens, checks and migrates the state database. It returns a
+// nil db and a nil error when ctx ended meanwhile.
+func (e *Engine) openState(ctx context.Context) (*sql.DB, error) {
+	cfg := e.cfg
 	db, err := openDB(cfg.EffectiveStateDSN().Value(), cfg.LeaseTTL)
 	if err != nil {
-		return fmt.Errorf("state database %s: %w", config.DSNAddr(cfg.EffectiveStateDSN().Value()), err)
+		return nil, fmt.Errorf("state database %s: %w", config.DSNAddr(cfg.EffectiveStateDSN().Value()), err)
 	}
-	defer db.Close()
 	if err := db.PingContext(ctx); err != nil {
+		db.Close()
 		if ctx.Err() != nil {
-			return nil
+			return nil, nil
 		}
-		return fmt.Errorf("connect to state database %s: %w", config.DSNAddr(cfg.EffectiveStateDSN().Value()), err)
+		return nil, fmt.Errorf("connect to state database %s: %w", config.DSNAddr(cfg.EffectiveStateDSN().Value()), err)
 	}
 	if err := state.Migrate(ctx, db, cfg.StateDB); err != nil {
+		db.Close()
 		if ctx.Err() != nil {
-			return nil
+			return nil, nil
 		}
-		return err
+		return nil, err
 	}
-	store := outbox.NewStore(db, cfg.StateDB, e.log)
-	leases := lease.NewManager(db, cfg.StateDB)
+	return db, nil
+}
 
+// startInspect starts the inspect server. It outlives the rest of the stop
+// sequence (it is the first service), so /readyz and metrics answer until
+// the end; failed is told when it cannot serve.
+func (e *Engine) startInspect(ctx context.Context, services *group, db *sql.DB, failed func(error)) {
+	cfg := e.cfg
 	srv := inspect.New(inspect.Config{Addr: cfg.HTTPAddr, KeepAlive: cfg.HTTPKeepAlive, HeadersTimeout: cfg.HTTPHeadersTimeout,
 		Admin: inspect.AdminConfig{Token: cfg.AdminTokenValue(), Addr: cfg.AdminAddr, ReadAuth: cfg.AdminReadAuth}}, inspect.Deps{
 		DB: db, Schema: cfg.StateDB, Instance: cfg.Instance, ReplicaID: cfg.ReplicaID,
@@ -197,23 +240,21 @@ func (e *Engine) Run(parent context.Context) error {
 		DroppedPending: e.droppedPending, Endpoints: e.endpoints, Sinks: e.sinkNames(),
 		Secrets: e.secrets(), Logger: e.log,
 	})
-	ictx, stopInspect := context.WithCancel(context.WithoutCancel(ctx))
-	inspectDone := make(chan struct{})
-	go func() {
-		defer close(inspectDone)
+	services.run(context.WithoutCancel(ctx), func(ictx context.Context) {
 		if err := srv.Run(ictx); err != nil && ictx.Err() == nil {
-			serveErr <- err
-			stopRun()
+			failed(err)
 		}
-	}()
-	// The inspect server outlives the stop sequence so /readyz and metrics
-	// answer until the end.
-	defer func() { stopInspect(); <-inspectDone }()
+	}, nil)
+}
 
-	// Drainers run for the whole Run, across enqueue tenures: delivery
-	// does not depend on who enqueues.
+// startDelivery starts what delivers and keeps the state tidy: the
+// drainers with their drain leases, the fleet heartbeat and the janitor.
+// Drainers run for the whole Run, across enqueue tenures: delivery does
+// not depend on who enqueues.
+func (e *Engine) startDelivery(ctx context.Context, services *group, db *sql.DB, leases *lease.Manager) (*drainers, error) {
+	cfg := e.cfg
 	dctx, stopDrain := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopDrain()
+	services.onStop(stopDrain)
 	drains := newDrainers(dctx, db, cfg, e.holder, e.sinks, e.log)
 	drains.metrics = e.metrics.DrainMetrics()
 	// Drain leases spread the pipes over the live replicas; a drainer
@@ -226,38 +267,32 @@ func (e *Engine) Run(parent context.Context) error {
 	dl.reportMember = func(err error) { e.noteWrite(writeMember, err) }
 	paused, err := control.Watch(ctx, db, cfg.StateDB, cfg.Instance, e.log, drains.wakeSink)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer paused.Stop()
+	// Stopping only ends the reads; the last state read stays in force
+	// for the drainers that are still finishing.
+	services.onStop(paused.Stop)
 	drains.leases = pauseGate(paused, dl.get)
 	drains.notify = dl.addPipes
 	e.mu.Lock()
 	e.dl = dl
 	e.mu.Unlock()
-	lctx, stopLeases := context.WithCancel(context.WithoutCancel(ctx))
-	leasesDone := make(chan struct{})
-	go func() { defer close(leasesDone); dl.run(lctx) }()
-	defer func() {
-		stopLeases()
-		<-leasesDone
+	services.run(context.WithoutCancel(ctx), dl.run, func() {
 		rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
 		dl.releaseAll(rctx)
 		rcancel()
-	}()
+	})
 	if err := drains.discover(ctx); err != nil && ctx.Err() == nil {
 		e.log.Warn("look up pipes with pending rows", zap.Error(err))
 	}
 
 	// The fleet observation: who this replica is and what it holds.
-	hctx, stopHeartbeat := context.WithCancel(ctx)
-	heartbeatDone := make(chan struct{})
 	hb := &fleet.Heartbeat{DB: db, Schema: cfg.StateDB, Every: heartbeatEvery(cfg.LeaseTTL), Observe: e.observation, Logger: e.log, Changed: e.roleChanged,
 		Final: e.stoppedObservation}
-	go func() { defer close(heartbeatDone); _ = hb.Run(hctx) }()
-	defer func() { stopHeartbeat(); <-heartbeatDone }()
+	services.run(ctx, func(hctx context.Context) { _ = hb.Run(hctx) }, nil)
 	// Drainers stop claiming as soon as the stop is asked for.
 	stopWatch := context.AfterFunc(ctx, drains.stopClaiming)
-	defer stopWatch()
+	services.onStop(func() { stopWatch() })
 
 	janitor, err := outbox.NewJanitor(outbox.JanitorConfig{
 		DB:          db,
@@ -267,39 +302,36 @@ func (e *Engine) Run(parent context.Context) error {
 		Logger:      e.log,
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	jctx, stopJanitor := context.WithCancel(ctx)
-	defer stopJanitor()
-	janitorDone := make(chan struct{})
-	go func() {
-		defer close(janitorDone)
+	services.run(ctx, func(jctx context.Context) {
 		if err := janitor.Run(jctx); err != nil && jctx.Err() == nil {
 			e.log.Error("janitor stopped", zap.Error(err))
 		}
-	}()
-	defer func() { stopJanitor(); <-janitorDone }()
+	}, nil)
+	return drains, nil
+}
 
-	resetPending := cfg.ResetPosition
-	var runErr error
+// lead takes the enqueue lease and runs tenures until ctx ends or an error
+// no retry fixes.
+func (e *Engine) lead(ctx context.Context, ld *leader) error {
 	for ctx.Err() == nil {
-		l, ho, err := e.acquire(ctx, leases, store)
+		l, ho, err := e.acquire(ctx, ld.leases, ld.store)
 		if err != nil {
 			if ctx.Err() == nil {
-				runErr = err
+				return err
 			}
-			break
+			return nil
 		}
-		err = e.tenure(ctx, db, l, leases, store, drains, &resetPending, ho)
-		if errors.Is(err, errLeaseLost) {
+		err = ld.tenure(ctx, l, ho)
+		switch {
+		case errors.Is(err, errLeaseLost):
 			e.log.Warn("enqueue lease lost; stopped enqueueing, following as a standby", zap.Error(err))
 			continue
-		}
-		if errors.Is(err, errReread) {
+		case errors.Is(err, errReread):
 			e.log.Info("re-reading from the checkpoint", zap.Error(err))
 			continue
-		}
-		if err != nil && ctx.Err() == nil && transient(err) {
+		case err != nil && ctx.Err() == nil && transient(err):
 			// The database went away (restart, network): the lease is
 			// released or lapses, and any replica (this one too) resumes
 			// from the checkpoint once it is back.
@@ -311,33 +343,31 @@ func (e *Engine) Run(parent context.Context) error {
 			}
 			t.Stop()
 			continue
+		case err != nil && ctx.Err() == nil:
+			return err
 		}
-		if err != nil && ctx.Err() == nil {
-			runErr = err
-		}
-		break
+		return nil
 	}
+	return nil
+}
+
+// stopDrainers stops the drainers' claims, waits for the deliveries in
+// flight (at most the shutdown timeout) and then releases what was claimed
+// and never sent.
+func (e *Engine) stopDrainers(drains *drainers) {
 	drains.stopClaiming()
-	if !drains.wait(cfg.ShutdownTimeout) {
+	if !drains.wait(e.cfg.ShutdownTimeout) {
 		e.log.Warn("deliveries still in flight after the shutdown timeout; their rows are redelivered after the claim lease",
-			zap.Duration("shutdown_timeout", cfg.ShutdownTimeout))
-	} else {
-		rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
-		if n, err := drains.releaseOrphans(rctx); err != nil {
-			e.log.Warn("release claims", zap.Error(err))
-		} else if n > 0 {
-			e.log.Info("released claimed rows that were never delivered", zap.Int64("rows", n))
-		}
-		rcancel()
+			zap.Duration("shutdown_timeout", e.cfg.ShutdownTimeout))
+		return
 	}
-	select {
-	case err := <-serveErr:
-		if runErr == nil {
-			runErr = err
-		}
-	default:
+	rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer rcancel()
+	if n, err := drains.releaseOrphans(rctx); err != nil {
+		e.log.Warn("release claims", zap.Error(err))
+	} else if n > 0 {
+		e.log.Info("released claimed rows that were never delivered", zap.Int64("rows", n))
 	}
-	return runErr
 }
 
 // openDB opens the state database through state.Open: UTC sessions,

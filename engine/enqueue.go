@@ -144,7 +144,7 @@ func (q *enqueuer) handleChange(ctx context.Context, ch *canonical.Change) error
 			continue
 		}
 		oc := openChange{
-			pipe: pipeName(q.instance, ch.Source.DB, ch.Source.Table, r.sink),
+			pipe: outbox.PipeName(q.instance, ch.Source.DB, ch.Source.Table, r.sink),
 			sink: r.sink,
 			ch:   r.mask(ch),
 		}

@@ -124,34 +124,6 @@ func TestPlanDrainLeasesReleasesLeastPreferred(t *testing.T) {
 	}
 }
 
-func TestAtOrAfter(t *testing.T) {
-	m := func(g string) binlog.Position { return binlog.Position{Flavor: "mariadb", GTIDSet: g} }
-	f := func(file string, pos uint32) binlog.Position {
-		return binlog.Position{Flavor: "mysql", ServerUUID: "u", File: file, Pos: pos}
-	}
-	for _, c := range []struct {
-		a, b binlog.Position
-		want bool
-	}{
-		{m("0-1-10"), m("0-1-9"), true},
-		{m("0-1-10"), m("0-1-10"), true},
-		{m("0-1-9"), m("0-1-10"), false},
-		{m("0-1-10,1-1-5"), m("0-1-10"), true},
-		{m("0-1-10"), m("0-1-10,1-1-5"), false},
-		{f("b.000002", 4), f("b.000001", 900), true},
-		{f("b.000001", 900), f("b.000001", 900), true},
-		{f("b.000001", 800), f("b.000001", 900), false},
-		{f("b.000010", 4), f("b.000009", 4), true},
-		{f("b.000001", 4), binlog.Position{Flavor: "mysql", ServerUUID: "other", File: "b.000001", Pos: 1}, false},
-		{m("0-1-10"), f("b.000001", 4), false},
-		{binlog.Position{}, binlog.Position{}, false},
-	} {
-		if got := atOrAfter(c.a, c.b); got != c.want {
-			t.Errorf("atOrAfter(%v, %v) = %v, want %v", c.a, c.b, got, c.want)
-		}
-	}
-}
-
 // feed plays transactions of n rows each, with GTIDs 0-1-(from+i), into h.
 func feed(t *testing.T, h *handoff, from, txs, rows int) {
 	t.Helper()

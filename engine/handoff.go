@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"errors"
-	"strings"
 	"sync"
 	"time"
 
@@ -11,7 +10,6 @@ import (
 
 	"github.com/cdcout/cdcout/binlog"
 	"github.com/cdcout/cdcout/canonical"
-	"github.com/cdcout/cdcout/dedup"
 )
 
 // bufEvent is one event a standby observed: a row change, or the commit
@@ -32,7 +30,7 @@ type commitMark struct {
 }
 
 // handoff is a standby's view of the stream: the transactions it observed
-// since its stream started, in a dedup.HandoffBuffer bounded by age and
+// since its stream started, in a handoffBuffer bounded by age and
 // count (rows plus commits). When the standby takes the enqueue lease it
 // asks after(checkpoint): if the buffer holds every transaction after the
 // checkpoint, those are enqueued at once (through the same path a re-read
@@ -48,7 +46,7 @@ type handoff struct {
 	max int
 
 	mu       sync.Mutex
-	buf      *dedup.HandoffBuffer[bufEvent]
+	buf      *handoffBuffer[bufEvent]
 	appended int64 // entries ever appended: the next entry's seq
 	// started is set once the stream opened at start: the buffer then
 	// holds every transaction after start until an entry is evicted.
@@ -77,7 +75,7 @@ type handoff struct {
 func newHandoff(window time.Duration, maxEntries int) *handoff {
 	return &handoff{
 		max:     maxEntries,
-		buf:     dedup.NewHandoffBuffer[bufEvent](window, maxEntries),
+		buf:     newHandoffBuffer[bufEvent](window, maxEntries),
 		lastGap: -1,
 		lastRow: -1,
 		window:  window,
@@ -90,7 +88,7 @@ func (h *handoff) reset() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.dropped += h.buf.DroppedPending() + h.gapRows
-	h.buf = dedup.NewHandoffBuffer[bufEvent](h.window, h.max)
+	h.buf = newHandoffBuffer[bufEvent](h.window, h.max)
 	h.appended, h.started, h.start, h.commits, h.lastGap, h.end = 0, false, binlog.Position{}, nil, -1, nil
 	h.open, h.openDropped, h.lastRow, h.gapRows = nil, false, -1, 0
 }
@@ -148,7 +146,7 @@ func (h *handoff) handle(_ context.Context, ev binlog.Event) error {
 func (h *handoff) appendEntry(ev bufEvent, now time.Time) {
 	ev.seq = h.appended
 	h.appended++
-	h.buf.Append(dedup.HandoffEntry[bufEvent]{Change: ev, ObservedAt: now})
+	h.buf.Append(handoffEntry[bufEvent]{Change: ev, ObservedAt: now})
 	if ev.commit != nil {
 		h.commits = append(h.commits, commitMark{seq: ev.seq, pos: ev.commit.Pos})
 	}
@@ -196,7 +194,7 @@ func (h *handoff) markCheckpoint(cp binlog.Position) {
 	upTo := -1
 	for i, e := range pend {
 		if c := e.Change.commit; c != nil {
-			if !atOrAfter(cp, c.Pos) {
+			if !cp.Covers(c.Pos) {
 				break
 			}
 			upTo = i
@@ -223,7 +221,7 @@ func (h *handoff) after(cp binlog.Position) (evs []binlog.Event, resume binlog.P
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	base, known := h.base()
-	if !known || h.end == nil || !atOrAfter(cp, base) || !atOrAfter(*h.end, cp) {
+	if !known || h.end == nil || !cp.Covers(base) || !h.end.Covers(cp) {
 		h.countGaps(cp)
 		return nil, binlog.Position{}, 0, false
 	}
@@ -234,7 +232,7 @@ func (h *handoff) after(cp binlog.Position) (evs []binlog.Event, resume binlog.P
 			group = append(group, binlog.Event{Change: ev.change})
 			continue
 		}
-		if atOrAfter(cp, ev.commit.Pos) {
+		if cp.Covers(ev.commit.Pos) {
 			group = group[:0]
 			continue
 		}
@@ -253,52 +251,11 @@ func (h *handoff) after(cp binlog.Position) (evs []binlog.Event, resume binlog.P
 // re-read must now supply, to DroppedPending.
 func (h *handoff) countGaps(cp binlog.Position) {
 	for _, e := range h.buf.Pending(h.buf.Len()) {
-		if c := e.Change.commit; c != nil && e.Change.gap && !atOrAfter(cp, c.Pos) {
+		if c := e.Change.commit; c != nil && e.Change.gap && !cp.Covers(c.Pos) {
 			h.gapRows += int64(c.Rows)
 			e.Enqueued = true
 		}
 	}
-}
-
-// atOrAfter reports whether position a is at or after position b, i.e.
-// every transaction up to b is included in a. Unknown or incomparable
-// positions give false.
-func atOrAfter(a, b binlog.Position) bool {
-	if a.GTIDSet != "" && b.GTIDSet != "" {
-		ga, err := a.GTIDs()
-		if err != nil || ga == nil {
-			return false
-		}
-		gb, err := b.GTIDs()
-		if err != nil || gb == nil {
-			return false
-		}
-		return ga.Contain(gb)
-	}
-	if a.GTIDSet != "" || b.GTIDSet != "" || a.File == "" || b.File == "" || a.ServerUUID != b.ServerUUID {
-		return false
-	}
-	if c := compareFiles(a.File, b.File); c != 0 {
-		return c > 0
-	}
-	return a.Pos >= b.Pos
-}
-
-// compareFiles orders binlog file names (base.000012): same base, then by
-// the numeric suffix's length and text.
-func compareFiles(a, b string) int {
-	ai, bi := strings.LastIndexByte(a, '.'), strings.LastIndexByte(b, '.')
-	if ai < 0 || bi < 0 || a[:ai] != b[:bi] {
-		return strings.Compare(a, b)
-	}
-	as, bs := a[ai+1:], b[bi+1:]
-	if len(as) != len(bs) {
-		if len(as) < len(bs) {
-			return -1
-		}
-		return 1
-	}
-	return strings.Compare(as, bs)
 }
 
 // followerServerID is the replication id of a standby's stream: distinct

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	mrand "math/rand/v2"
-	"strings"
 	"sync"
 	"time"
 
@@ -132,97 +131,160 @@ func (e *Engine) streamConfig(resume *binlog.Position) binlog.Config {
 	}
 }
 
-// tenure is one term as the enqueue lease holder: read from the
-// checkpoint and enqueue until ctx ends or the lease is lost.
-func (e *Engine) tenure(ctx context.Context, db *sql.DB, l lease.Lease, leases *lease.Manager, store *outbox.Store, drains *drainers, resetPending *bool, ho *handoff) (err error) {
-	cfg := e.cfg
-	tctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	keeper := leases.NewKeeper(l, e.log)
-	keeper.OnRenew = func(err error) { e.noteWrite(writeRenewal, err) }
-	var lost bool
-	var wg sync.WaitGroup
-	var lostMu sync.Mutex
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		if err := keeper.Run(tctx); errors.Is(err, lease.ErrNotHeld) {
-			lostMu.Lock()
-			lost = true
-			lostMu.Unlock()
-			cancel()
-		}
-	}()
-	defer func() {
-		cancel()
-		wg.Wait()
-		e.metrics.SetLeaseHeld(l.Name, false)
-		e.mu.Lock()
-		e.stream, e.role = nil, "standby"
-		e.metrics.SetSourceConnected(false)
-		e.signalRoleChange()
-		e.mu.Unlock()
-		lostMu.Lock()
-		wasLost := lost
-		lostMu.Unlock()
-		if wasLost && err == nil || wasLost && errors.Is(err, context.Canceled) {
-			err = fmt.Errorf("%w: %v", errLeaseLost, keeper.Err())
-		}
-		if !wasLost && !errors.Is(err, errLeaseLost) {
-			rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
-			if rerr := leases.Release(rctx, keeper.Lease()); rerr != nil && !errors.Is(rerr, lease.ErrNotHeld) {
-				e.log.Warn("release enqueue lease", zap.Error(rerr))
-			}
-			rcancel()
-		}
-	}()
+// leader holds what the enqueue tenures of one Run share.
+type leader struct {
+	e      *Engine
+	db     *sql.DB
+	leases *lease.Manager
+	store  *outbox.Store
+	drains *drainers
+	// resetPending is --reset-position until a tenure has discarded the
+	// checkpoint: once per Run, not on every takeover.
+	resetPending bool
+}
 
-	// A new leader's ids must sort after the previous leader's.
-	if err := store.RaiseIDFloor(tctx); err != nil {
+// tenure is one term as the enqueue lease holder: read from the checkpoint
+// and enqueue until the Run's context ends or the lease is lost.
+type tenure struct {
+	*leader
+	lease  lease.Lease
+	ho     *handoff // the standby phase's buffer, nil when there was none
+	keeper *lease.Keeper
+	// ctx ends with the term: the Run's stop, the lease lost, a failed
+	// tick; cancel ends it.
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // the keeper and the ticker
+}
+
+// tenure runs one term under l, taking over from ho.
+func (ld *leader) tenure(ctx context.Context, l lease.Lease, ho *handoff) (err error) {
+	e := ld.e
+	t := &tenure{leader: ld, lease: l, ho: ho}
+	t.ctx, t.cancel = context.WithCancel(ctx)
+	defer t.cancel()
+	t.keeper = ld.leases.NewKeeper(l, e.log)
+	t.keeper.OnRenew = func(err error) { e.noteWrite(writeRenewal, err) }
+	t.wg.Add(1)
+	go func() {
+		defer t.wg.Done()
+		if err := t.keeper.Run(t.ctx); errors.Is(err, lease.ErrNotHeld) {
+			t.cancel()
+		}
+	}()
+	defer func() { err = t.end(err) }()
+
+	pos, claims, err := t.begin()
+	if err != nil {
 		return err
 	}
-	if *resetPending {
+	stream, buffered, err := t.openStream(pos)
+	if err != nil {
+		return err
+	}
+	defer stream.Close()
+	q, err := t.enqueuer(stream, claims)
+	if err != nil {
+		return err
+	}
+	return t.enqueue(ctx, q, stream, buffered)
+}
+
+// lost reports whether the keeper lost the lease.
+func (t *tenure) lost() bool {
+	select {
+	case <-t.keeper.Lost():
+		return true
+	default:
+		return false
+	}
+}
+
+// end stops the term's goroutines, steps down to standby and releases the
+// lease unless it was lost; a term that ended because the lease was lost
+// returns errLeaseLost.
+func (t *tenure) end(err error) error {
+	e := t.e
+	t.cancel()
+	t.wg.Wait()
+	e.metrics.SetLeaseHeld(t.lease.Name, false)
+	e.mu.Lock()
+	e.stream, e.role = nil, "standby"
+	e.metrics.SetSourceConnected(false)
+	e.signalRoleChange()
+	e.mu.Unlock()
+	lost := t.lost()
+	if lost && err == nil || lost && errors.Is(err, context.Canceled) {
+		err = fmt.Errorf("%w: %v", errLeaseLost, t.keeper.Err())
+	}
+	if !lost && !errors.Is(err, errLeaseLost) {
+		rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if rerr := t.leases.Release(rctx, t.keeper.Lease()); rerr != nil && !errors.Is(rerr, lease.ErrNotHeld) {
+			e.log.Warn("release enqueue lease", zap.Error(rerr))
+		}
+		rcancel()
+	}
+	return err
+}
+
+// begin makes this replica the leader: ids after the previous leader's,
+// --reset-position once, and the checkpoint (with, in digest mode, the
+// claims read in its snapshot).
+func (t *tenure) begin() (*binlog.Position, []string, error) {
+	e, cfg := t.e, t.e.cfg
+	// A new leader's ids must sort after the previous leader's.
+	if err := t.store.RaiseIDFloor(t.ctx); err != nil {
+		return nil, nil, err
+	}
+	if t.resetPending {
 		e.log.Warn("--reset-position: DISCARDING the stored checkpoint; changes between it and --from will NOT be captured",
 			zap.String("source", e.leaseName), zap.String("from", cfg.From))
-		if err := store.ResetCheckpoint(tctx, e.leaseName); err != nil {
-			return err
+		if err := t.store.ResetCheckpoint(t.ctx, e.leaseName); err != nil {
+			return nil, nil, err
 		}
-		*resetPending = false
+		t.resetPending = false
 	}
 	var (
 		pos    *binlog.Position
 		claims []string
+		err    error
 	)
 	if cfg.ChangeIdentity == "gtid" {
-		pos, err = store.LoadCheckpoint(tctx, e.leaseName)
+		pos, err = t.store.LoadCheckpoint(t.ctx, e.leaseName)
 	} else {
 		// Digest mode may be chosen below (auto without GTIDs): read the
 		// claims in the checkpoint's snapshot now, so the counter can be
 		// seeded consistently.
-		pos, claims, err = store.LoadCheckpointAndClaims(tctx, e.leaseName, cfg.EffectiveDedupWindow())
+		pos, claims, err = t.store.LoadCheckpointAndClaims(t.ctx, e.leaseName, cfg.EffectiveDedupWindow())
 	}
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	e.mu.Lock()
 	e.role = "leader"
 	e.signalRoleChange()
 	e.mu.Unlock()
-	// A standby's buffer that holds every transaction after the
-	// checkpoint is enqueued at once and the stream continues where the
-	// standby's stopped; otherwise the binlog is read again from the
-	// checkpoint.
+	return pos, claims, nil
+}
+
+// openStream opens the term's binlog stream. A standby's buffer that holds
+// every transaction after the checkpoint pos is enqueued at once (the
+// returned events) and the stream continues where the standby's stopped;
+// otherwise the binlog is read again from the checkpoint. Without a
+// checkpoint the position --from resolved to is written as one at once.
+func (t *tenure) openStream(pos *binlog.Position) (*binlog.Stream, []binlog.Event, error) {
+	e, cfg := t.e, t.e.cfg
 	var buffered []binlog.Event
 	resume := pos
-	if ho != nil && pos != nil {
-		evs, end, n, ok := ho.after(*pos)
+	if t.ho != nil && pos != nil {
+		evs, end, n, ok := t.ho.after(*pos)
 		if ok {
 			buffered, resume = evs, &end
 			e.log.Info("taking over from the handoff buffer", zap.String("checkpoint", pos.String()),
 				zap.Int("transactions", n), zap.Int("events", len(evs)), zap.String("continue_at", end.String()))
 		} else {
 			e.log.Info("handoff buffer does not reach back to the checkpoint; re-reading the binlog from it",
-				zap.String("checkpoint", pos.String()), zap.Int64("dropped_pending", ho.droppedPending()))
+				zap.String("checkpoint", pos.String()), zap.Int64("dropped_pending", t.ho.droppedPending()))
 		}
 		e.reportDropped()
 	}
@@ -232,11 +294,10 @@ func (e *Engine) tenure(ctx context.Context, db *sql.DB, l lease.Lease, leases *
 	} else {
 		e.log.Info("no checkpoint; starting", zap.String("from", cfg.From))
 	}
-	stream, err := e.openStream(tctx, bcfg)
+	stream, err := e.openStream(t.ctx, bcfg)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	defer stream.Close()
 	if pos == nil {
 		// Pin --from (now, above all) to the position it resolved to, at
 		// once: otherwise a tenure that ends before its first write (a
@@ -244,11 +305,20 @@ func (e *Engine) tenure(ctx context.Context, db *sql.DB, l lease.Lease, leases *
 		// and the changes in between are never captured (found by
 		// e2e.TestFaults).
 		start := stream.Position()
-		if _, err := store.Enqueue(tctx, cfg.ReplicaID, outbox.FenceOf(l), nil, &outbox.Checkpoint{Source: e.leaseName, Pos: start}); err != nil {
-			return fmt.Errorf("write the start position as the checkpoint: %w", err)
+		if _, err := t.store.Enqueue(t.ctx, cfg.ReplicaID, outbox.FenceOf(t.lease), nil, &outbox.Checkpoint{Source: e.leaseName, Pos: start}); err != nil {
+			stream.Close()
+			return nil, nil, fmt.Errorf("write the start position as the checkpoint: %w", err)
 		}
 		e.log.Info("start position written as the checkpoint", zap.String("position", start.String()))
 	}
+	return stream, buffered, nil
+}
+
+// enqueuer builds the term's enqueuer in the change identity mode the
+// configuration and the source decide, its counter seeded from claims in
+// digest mode.
+func (t *tenure) enqueuer(stream *binlog.Stream, claims []string) (*enqueuer, error) {
+	e, cfg, l := t.e, t.e.cfg, t.lease
 	info := stream.Info()
 	digestMode := false
 	switch cfg.ChangeIdentity {
@@ -258,11 +328,11 @@ func (e *Engine) tenure(ctx context.Context, db *sql.DB, l lease.Lease, leases *
 		digestMode = !info.GTIDMode
 	case "gtid":
 		if !info.GTIDMode {
-			return errors.New("change_identity gtid: the source server does not use GTIDs (enable gtid_mode, or use --change-identity auto|digest)")
+			return nil, errors.New("change_identity gtid: the source server does not use GTIDs (enable gtid_mode, or use --change-identity auto|digest)")
 		}
 	}
 	q := &enqueuer{
-		store:       store,
+		store:       t.store,
 		log:         e.log,
 		instance:    cfg.Instance,
 		claimedBy:   cfg.ReplicaID,
@@ -274,12 +344,12 @@ func (e *Engine) tenure(ctx context.Context, db *sql.DB, l lease.Lease, leases *
 		maxBuffer:   cfg.EnqueueMaxBuffer,
 		maxRowBytes: cfg.MaxRowBytes,
 		interval:    cfg.EnqueueFlushInterval,
-		written:     drains.written,
-		valid:       func() bool { return keeper.Lease().Valid(time.Now()) },
+		written:     t.drains.written,
+		valid:       func() bool { return t.keeper.Lease().Valid(time.Now()) },
 		observe:     e.metrics.ObserveEnqueue,
 		report:      func(err error) { e.noteWrite(writeEnqueue, err) },
 		lastRow:     -1,
-		hook:        e.newWatermarkHook(db),
+		hook:        e.newWatermarkHook(t.db),
 	}
 	if digestMode {
 		// The counter must remember longer than claims live (see
@@ -293,52 +363,36 @@ func (e *Engine) tenure(ctx context.Context, db *sql.DB, l lease.Lease, leases *
 	e.metrics.SetSourceConnected(true)
 	e.mu.Unlock()
 	e.log.Info("enqueueing", zap.Bool("digest_mode", digestMode), zap.Int("routes", len(e.routes)), zap.Int("seeded_claims", len(claims)))
+	return q, nil
+}
 
-	// The ticker writes batches of an idle stream.
-	tickErr := make(chan error, 1)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		t := time.NewTicker(max(cfg.EnqueueFlushInterval/2, 5*time.Millisecond))
-		defer t.Stop()
-		for {
-			select {
-			case <-tctx.Done():
-				return
-			case <-t.C:
-				if err := q.tick(tctx); err != nil {
-					if tctx.Err() == nil {
-						tickErr <- err
-						cancel()
-					}
-					return
-				}
-			}
-		}
-	}()
-
+// enqueue writes the taken-over events, then the stream's, until the term
+// ends; on a graceful stop (ctx, the Run's, ended with the lease held) the
+// complete transactions still buffered are written.
+func (t *tenure) enqueue(ctx context.Context, q *enqueuer, stream *binlog.Stream, buffered []binlog.Event) error {
+	e := t.e
+	tickErr := t.startTicker(q)
 	handle := func(ctx context.Context, ev binlog.Event) error {
 		e.observeEvent(ev)
 		return q.handle(ctx, ev)
 	}
+	var err error
 	for _, ev := range buffered {
-		if err = handle(tctx, ev); err != nil {
+		if err = handle(t.ctx, ev); err != nil {
 			break
 		}
 	}
 	buffered = nil
 	if err == nil {
-		err = stream.Run(tctx, handle)
+		err = stream.Run(t.ctx, handle)
 	}
 	select {
 	case terr := <-tickErr:
 		err = terr
 	default:
 	}
-	lostMu.Lock()
-	wasLost := lost
-	lostMu.Unlock()
-	if ctx.Err() != nil && !wasLost && !errors.Is(err, errLeaseLost) {
+	lost := t.lost()
+	if ctx.Err() != nil && !lost && !errors.Is(err, errLeaseLost) {
 		// Graceful stop: write the complete transactions still buffered,
 		// fenced by the lease we still hold.
 		fctx, fcancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -350,10 +404,37 @@ func (e *Engine) tenure(ctx context.Context, db *sql.DB, l lease.Lease, leases *
 		e.log.Info("enqueue stopped", zap.Int64("rows_written", q.rowsWritten), zap.Int64("batches", q.flushes))
 		return nil
 	}
-	if errors.Is(err, context.Canceled) && wasLost {
+	if errors.Is(err, context.Canceled) && lost {
 		return errLeaseLost
 	}
 	return err
+}
+
+// startTicker writes batches of an idle stream until the term ends; an
+// error ends the term and is sent on the returned channel.
+func (t *tenure) startTicker(q *enqueuer) <-chan error {
+	tickErr := make(chan error, 1)
+	t.wg.Add(1)
+	go func() {
+		defer t.wg.Done()
+		tk := time.NewTicker(max(t.e.cfg.EnqueueFlushInterval/2, 5*time.Millisecond))
+		defer tk.Stop()
+		for {
+			select {
+			case <-t.ctx.Done():
+				return
+			case <-tk.C:
+				if err := q.tick(t.ctx); err != nil {
+					if t.ctx.Err() == nil {
+						tickErr <- err
+						t.cancel()
+					}
+					return
+				}
+			}
+		}
+	}()
+	return tickErr
 }
 
 // serverIDBusyFor bounds how long a start waits for a replication
@@ -370,10 +451,7 @@ func (e *Engine) openStream(ctx context.Context, bcfg binlog.Config) (*binlog.St
 	wait := time.Second
 	for {
 		s, err := binlog.Open(ctx, bcfg)
-		// binlog has no sentinel for this check yet; its message is the
-		// only signal.
-		busy := err != nil && errors.Is(err, binlog.ErrServerNotReady) && strings.Contains(err.Error(), "already used by a connected replica")
-		if !busy || time.Now().After(deadline) || ctx.Err() != nil {
+		if !errors.Is(err, binlog.ErrServerIDInUse) || time.Now().After(deadline) || ctx.Err() != nil {
 			return s, err
 		}
 		e.log.Warn("server id still in use (a previous process of this replica?); retrying", zap.Uint32("server_id", bcfg.ServerID), zap.Duration("retry_in", wait))

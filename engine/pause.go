@@ -13,7 +13,7 @@ import (
 // reshuffle the pipes over the fleet.
 func pauseGate(w *control.Watcher, get func(pipe string) (lease.Lease, bool)) func(pipe string) (lease.Lease, bool) {
 	return func(pipe string) (lease.Lease, bool) {
-		if _, sink, ok := splitPipe(pipe); ok && w.IsPaused(sink) {
+		if _, _, sink, ok := outbox.SplitPipe(pipe); ok && w.IsPaused(sink) {
 			return lease.Lease{}, false
 		}
 		return get(pipe)
@@ -26,7 +26,7 @@ func (d *drainers) wakeSink(sink string) {
 	d.mu.Lock()
 	var wake []*outbox.Drainer
 	for pipe, dr := range d.byPipe {
-		if _, s, ok := splitPipe(pipe); ok && s == sink {
+		if _, _, s, ok := outbox.SplitPipe(pipe); ok && s == sink {
 			wake = append(wake, dr)
 		}
 	}

@@ -100,20 +100,3 @@ func (r *route) mask(ch *canonical.Change) *canonical.Change {
 	c.After = drop(ch.After)
 	return &c
 }
-
-// pipeName is "<instance>:<db>.<table>:<sink>".
-func pipeName(instance, db, table, sink string) string {
-	return instance + ":" + db + "." + table + ":" + sink
-}
-
-// splitPipe returns the instance and sink of a pipe name. Instance and sink
-// names cannot contain ':' (config validates them), table names might, so
-// the first and last ':' delimit.
-func splitPipe(pipe string) (instance, sink string, ok bool) {
-	i := strings.IndexByte(pipe, ':')
-	j := strings.LastIndexByte(pipe, ':')
-	if i < 0 || j <= i {
-		return "", "", false
-	}
-	return pipe[:i], pipe[j+1:], true
-}

@@ -406,11 +406,10 @@ func (r Reader) Status(ctx context.Context) (Status, error) {
 
 // splitPipe splits "<instance>:<db.table>:<sink>" into table and sink.
 func splitPipe(instance, pipe string) (table, sink string) {
-	rest := strings.TrimPrefix(pipe, instance+":")
-	if i := strings.LastIndex(rest, ":"); i >= 0 {
-		return rest[:i], rest[i+1:]
+	if _, table, sink, ok := outbox.SplitPipe(pipe); ok {
+		return table, sink
 	}
-	return rest, ""
+	return strings.TrimPrefix(pipe, instance+":"), ""
 }
 
 func timePtr(t time.Time) *time.Time {

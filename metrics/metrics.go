@@ -226,8 +226,8 @@ func (m *Metrics) SetLeaseHeld(name string, held bool) {
 }
 
 // AddHandoffDroppedPending adds n changes the handoff buffer dropped
-// before they were enqueued. dedup.HandoffBuffer.DroppedPending is
-// cumulative per buffer: pass the difference since the last call.
+// before they were enqueued. The engine's handoff buffer counts them
+// cumulatively per buffer: pass the difference since the last call.
 func (m *Metrics) AddHandoffDroppedPending(n int64) {
 	if m == nil || n <= 0 {
 		return

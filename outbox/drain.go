@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -103,7 +102,7 @@ type DrainerConfig struct {
 // Drainer delivers outbox rows to sinks: per pipe, it claims due rows,
 // delivers them in batches with bounded concurrency and records each
 // outcome. Within a pipe, rows of one key are delivered in commit order and
-// a failing row delays only its own key (DESIGN.md, Invariant 5).
+// a failing row delays only its own key (docs/ARCHITECTURE.md, invariant 5).
 type Drainer struct {
 	cfg      DrainerConfig
 	claimer  int64 // ClaimerID(cfg.ClaimedBy)
@@ -147,8 +146,8 @@ type pipeDrainer struct {
 
 // sinkName is the sink part of the pipe's name.
 func (p *pipeDrainer) sinkName() string {
-	if i := strings.LastIndexByte(p.name, ':'); i >= 0 {
-		return p.name[i+1:]
+	if _, _, sink, ok := SplitPipe(p.name); ok {
+		return sink
 	}
 	return p.name
 }
@@ -167,15 +166,9 @@ func NewDrainer(cfg DrainerConfig) (*Drainer, error) {
 	if cfg.ClaimLease == 0 {
 		cfg.ClaimLease = DefaultClaimLease
 	}
-	if cfg.BackoffBase <= 0 {
-		cfg.BackoffBase = DefaultBackoffBase
-	}
-	if cfg.BackoffCap <= 0 {
-		cfg.BackoffCap = DefaultBackoffCap
-	}
-	if cfg.AttemptLogCap <= 0 {
-		cfg.AttemptLogCap = DefaultAttemptLogCap
-	}
+	orDefault(&cfg.BackoffBase, DefaultBackoffBase)
+	orDefault(&cfg.BackoffCap, DefaultBackoffCap)
+	orDefault(&cfg.AttemptLogCap, DefaultAttemptLogCap)
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
@@ -199,18 +192,10 @@ func NewDrainer(cfg DrainerConfig) (*Drainer, error) {
 		if pc.Sink == nil {
 			return nil, fmt.Errorf("drainer: pipe %s has no sink", name)
 		}
-		if pc.Timeout <= 0 {
-			pc.Timeout = DefaultTimeout
-		}
-		if pc.MaxAttempts <= 0 {
-			pc.MaxAttempts = DefaultMaxAttempts
-		}
-		if pc.Concurrency <= 0 {
-			pc.Concurrency = DefaultConcurrency
-		}
-		if pc.BatchSize <= 0 {
-			pc.BatchSize = DefaultBatchSize
-		}
+		orDefault(&pc.Timeout, DefaultTimeout)
+		orDefault(&pc.MaxAttempts, DefaultMaxAttempts)
+		orDefault(&pc.Concurrency, DefaultConcurrency)
+		orDefault(&pc.BatchSize, DefaultBatchSize)
 		if cfg.ClaimLease <= pc.Timeout {
 			return nil, fmt.Errorf("drainer: claim lease %v must exceed pipe %s's delivery timeout %v, or a slow delivery is handed to a second replica while it is still running", cfg.ClaimLease, name, pc.Timeout)
 		}
@@ -490,3 +475,10 @@ func (p *pipeDrainer) segmentLoop(ctx context.Context, wake <-chan struct{}) {
 
 // sqlTime is state.Time: scans DATETIME columns with or without parseTime.
 type sqlTime = state.Time
+
+// orDefault sets *v to def when it is not positive (unset).
+func orDefault[T int | time.Duration](v *T, def T) {
+	if *v <= 0 {
+		*v = def
+	}
+}

@@ -133,7 +133,7 @@ const (
 )
 
 // Enqueue writes items and, when cp is not nil, advances the checkpoint,
-// all in one transaction (DESIGN.md invariants 1–3):
+// all in one transaction (docs/ARCHITECTURE.md, invariants 1–3):
 //
 //  1. INSERT IGNORE a claim (pipe, change_key, digest, claimed_by) per
 //     claim unit: a change, or a block of one transaction's changes that

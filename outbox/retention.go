@@ -70,18 +70,10 @@ func NewJanitor(cfg JanitorConfig) (*Janitor, error) {
 	if err := state.CheckName(cfg.Schema); err != nil {
 		return nil, fmt.Errorf("janitor: %w", err)
 	}
-	if cfg.Retention <= 0 {
-		cfg.Retention = DefaultRetention
-	}
-	if cfg.DedupWindow <= 0 {
-		cfg.DedupWindow = DefaultDedupWindow
-	}
-	if cfg.Every <= 0 {
-		cfg.Every = DefaultJanitorEvery
-	}
-	if cfg.BatchSize <= 0 {
-		cfg.BatchSize = DefaultJanitorBatch
-	}
+	orDefault(&cfg.Retention, DefaultRetention)
+	orDefault(&cfg.DedupWindow, DefaultDedupWindow)
+	orDefault(&cfg.Every, DefaultJanitorEvery)
+	orDefault(&cfg.BatchSize, DefaultJanitorBatch)
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}

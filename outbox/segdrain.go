@@ -266,7 +266,7 @@ WHERE id = ? AND status = 'pending' AND claimer = ?`, seg.id, d.claimer)
 // are releasing), the claim is remembered and taken back by the next
 // segment pass: a pipe's segments go strictly in order, so a claim left to
 // lapse would stall the pipe for the whole claim lease while this process
-// is alive and well (DESIGN.md, Invariant 8).
+// is alive and well (docs/ARCHITECTURE.md, invariant 8).
 func (p *pipeDrainer) releaseSegment(ctx context.Context, id string) {
 	if err := p.releaseClaim(ctx, stuckClaim{id: id}); err != nil {
 		p.log.Warn("release segment claim; it is taken back on the next pass", zap.String("segment", id), zap.Error(err))

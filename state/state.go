@@ -1,7 +1,7 @@
 // Package state creates and migrates cdcout's own database: the outbox,
 // claims, leases, checkpoints, attempts, replicas and backfills tables that
-// replicas coordinate through (see docs/ARCHITECTURE.md and DESIGN.md,
-// "State tables").
+// replicas coordinate through (see docs/ARCHITECTURE.md, "Segments and outbox rows" and
+// "High availability").
 //
 // Migrations are versioned and recorded in schema_migrations. Every replica
 // runs Migrate on start, so it takes a server-wide named lock first: replicas

@@ -88,29 +88,10 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	var (
-		mu       sync.Mutex
-		received []string
-		distinct = map[string]bool{}
-	)
-	recvOut, recv, err := startProc(ctx, "receiver", bin, "receive", "--addr", recvAddr)
+	rcv, recv, err := startReceiver(ctx, bin, recvAddr)
 	if err != nil {
 		return err
 	}
-	go func() {
-		sc := bufio.NewScanner(recvOut)
-		sc.Buffer(make([]byte, 1<<20), 16<<20)
-		for sc.Scan() {
-			var env struct {
-				ID string `json:"id"`
-			}
-			json.Unmarshal(sc.Bytes(), &env)
-			mu.Lock()
-			received = append(received, sc.Text())
-			distinct[env.ID] = true
-			mu.Unlock()
-		}
-	}()
 	procs := []*proc{recv}
 	defer func() {
 		for _, p := range procs {
@@ -144,50 +125,12 @@ func run(ctx context.Context) error {
 	fmt.Printf("    %d row changes committed\n", changes)
 
 	step("waiting for every change to reach the receiver")
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		mu.Lock()
-		n := len(distinct)
-		mu.Unlock()
-		if n >= changes {
-			break
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("receiver got %d of %d changes after 60s", n, changes)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(200 * time.Millisecond):
-		}
+	if err := rcv.wait(ctx, changes, 60*time.Second); err != nil {
+		return err
 	}
-
-	mu.Lock()
-	got := append([]string(nil), received...)
-	mu.Unlock()
 	step("what the receiver got (first 5 of each kind)")
-	shown := map[string]int{}
-	ids := map[string]bool{}
-	for _, line := range got {
-		var env struct {
-			ID     string `json:"id"`
-			Op     string `json:"op"`
-			Key    any    `json:"key"`
-			Before any    `json:"before"`
-			After  any    `json:"after"`
-		}
-		if err := json.Unmarshal([]byte(line), &env); err != nil {
-			return fmt.Errorf("receiver printed something that is not an envelope: %q", line)
-		}
-		ids[env.ID] = true
-		if shown[env.Op] < 5 {
-			shown[env.Op]++
-			fmt.Printf("    %s\n", line)
-		}
-	}
-	fmt.Printf("    %d deliveries, %d distinct delivery ids, %d changes committed\n", len(got), len(ids), changes)
-	if len(ids) < changes {
-		return fmt.Errorf("only %d distinct changes arrived of %d", len(ids), changes)
+	if err := rcv.show(changes); err != nil {
+		return err
 	}
 
 	step("cdcout status (read from the state database)")
@@ -304,4 +247,90 @@ func freeAddr() (string, error) {
 	}
 	defer l.Close()
 	return l.Addr().String(), nil
+}
+
+// received is what the demo's receiver printed: every delivery, and the
+// distinct delivery ids.
+type received struct {
+	mu       sync.Mutex
+	lines    []string
+	distinct map[string]bool
+}
+
+// startReceiver starts `cdcout receive` on addr and collects what it
+// prints.
+func startReceiver(ctx context.Context, bin, addr string) (*received, *proc, error) {
+	out, p, err := startProc(ctx, "receiver", bin, "receive", "--addr", addr)
+	if err != nil {
+		return nil, nil, err
+	}
+	r := &received{distinct: map[string]bool{}}
+	go func() {
+		sc := bufio.NewScanner(out)
+		sc.Buffer(make([]byte, 1<<20), 16<<20)
+		for sc.Scan() {
+			var env struct {
+				ID string `json:"id"`
+			}
+			json.Unmarshal(sc.Bytes(), &env)
+			r.mu.Lock()
+			r.lines = append(r.lines, sc.Text())
+			r.distinct[env.ID] = true
+			r.mu.Unlock()
+		}
+	}()
+	return r, p, nil
+}
+
+// wait waits until changes distinct records arrived, at most timeout.
+func (r *received) wait(ctx context.Context, changes int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		r.mu.Lock()
+		n := len(r.distinct)
+		r.mu.Unlock()
+		if n >= changes {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("receiver got %d of %d changes after %.0fs", n, changes, timeout.Seconds())
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// show prints the first 5 deliveries of each kind and checks that every
+// one of changes arrived.
+func (r *received) show(changes int) error {
+	r.mu.Lock()
+	got := append([]string(nil), r.lines...)
+	r.mu.Unlock()
+	shown := map[string]int{}
+	ids := map[string]bool{}
+	for _, line := range got {
+		var env struct {
+			ID     string `json:"id"`
+			Op     string `json:"op"`
+			Key    any    `json:"key"`
+			Before any    `json:"before"`
+			After  any    `json:"after"`
+		}
+		if err := json.Unmarshal([]byte(line), &env); err != nil {
+			return fmt.Errorf("receiver printed something that is not an envelope: %q", line)
+		}
+		ids[env.ID] = true
+		if shown[env.Op] < 5 {
+			shown[env.Op]++
+			fmt.Printf("    %s\n", line)
+		}
+	}
+	fmt.Printf("    %d deliveries, %d distinct delivery ids, %d changes committed\n", len(got), len(ids), changes)
+	if len(ids) < changes {
+		return fmt.Errorf("only %d distinct changes arrived of %d", len(ids), changes)
+	}
+	return nil
 }

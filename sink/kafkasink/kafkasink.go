@@ -222,17 +222,31 @@ func (s *Sink) Deliver(ctx context.Context, recs []outbox.Record) []error {
 	return errs
 }
 
+// headers are a record's CloudEvents headers. Their values share one
+// buffer, sized up front: built one []byte per value they were 7 % of the
+// sink's CPU in BenchmarkKafkaEndToEnd.
 func headers(rec outbox.Record, contentType string) []kgo.RecordHeader {
-	h := []kgo.RecordHeader{
-		{Key: "ce_id", Value: []byte(rec.ID)},
-		{Key: "ce_specversion", Value: []byte(format.CESpecVersion)},
-		{Key: "ce_type", Value: []byte(format.CEType(rec))},
-		{Key: "ce_source", Value: []byte(format.CESource(rec))},
-		{Key: "ce_subject", Value: []byte(format.CESubject(rec))},
-		{Key: "content-type", Value: []byte(contentType)},
+	inst := format.Instance(rec)
+	buf := make([]byte, 0, len(rec.ID)+len(format.CESpecVersion)+len("cdcout.change.")+len(rec.Op)+
+		len("cdcout/")+len(inst)+len(rec.DB)+1+len(rec.Table)+len(contentType)+len(time.RFC3339Nano)+8)
+	h := make([]kgo.RecordHeader, 0, 7)
+	add := func(key string, parts ...string) {
+		start := len(buf)
+		for _, p := range parts {
+			buf = append(buf, p...)
+		}
+		h = append(h, kgo.RecordHeader{Key: key, Value: buf[start:len(buf):len(buf)]})
 	}
-	if t := format.CETime(rec); t != "" {
-		h = append(h, kgo.RecordHeader{Key: "ce_time", Value: []byte(t)})
+	add("ce_id", rec.ID)
+	add("ce_specversion", format.CESpecVersion)
+	add("ce_type", "cdcout.change.", string(rec.Op))
+	add("ce_source", "cdcout/", inst)
+	add("ce_subject", rec.DB, ".", rec.Table)
+	add("content-type", contentType)
+	if !rec.CommitTime.IsZero() {
+		start := len(buf)
+		buf = rec.CommitTime.UTC().AppendFormat(buf, time.RFC3339Nano)
+		h = append(h, kgo.RecordHeader{Key: "ce_time", Value: buf[start:len(buf):len(buf)]})
 	}
 	return h
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/cdcout/cdcout/canonical"
+	"github.com/cdcout/cdcout/format"
 	"github.com/cdcout/cdcout/outbox"
 	"github.com/cdcout/cdcout/sink"
 )
@@ -377,6 +379,32 @@ func TestClassifyOverload(t *testing.T) {
 		if sink.IsOverloaded(err) != tc.overloaded || sink.IsPermanent(err) != tc.permanent {
 			t.Errorf("classify(%v) = %v: overloaded %v, permanent %v; want %v, %v",
 				tc.err, err, sink.IsOverloaded(err), sink.IsPermanent(err), tc.overloaded, tc.permanent)
+		}
+	}
+}
+
+// The headers carry the CloudEvents attributes exactly as the format
+// package computes them (cloudevents format, NATS and webhook headers).
+func TestHeadersMatchFormat(t *testing.T) {
+	rec := outbox.Record{ID: "01HX-id", Pipe: "inst:shop.orders:kafka", DB: "shop", Table: "orders", Op: "u",
+		CommitTime: time.Date(2026, 12, 1, 14, 30, 0, 123456000, time.FixedZone("x", 3600))}
+	for _, tc := range []struct {
+		rec  outbox.Record
+		want map[string]string
+	}{
+		{rec, map[string]string{"ce_id": rec.ID, "ce_specversion": format.CESpecVersion, "ce_type": format.CEType(rec),
+			"ce_source": format.CESource(rec), "ce_subject": format.CESubject(rec), "content-type": "application/json",
+			"ce_time": format.CETime(rec)}},
+		{outbox.Record{ID: "x", Pipe: "p", DB: "d", Table: "t", Op: "c"}, map[string]string{"ce_id": "x",
+			"ce_specversion": format.CESpecVersion, "ce_type": "cdcout.change.c", "ce_source": "cdcout/p", "ce_subject": "d.t",
+			"content-type": "application/json"}},
+	} {
+		got := map[string]string{}
+		for _, h := range headers(tc.rec, "application/json") {
+			got[h.Key] = string(h.Value)
+		}
+		if !maps.Equal(got, tc.want) {
+			t.Errorf("headers of %+v:\n got %v\nwant %v", tc.rec, got, tc.want)
 		}
 	}
 }

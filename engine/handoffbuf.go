@@ -1,10 +1,10 @@
-package dedup
+package engine
 
 import "time"
 
-// HandoffEntry is one observed change, waiting to be enqueued or already
+// handoffEntry is one observed change, waiting to be enqueued or already
 // resolved.
-type HandoffEntry[T any] struct {
+type handoffEntry[T any] struct {
 	// Pipe is "<instance>:<db.table>:<sink>".
 	Pipe string
 	// ChangeKey is the identity the entry will be claimed under, computed
@@ -19,7 +19,7 @@ type HandoffEntry[T any] struct {
 	Enqueued bool
 }
 
-// HandoffBuffer keeps the changes a standby replica observed, so that when
+// handoffBuffer keeps the changes a standby replica observed, so that when
 // it takes over the enqueue lease it can write them at once instead of
 // re-reading the binlog. It is bounded by age (window) and by count
 // (maxEntries, oldest dropped first): a write burst during a leadership gap
@@ -27,37 +27,37 @@ type HandoffEntry[T any] struct {
 // in DroppedPending, the honest count of changes the buffer could not carry
 // across a handoff.
 //
-// A HandoffBuffer is not safe for concurrent use; its owner (the replica's
+// A handoffBuffer is not safe for concurrent use; its owner (the replica's
 // stream loop) serialises access, which also makes setting Enqueued on an
 // entry returned by NextPending safe.
-type HandoffBuffer[T any] struct {
+type handoffBuffer[T any] struct {
 	window     time.Duration
 	maxEntries int
 
-	entries []*HandoffEntry[T] // observation order; live ones from head
+	entries []*handoffEntry[T] // observation order; live ones from head
 	head    int
 	// pending is an index at or before the oldest un-enqueued entry.
 	pending        int
 	droppedPending int64
 }
 
-// NewHandoffBuffer returns an empty buffer. maxEntries < 1 is treated as 1.
-func NewHandoffBuffer[T any](window time.Duration, maxEntries int) *HandoffBuffer[T] {
+// newHandoffBuffer returns an empty buffer. maxEntries < 1 is treated as 1.
+func newHandoffBuffer[T any](window time.Duration, maxEntries int) *handoffBuffer[T] {
 	if maxEntries < 1 {
 		maxEntries = 1
 	}
-	return &HandoffBuffer[T]{window: window, maxEntries: maxEntries}
+	return &handoffBuffer[T]{window: window, maxEntries: maxEntries}
 }
 
 // Len is the number of entries held, enqueued or not.
-func (b *HandoffBuffer[T]) Len() int { return len(b.entries) - b.head }
+func (b *handoffBuffer[T]) Len() int { return len(b.entries) - b.head }
 
 // DroppedPending counts entries evicted (by age or ceiling) while still
 // un-enqueued.
-func (b *HandoffBuffer[T]) DroppedPending() int64 { return b.droppedPending }
+func (b *handoffBuffer[T]) DroppedPending() int64 { return b.droppedPending }
 
 // Append adds an entry, evicting the oldest if the buffer is full.
-func (b *HandoffBuffer[T]) Append(e HandoffEntry[T]) {
+func (b *handoffBuffer[T]) Append(e handoffEntry[T]) {
 	for b.Len() >= b.maxEntries {
 		b.dropHead()
 	}
@@ -68,7 +68,7 @@ func (b *HandoffBuffer[T]) Append(e HandoffEntry[T]) {
 // Entries drain in observation order so outbox ids stay commit-ordered. The
 // caller sets Enqueued on it once resolved; until then NextPending keeps
 // returning it.
-func (b *HandoffBuffer[T]) NextPending() *HandoffEntry[T] {
+func (b *handoffBuffer[T]) NextPending() *handoffEntry[T] {
 	b.advancePending()
 	if b.pending < len(b.entries) {
 		return b.entries[b.pending]
@@ -78,9 +78,9 @@ func (b *HandoffBuffer[T]) NextPending() *HandoffEntry[T] {
 
 // Pending returns up to max of the oldest un-enqueued entries, in
 // observation order, for a takeover that enqueues in batches.
-func (b *HandoffBuffer[T]) Pending(max int) []*HandoffEntry[T] {
+func (b *handoffBuffer[T]) Pending(max int) []*handoffEntry[T] {
 	b.advancePending()
-	var out []*HandoffEntry[T]
+	var out []*handoffEntry[T]
 	for i := b.pending; i < len(b.entries) && len(out) < max; i++ {
 		if !b.entries[i].Enqueued {
 			out = append(out, b.entries[i])
@@ -90,7 +90,7 @@ func (b *HandoffBuffer[T]) Pending(max int) []*HandoffEntry[T] {
 }
 
 // PendingCount is the number of entries not yet enqueued.
-func (b *HandoffBuffer[T]) PendingCount() int {
+func (b *handoffBuffer[T]) PendingCount() int {
 	b.advancePending()
 	n := 0
 	for i := b.pending; i < len(b.entries); i++ {
@@ -103,14 +103,14 @@ func (b *HandoffBuffer[T]) PendingCount() int {
 
 // Prune forgets entries observed more than the window before now: enqueued
 // ones silently, un-enqueued ones counted in DroppedPending.
-func (b *HandoffBuffer[T]) Prune(now time.Time) {
+func (b *handoffBuffer[T]) Prune(now time.Time) {
 	cutoff := now.Add(-b.window)
 	for b.head < len(b.entries) && b.entries[b.head].ObservedAt.Before(cutoff) {
 		b.dropHead()
 	}
 }
 
-func (b *HandoffBuffer[T]) advancePending() {
+func (b *handoffBuffer[T]) advancePending() {
 	if b.pending < b.head {
 		b.pending = b.head
 	}
@@ -119,7 +119,7 @@ func (b *HandoffBuffer[T]) advancePending() {
 	}
 }
 
-func (b *HandoffBuffer[T]) dropHead() {
+func (b *handoffBuffer[T]) dropHead() {
 	e := b.entries[b.head]
 	if !e.Enqueued {
 		b.droppedPending++

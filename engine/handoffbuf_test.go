@@ -1,4 +1,4 @@
-package dedup
+package engine
 
 import (
 	"fmt"
@@ -6,14 +6,17 @@ import (
 	"time"
 )
 
-func entry(i int, at time.Time) HandoffEntry[int] {
-	return HandoffEntry[int]{Pipe: "i:db.t:s", ChangeKey: fmt.Sprint("g:0-1-", i, ":0"), Change: i, ObservedAt: at}
+// bufT0 is the buffer tests' clock origin.
+var bufT0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+
+func bufEntry(i int, at time.Time) handoffEntry[int] {
+	return handoffEntry[int]{Pipe: "i:db.t:s", ChangeKey: fmt.Sprint("g:0-1-", i, ":0"), Change: i, ObservedAt: at}
 }
 
 func TestHandoffBufferDrainsInOrder(t *testing.T) {
-	b := NewHandoffBuffer[int](time.Minute, 100)
+	b := newHandoffBuffer[int](time.Minute, 100)
 	for i := 0; i < 5; i++ {
-		b.Append(entry(i, t0))
+		b.Append(bufEntry(i, bufT0))
 	}
 	if got, want := b.PendingCount(), 5; got != want {
 		t.Fatalf("PendingCount = %d, want %d", got, want)
@@ -38,9 +41,9 @@ func TestHandoffBufferDrainsInOrder(t *testing.T) {
 }
 
 func TestHandoffBufferPendingBatch(t *testing.T) {
-	b := NewHandoffBuffer[int](time.Minute, 100)
+	b := newHandoffBuffer[int](time.Minute, 100)
 	for i := 0; i < 10; i++ {
-		b.Append(entry(i, t0))
+		b.Append(bufEntry(i, bufT0))
 	}
 	b.Pending(100)[3].Enqueued = true // resolved out of order
 	got := b.Pending(4)
@@ -52,7 +55,7 @@ func TestHandoffBufferPendingBatch(t *testing.T) {
 	}
 }
 
-func changes(es []*HandoffEntry[int]) []int {
+func changes(es []*handoffEntry[int]) []int {
 	var out []int
 	for _, e := range es {
 		out = append(out, e.Change)
@@ -61,11 +64,11 @@ func changes(es []*HandoffEntry[int]) []int {
 }
 
 func TestHandoffBufferCeilingCountsDroppedPending(t *testing.T) {
-	b := NewHandoffBuffer[int](time.Hour, 3)
-	b.Append(entry(0, t0))
+	b := newHandoffBuffer[int](time.Hour, 3)
+	b.Append(bufEntry(0, bufT0))
 	b.NextPending().Enqueued = true
 	for i := 1; i <= 5; i++ {
-		b.Append(entry(i, t0))
+		b.Append(bufEntry(i, bufT0))
 	}
 	// 0 (enqueued) and 1, 2 (pending) were evicted.
 	if got, want := b.Len(), 3; got != want {
@@ -80,12 +83,12 @@ func TestHandoffBufferCeilingCountsDroppedPending(t *testing.T) {
 }
 
 func TestHandoffBufferPruneByAge(t *testing.T) {
-	b := NewHandoffBuffer[int](10*time.Second, 100)
+	b := newHandoffBuffer[int](10*time.Second, 100)
 	for i := 0; i < 6; i++ {
-		b.Append(entry(i, t0.Add(time.Duration(i)*time.Second)))
+		b.Append(bufEntry(i, bufT0.Add(time.Duration(i)*time.Second)))
 	}
 	b.NextPending().Enqueued = true // 0
-	b.Prune(t0.Add(13500 * time.Millisecond))
+	b.Prune(bufT0.Add(13500 * time.Millisecond))
 	// 0..3 are older than 10 s; 0 was enqueued, 1..3 were not.
 	if got, want := b.Len(), 2; got != want {
 		t.Fatalf("Len = %d, want %d", got, want)
@@ -96,7 +99,7 @@ func TestHandoffBufferPruneByAge(t *testing.T) {
 	if e := b.NextPending(); e == nil || e.Change != 4 {
 		t.Fatalf("NextPending = %+v, want 4", e)
 	}
-	b.Prune(t0.Add(time.Hour))
+	b.Prune(bufT0.Add(time.Hour))
 	if b.Len() != 0 || b.NextPending() != nil {
 		t.Fatalf("buffer not empty after pruning everything")
 	}
@@ -105,11 +108,11 @@ func TestHandoffBufferPruneByAge(t *testing.T) {
 // Long runs of append/resolve/prune keep memory bounded and order intact
 // across compactions.
 func TestHandoffBufferSteadyState(t *testing.T) {
-	b := NewHandoffBuffer[int](time.Second, 1000)
+	b := newHandoffBuffer[int](time.Second, 1000)
 	next := 0
 	for i := 0; i < 100_000; i++ {
-		at := t0.Add(time.Duration(i) * time.Millisecond)
-		b.Append(entry(i, at))
+		at := bufT0.Add(time.Duration(i) * time.Millisecond)
+		b.Append(bufEntry(i, at))
 		if i%3 == 0 {
 			for j := 0; j < 3; j++ {
 				e := b.NextPending()

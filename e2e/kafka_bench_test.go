@@ -1,0 +1,110 @@
+package e2e
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/cdcout/cdcout/internal/benchload"
+	"github.com/cdcout/cdcout/internal/mysqltest"
+)
+
+// BenchmarkKafkaEndToEnd is issue 19's binlog → Kafka run: the real binary,
+// durable through the outbox, delivering a backlog of CDCOUT_BENCH_ROWS
+// (default 200,000) changes of each workload (internal/benchload: narrow
+// and realistic; CDCOUT_BENCH_WORKLOADS picks) to an in-process kfake
+// broker with 16 partitions, from the binary's start to the last record
+// stored by the broker. It reports changes/s, the ratio to a bare go-mysql
+// read of the same binlog, and CPU per change of cdcout and of the
+// database. Targets: ≥ 70k changes/s narrow, ≥ 40k realistic.
+func BenchmarkKafkaEndToEnd(b *testing.B) {
+	srv := mysqltest.Start(b, mysqltest.Options{})
+	conn := srv.Open(b)
+	changes := benchEnv("CDCOUT_BENCH_ROWS", 200_000)
+	for _, w := range []benchload.Workload{benchload.Narrow, benchload.Realistic} {
+		if only := os.Getenv("CDCOUT_BENCH_WORKLOADS"); only != "" && !slices.Contains(strings.Split(only, ","), w.Name) {
+			continue
+		}
+		b.Run(w.Name, func(b *testing.B) {
+			for range b.N {
+				kafkaEndToEnd(b, srv, conn, w, changes)
+			}
+		})
+	}
+}
+
+func kafkaEndToEnd(b *testing.B, srv *mysqltest.Server, conn *sql.DB, w benchload.Workload, changes int) {
+	src := srv.CreateDB(b, "kbench_"+w.Name)
+	stateDB := srv.CreateDB(b, "kbench_"+w.Name+"_state")
+	from := gtidPos(b, conn)
+	n := benchload.Load(b, srv, conn, src, w, changes)
+	raw := srv.RawReadRate(b, src, from, n)
+
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(16, "bench."+w.Name))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	stored := func() int64 {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		ends, err := adm.ListEndOffsets(ctx, "bench."+w.Name)
+		if err != nil {
+			return -1
+		}
+		var sum int64
+		ends.Each(func(o kadm.ListedOffset) { sum += o.Offset })
+		return sum
+	}
+
+	db0, dbOK := srv.CPUTime()
+	start := time.Now()
+	instance := "k" + w.Name
+	p, _ := benchRun(b, srv, stateDB, instance, "--tables", src+".t", "--from", from,
+		"--sink", "kafka=kafka://"+strings.Join(c.ListenAddrs(), ",")+"/bench."+w.Name)
+	waitFor(b, 20*time.Minute, func() (bool, string) {
+		if p.exited() {
+			b.Fatalf("cdcout exited: %v", p.err)
+		}
+		got := stored()
+		return got >= int64(n), fmt.Sprintf("%d of %d records stored", got, n)
+	})
+	elapsed := time.Since(start)
+	db1, _ := srv.CPUTime()
+	cdcCPU, _ := mysqltest.ProcessCPUTime(p.cmd.Process.Pid)
+	hwm := peakRSS(p.cmd.Process.Pid)
+	if code := p.stop(30 * time.Second); code != 0 {
+		b.Fatalf("cdcout exit code %d after SIGTERM", code)
+	}
+	if got := stored(); got != int64(n) {
+		b.Fatalf("the topic holds %d records, want %d (a duplicate or a loss)", got, n)
+	}
+	rate := float64(n) / elapsed.Seconds()
+	perChange := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(n) }
+	b.ReportMetric(rate, "changes/s")
+	b.ReportMetric(rate/raw, "x_raw")
+	b.ReportMetric(perChange(cdcCPU), "cdcout_cpu_us/change")
+	if dbOK {
+		// The database's CPU while cdcout read and delivered: serving the
+		// binlog, the outbox's writes and reads, the leases.
+		b.ReportMetric(perChange(db1-db0), "db_cpu_us/change")
+	}
+	b.ReportMetric(float64(hwm)/(1<<20), "peak_rss_MB")
+	b.Logf("%s: %d changes binlog → outbox → Kafka in %s: %.0f changes/s (%.2f× the bare read's %.0f/s); CPU per change: cdcout %.1f µs, database %.1f µs; peak RSS %.0f MB",
+		w.Name, n, elapsed.Round(time.Millisecond), rate, rate/raw, raw, perChange(cdcCPU), perChange(db1-db0), float64(hwm)/(1<<20))
+}
