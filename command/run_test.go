@@ -308,7 +308,7 @@ func TestRunAdminAPI(t *testing.T) {
 		done <- code
 	}()
 	url := "http://" + adminAddr + "/v1/dead/retry"
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(90 * time.Second)
 	for {
 		code, body, err := post(url, token)
 		if err == nil && code == http.StatusOK && strings.Contains(body, `"requeued":0`) {

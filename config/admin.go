@@ -1,54 +1,33 @@
 package config
 
 import (
+	"cmp"
 	"errors"
 	"io/fs"
 	"os"
 	"strings"
 )
 
-// MinAdminTokenLen is the shortest admin token accepted: a bearer token
-// guards writes that re-queue and pause deliveries, so a guessable one
-// is refused at start rather than discovered later.
-const MinAdminTokenLen = 16
+// MinSecretLen is the shortest admin token and hash key accepted: a
+// bearer token guards writes that re-queue and pause deliveries, and an
+// HMAC is as strong as its key (a short one can be searched for from a
+// known value), so a guessable one is refused at start.
+const MinSecretLen = 16
 
 // AdminTokenValue is the admin API's bearer token: admin_token, or the
 // contents of admin_token_file read by Validate (trailing whitespace,
 // such as the newline an editor adds, removed). "" means the admin API's
 // write endpoints are off.
-func (c *Config) AdminTokenValue() Secret {
-	if c.AdminToken != "" {
-		return c.AdminToken
-	}
-	return c.adminFileToken
-}
+func (c *Config) AdminTokenValue() Secret { return cmp.Or(c.AdminToken, c.adminFileToken) }
 
 // validateAdmin checks the admin settings and reads admin_token_file.
 // No message quotes the token or the file's contents.
 func (c *Config) validateAdmin(errs *Errors) {
-	c.adminFileToken = ""
-	switch {
-	case c.AdminToken != "" && c.AdminTokenFile != "":
-		errs.add("admin_token_file", "set admin_token or admin_token_file, not both")
-	case c.AdminTokenFile != "":
-		b, err := os.ReadFile(c.AdminTokenFile)
-		switch {
-		case errors.Is(err, fs.ErrNotExist):
-			errs.add("admin_token_file", "%s does not exist", c.AdminTokenFile)
-		case err != nil:
-			// A PathError names the file and the reason, never the contents.
-			errs.add("admin_token_file", "%v", err)
-		default:
-			c.adminFileToken = Secret(strings.TrimRight(string(b), " \t\r\n"))
-			if c.adminFileToken == "" {
-				errs.add("admin_token_file", "%s is empty", c.AdminTokenFile)
-			}
-		}
-	}
+	c.adminFileToken = readSecretFile(errs, "", "admin_token", "admin_token_file", c.AdminToken, c.AdminTokenFile)
 	tok := c.AdminTokenValue()
 	if tok != "" {
-		if len(tok.Value()) < MinAdminTokenLen {
-			errs.add(c.adminTokenField(), "the token is %d characters long; use at least %d (e.g. openssl rand -hex 32)", len(tok.Value()), MinAdminTokenLen)
+		if len(tok.Value()) < MinSecretLen {
+			errs.add(c.adminTokenField(), "the token is %d characters long; use at least %d (e.g. openssl rand -hex 32)", len(tok.Value()), MinSecretLen)
 		}
 		if strings.ContainsAny(tok.Value(), " \t\r\n") {
 			errs.add(c.adminTokenField(), "the token contains whitespace; a bearer token cannot")
@@ -73,4 +52,33 @@ func (c *Config) adminTokenField() string {
 		return "admin_token"
 	}
 	return "admin_token_file"
+}
+
+// readSecretFile reads the secret file of a setting that takes a value
+// (inline) or a file: the file's contents without trailing whitespace,
+// "" when there is no file. It reports a file given with a value, and a
+// missing, unreadable or empty file, under prefix+fileKey; no message
+// quotes the contents.
+func readSecretFile(errs *Errors, prefix, inlineKey, fileKey string, inline Secret, file string) Secret {
+	switch {
+	case file == "":
+		return ""
+	case inline != "":
+		errs.add(prefix+fileKey, "set %s or %s, not both", inlineKey, fileKey)
+		return ""
+	}
+	b, err := os.ReadFile(file)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		errs.add(prefix+fileKey, "%s does not exist", file)
+	case err != nil:
+		// A PathError names the file and the reason, never the contents.
+		errs.add(prefix+fileKey, "%v", err)
+	default:
+		if v := Secret(strings.TrimRight(string(b), " \t\r\n")); v != "" {
+			return v
+		}
+		errs.add(prefix+fileKey, "%s is empty", file)
+	}
+	return ""
 }

@@ -117,6 +117,14 @@ type Sink struct {
 	// DropColumns are removed from row images before anything is stored:
 	// "col" in every table, or "db.table.col".
 	DropColumns []string `yaml:"drop_columns"`
+	// Column transforms (transform.go), same column syntax as
+	// DropColumns.
+	HashColumns    []string `yaml:"hash_columns"`
+	MaskColumns    []string `yaml:"mask_columns"`
+	IncludeColumns []string `yaml:"include_columns"`
+	HashKey        Secret   `yaml:"hash_key"`
+	HashKeyFile    string   `yaml:"hash_key_file"`
+	hashFileKey    Secret
 	// Filter is a CEL expression over op, before, after and source; the
 	// sink gets only the changes it is true for (package filter).
 	Filter string `yaml:"filter"`

@@ -261,12 +261,8 @@ func (s *Sink) validate(errs *Errors, at string, claimLease time.Duration) {
 			errs.add(fmt.Sprintf("%s.ops[%d]", at, i), "%q is not insert, update or delete", op)
 		}
 	}
-	for i, col := range s.DropColumns {
-		parts := strings.Split(col, ".")
-		if (len(parts) != 1 && len(parts) != 3) || slicesHasEmpty(parts) {
-			errs.add(fmt.Sprintf("%s.drop_columns[%d]", at, i), "%q: want \"column\" or \"db.table.column\"", col)
-		}
-	}
+	checkColumns(errs, at+".drop_columns", s.DropColumns)
+	s.validateTransforms(errs, at)
 	if s.Filter != "" {
 		if _, err := filter.Compile(s.Filter); err != nil {
 			errs.add(at+".filter", "%v", err)

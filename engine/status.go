@@ -78,7 +78,7 @@ func (e *Engine) secrets() []string {
 		}
 	}
 	for _, s := range e.cfg.Sinks {
-		for _, sec := range []config.Secret{s.Secret} {
+		for _, sec := range []config.Secret{s.Secret, s.HashKeyValue()} {
 			if sec != "" {
 				out = append(out, sec.Value())
 			}
