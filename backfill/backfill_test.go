@@ -24,6 +24,7 @@ import (
 	"github.com/cdcout/cdcout/config"
 	"github.com/cdcout/cdcout/engine"
 	"github.com/cdcout/cdcout/internal/mysqltest"
+	"github.com/cdcout/cdcout/internal/wait"
 	"github.com/cdcout/cdcout/outbox"
 	"github.com/cdcout/cdcout/state"
 )
@@ -136,13 +137,7 @@ func gtidSeq(pos string) int64 {
 
 func waitFor(t testing.TB, what string, d time.Duration, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	wait.Until(t, what, d, cond)
 }
 
 func engineConfig(t testing.TB, srv *mysqltest.Server, stateDB, from, instance string, sinks []config.Sink) *config.Config {
@@ -166,25 +161,7 @@ func startEngine(t testing.TB, cfg *config.Config, logger *zap.Logger) func() {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- e.Run(ctx) }()
-	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("engine Run = %v", err)
-				}
-			case <-time.After(60 * time.Second):
-				t.Errorf("engine did not stop")
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
+	return wait.Background(t, 60*time.Second, e.Run)
 }
 
 func dropWatermarkDB(t testing.TB, srv *mysqltest.Server, stateDB string) {

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/cdcout/cdcout/canonical"
+	"github.com/cdcout/cdcout/internal/pause"
 	"github.com/cdcout/cdcout/state"
 )
 
@@ -290,12 +291,8 @@ func (r *Runner) Run(ctx context.Context) (err error) {
 			wait = poll
 			continue
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
+		if err := pause.For(ctx, wait); err != nil {
+			return err
 		}
 		wait = min(2*wait, 8*poll)
 	}

@@ -266,12 +266,8 @@ func (s *Stream) checkReplicaIDs(ctx context.Context) error {
 		}
 	}
 	for rows.Next() {
-		vals := make([]sql.RawBytes, len(cols))
-		ptrs := make([]any, len(cols))
-		for i := range vals {
-			ptrs[i] = &vals[i]
-		}
-		if err := rows.Scan(ptrs...); err != nil {
+		vals, err := scanRaw(rows, len(cols))
+		if err != nil {
 			return err
 		}
 		if idCol < 0 {

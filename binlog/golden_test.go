@@ -318,12 +318,8 @@ func checkAgainstServer(t *testing.T, srv *mysqltest.Server, changes []*canonica
 			t.Fatal(err)
 		}
 		for res.Next() {
-			vals := make([]sql.RawBytes, len(cols))
-			ptrs := make([]any, len(cols))
-			for i := range vals {
-				ptrs[i] = &vals[i]
-			}
-			if err := res.Scan(ptrs...); err != nil {
+			vals, err := scanRaw(res, len(cols))
+			if err != nil {
 				t.Fatal(err)
 			}
 			var line []string

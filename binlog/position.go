@@ -126,12 +126,8 @@ func binlogFiles(ctx context.Context, db *sql.DB) ([]string, error) {
 	}
 	var files []string
 	for rows.Next() {
-		vals := make([]sql.RawBytes, len(cols))
-		ptrs := make([]any, len(cols))
-		for i := range vals {
-			ptrs[i] = &vals[i]
-		}
-		if err := rows.Scan(ptrs...); err != nil {
+		vals, err := scanRaw(rows, len(cols))
+		if err != nil {
 			return nil, err
 		}
 		files = append(files, string(vals[0]))
@@ -151,15 +147,11 @@ func masterStatus(ctx context.Context, db *sql.DB) (string, uint32, error) {
 			continue
 		}
 		cols, _ := rows.Columns()
-		vals := make([]sql.RawBytes, len(cols))
-		ptrs := make([]any, len(cols))
-		for i := range vals {
-			ptrs[i] = &vals[i]
-		}
 		var file string
 		var pos uint64
 		if rows.Next() {
-			if err := rows.Scan(ptrs...); err != nil {
+			vals, err := scanRaw(rows, len(cols))
+			if err != nil {
 				rows.Close()
 				return "", 0, err
 			}
@@ -188,12 +180,8 @@ func mariadbGTIDListAt(ctx context.Context, db *sql.DB, file string) (gomysql.GT
 	defer rows.Close()
 	cols, _ := rows.Columns()
 	for rows.Next() {
-		vals := make([]sql.RawBytes, len(cols))
-		ptrs := make([]any, len(cols))
-		for i := range vals {
-			ptrs[i] = &vals[i]
-		}
-		if err := rows.Scan(ptrs...); err != nil {
+		vals, err := scanRaw(rows, len(cols))
+		if err != nil {
 			return nil, err
 		}
 		// Log_name, Pos, Event_type, Server_id, End_log_pos, Info
@@ -496,4 +484,15 @@ func compareFiles(a, b string) int {
 		return 1
 	}
 	return strings.Compare(as, bs)
+}
+
+// scanRaw scans the current row into n raw columns: SHOW statements'
+// columns differ by flavour and version, so they are read by position.
+func scanRaw(rows *sql.Rows, n int) ([]sql.RawBytes, error) {
+	vals := make([]sql.RawBytes, n)
+	ptrs := make([]any, n)
+	for i := range vals {
+		ptrs[i] = &vals[i]
+	}
+	return vals, rows.Scan(ptrs...)
 }

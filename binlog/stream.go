@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/cdcout/cdcout/internal/gctune"
+	"github.com/cdcout/cdcout/internal/pause"
 )
 
 // Defaults for Config.HeartbeatPeriod and Config.ReadTimeout. The server
@@ -342,12 +343,8 @@ func (s *Stream) Run(ctx context.Context, h func(context.Context, Event) error) 
 		// err.Error(): go-mysql's errors carry stack traces zap would print.
 		s.log.Warn("binlog connection lost; resuming at the last commit",
 			zap.String("error", err.Error()), zap.String("resume", r.resume.String()), zap.Duration("backoff", backoff))
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
+		if err := pause.For(ctx, backoff); err != nil {
+			return err
 		}
 		backoff = min(backoff*2, backoffMax)
 	}

@@ -378,7 +378,7 @@ func readFleetSinks(ctx context.Context, db *sql.DB, cfg *config.Config) (fleetS
 		if r.Stale || r.Payload.Role == inspect.RoleStopped {
 			continue
 		}
-		if r.Payload.Role == "leader" {
+		if r.Payload.Role == inspect.RoleLeader {
 			out.leader = true
 		}
 		for _, s := range r.Payload.Sinks {

@@ -113,6 +113,11 @@ func runAction(c *cli.Context, set []config.Setting) error {
 	if err != nil {
 		return ConfigErrorf("%s", scrub(err, cfg))
 	}
+	stopTracing, err := startTracing(c.Context, cfg, logger)
+	if err != nil {
+		return ConfigErrorf("%s", scrub(err, cfg))
+	}
+	defer stopTracing()
 	if err := e.Run(c.Context); err != nil {
 		// Exit code and hint: classify, shared by every command.
 		return scrubErr(err, cfg)

@@ -54,7 +54,7 @@ func TestRunBadInput(t *testing.T) {
 		{"unknown key", []string{"run", "--dsn", dsn, "--config", yamlFile(t, "sinks:\n  - url: \"stdout:\"\n    retries: 3\n")}, []string{"sinks[0].retries: unknown key (line 3)"}},
 		{"duplicate sink names", []string{"run", "--dsn", dsn, "--sink", "a=stdout:", "--sink", "a=http://h.example/x"}, []string{`sinks[1].name: duplicate sink name "a"`}},
 		{"no sinks", []string{"run", "--dsn", dsn}, []string{"sinks: no sinks configured"}},
-		{"unknown scheme", []string{"run", "--dsn", dsn, "--sink", "ftp://h/x"}, []string{`sinks[0].url: unknown scheme "ftp" (want stdout:, file://, http://, https://, kafka://, nats://)`}},
+		{"unknown scheme", []string{"run", "--dsn", dsn, "--sink", "ftp://h/x"}, []string{`sinks[0].url: unknown scheme "ftp" (want stdout:, file://, http://, https://, kafka://, nats://, redis://, pubsub://)`}},
 		{"bad duration flag", []string{"run", "--dsn", dsn, "--sink", "stdout:", "--lease-ttl", "fast"}, []string{`--lease-ttl: "fast" is not a duration`}},
 		{"no dsn", []string{"run", "--sink", "stdout:"}, []string{"dsn: required"}},
 		{"unquoted colon", []string{"run", "--config", yamlFile(t, "dsn: u:p@tcp(h:1)/\nsinks:\n  - name: out\n    url: stdout:\n")},

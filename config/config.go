@@ -107,7 +107,7 @@ type Sink struct {
 	// scheme.
 	Name string `yaml:"name"`
 	// URL selects the sink type by scheme: stdout:, file:///path,
-	// http(s)://…, kafka://…, nats://….
+	// http(s)://…, kafka://…, nats://…, redis(s)://…, pubsub://….
 	URL string `yaml:"url"`
 	// Format of the payload: debezium (default), cloudevents or maxwell.
 	Format string      `yaml:"format"`

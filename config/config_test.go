@@ -232,7 +232,7 @@ func TestValidate(t *testing.T) {
 		{"no dsn", func(c *Config) { c.DSN = "" }, []string{"dsn: required"}},
 		{"bad dsn", func(c *Config) { c.DSN = "u:hunter2@tcp(h:3306)" }, []string{"dsn: invalid DSN"}},
 		{"no sinks", func(c *Config) { c.Sinks = nil }, []string{"sinks: no sinks configured"}},
-		{"unknown scheme", func(c *Config) { c.Sinks[1].URL = "ftp://x/y" }, []string{`sinks[1].url: unknown scheme "ftp" (want stdout:, file://, http://, https://, kafka://, nats://)`}},
+		{"unknown scheme", func(c *Config) { c.Sinks[1].URL = "ftp://x/y" }, []string{`sinks[1].url: unknown scheme "ftp" (want stdout:, file://, http://, https://, kafka://, nats://, redis://, pubsub://)`}},
 		{"duplicate names", func(c *Config) { c.Sinks[1].Name = "stdout" }, []string{`sinks[1].name: duplicate sink name "stdout" (also sinks[0])`}},
 		{"relative file", func(c *Config) { c.Sinks[0].URL = "file://out.jsonl" }, []string{"sinks[0].url: want file:///absolute/path.jsonl"}},
 		{"claim lease vs timeout", func(c *Config) { c.ClaimLease = 5 * time.Second }, []string{"sinks[0].timeout: 10s must be shorter than claim_lease 5s", "sinks[1].timeout"}},
@@ -256,6 +256,8 @@ func TestValidate(t *testing.T) {
 		{"http addr", func(c *Config) { c.HTTPAddr = "8080" }, []string{"http_addr:"}},
 		{"partial capture pattern", func(c *Config) { c.Tables = []string{"shop.order_*"} }, []string{"tables[0]:", "whole name"}},
 		{"kafka without host", func(c *Config) { c.Sinks[0].URL = "kafka:///topic" }, []string{"sinks[0].url: want kafka://"}},
+		{"pubsub without project", func(c *Config) { c.Sinks[0].URL = "pubsub:///topic" }, []string{"sinks[0].url: want pubsub://project/topic-template"}},
+		{"redis without host", func(c *Config) { c.Sinks[0].URL = "redis://:pw@/stream" }, []string{"sinks[0].url: want redis://"}},
 		{"many at once", func(c *Config) {
 			c.DSN = ""
 			c.Sinks[1].URL = "gopher://x"
@@ -281,7 +283,7 @@ func TestValidate(t *testing.T) {
 			}
 		})
 	}
-	for _, url := range []string{"kafka://b1:9092,b2:9092/cdc.{db}.{table}", "nats://n1:4222/cdc.{db}.{table}", "file:///tmp/x.jsonl", "stdout"} {
+	for _, url := range []string{"kafka://b1:9092,b2:9092/cdc.{db}.{table}", "nats://n1:4222/cdc.{db}.{table}", "redis://:pw@r1:6379/cdc.{db}.{table}?maxlen=1000", "rediss://r1", "pubsub://my-proj/cdc.{db}.{table}", "file:///tmp/x.jsonl", "stdout"} {
 		c := valid()
 		c.Sinks[0].URL = url
 		c.Sinks[0].Name = "x"
@@ -419,5 +421,31 @@ func TestSetBytes(t *testing.T) {
 		if (err == nil) != tc.ok || got != tc.want {
 			t.Errorf("setBytes(%q) = %d, %v; want %d, ok %v", tc.in, got, err, tc.want, tc.ok)
 		}
+	}
+}
+
+// TestSecretFromEnvironment: a secret written ${NAME} is read from the
+// environment (a Kubernetes Secret behind a ConfigMap's config), and an
+// unset variable is an error at its path.
+func TestSecretFromEnvironment(t *testing.T) {
+	t.Setenv("CDCOUT_TEST_HOOK_SECRET", "whsec_c2VjcmV0LWZyb20tZW52")
+	t.Setenv("CDCOUT_TEST_TOKEN", "tok-from-env")
+	cfg := Default()
+	err := Parse(cfg, []byte("sinks:\n  - url: http://h/\n    secret: ${CDCOUT_TEST_HOOK_SECRET}\n    headers: {Authorization: \"${CDCOUT_TEST_TOKEN}\"}\n  - url: http://h2/\n    secret: plain-$ecret-{x}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := cfg.Sinks[0].Secret.Value(), "whsec_c2VjcmV0LWZyb20tZW52"; got != want {
+		t.Errorf("secret = %q, want %q", got, want)
+	}
+	if got, want := cfg.Sinks[0].Headers["Authorization"].Value(), "tok-from-env"; got != want {
+		t.Errorf("header = %q, want %q", got, want)
+	}
+	if got, want := cfg.Sinks[1].Secret.Value(), "plain-$ecret-{x}"; got != want {
+		t.Errorf("literal secret = %q, want %q", got, want)
+	}
+	err = Parse(Default(), []byte("sinks:\n  - url: http://h/\n    secret: ${CDCOUT_TEST_UNSET_SECRET}\n"))
+	if err == nil || !strings.Contains(err.Error(), "sinks[0].secret: environment variable CDCOUT_TEST_UNSET_SECRET is not set") {
+		t.Fatalf("unset variable: %v", err)
 	}
 }

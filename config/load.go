@@ -508,6 +508,11 @@ func checkNode(n *yaml.Node, t reflect.Type, path string, errs *Errors) {
 			}
 		case reflect.String:
 			if t == secretType {
+				if name, ok := secretEnvRef(n.Value); ok {
+					if _, set := os.LookupEnv(name); !set {
+						errs.add(at(), "environment variable %s is not set (line %d)", name, n.Line)
+					}
+				}
 				return // never quote a secret back
 			}
 		}

@@ -2,9 +2,12 @@ package config
 
 import (
 	"fmt"
+	"os"
+	"regexp"
 	"strings"
 
 	"github.com/go-sql-driver/mysql"
+	"go.yaml.in/yaml/v3"
 )
 
 // redacted is what a secret prints as, everywhere.
@@ -38,6 +41,34 @@ func (s Secret) Format(f fmt.State, verb rune) {
 		return
 	}
 	fmt.Fprint(f, s.String())
+}
+
+// UnmarshalYAML reads a secret written as is, or as "${NAME}": the value
+// of environment variable NAME, so that a configuration file (a
+// Kubernetes ConfigMap) can name secrets that come from elsewhere (a
+// Secret) without holding them.
+func (s *Secret) UnmarshalYAML(n *yaml.Node) error {
+	if name, ok := secretEnvRef(n.Value); ok {
+		v, set := os.LookupEnv(name)
+		if !set {
+			return fmt.Errorf("environment variable %s is not set", name)
+		}
+		*s = Secret(v)
+		return nil
+	}
+	*s = Secret(n.Value)
+	return nil
+}
+
+var envRef = regexp.MustCompile(`^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$`)
+
+// secretEnvRef reports the variable a "${NAME}" secret names.
+func secretEnvRef(v string) (string, bool) {
+	m := envRef.FindStringSubmatch(v)
+	if m == nil {
+		return "", false
+	}
+	return m[1], true
 }
 
 // MarshalJSON implements json.Marshaler.

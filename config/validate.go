@@ -175,14 +175,30 @@ func (s *Sink) validateURL(errs *Errors, at, scheme string) {
 		if !strings.HasPrefix(rest, "//") || strings.Trim(hosts, ", ") == "" {
 			errs.add(at+".url", "want %s://host:port[,host:port]/template", scheme)
 		}
+	case "redis", "rediss":
+		// The stream template is not a Redis database number, so the URL
+		// is not one go-redis parses; sink/redissink does.
+		rest, ok := strings.CutPrefix(s.URL[len(scheme)+1:], "//")
+		hostPart, _, _ := strings.Cut(rest, "/")
+		hostPart, _, _ = strings.Cut(hostPart, "?")
+		if i := strings.LastIndexByte(hostPart, '@'); i >= 0 {
+			hostPart = hostPart[i+1:]
+		}
+		if !ok || hostPart == "" {
+			errs.add(at+".url", "want %s://[user:password@]host:port/stream-template", scheme)
+		}
+	case "pubsub":
+		if project, _, _ := strings.Cut(strings.TrimPrefix(s.URL, "pubsub://"), "/"); !strings.HasPrefix(s.URL, "pubsub://") || project == "" {
+			errs.add(at+".url", "want pubsub://project/topic-template")
+		}
 	case "":
 		if s.URL == "" {
-			errs.add(at+".url", "required (stdout:, file://, http://, https://, kafka://, nats://)")
+			errs.add(at+".url", "required (stdout:, file://, http://, https://, kafka://, nats://, redis://, pubsub://)")
 		} else {
-			errs.add(at+".url", "no scheme (want stdout:, file://, http://, https://, kafka://, nats://)")
+			errs.add(at+".url", "no scheme (want stdout:, file://, http://, https://, kafka://, nats://, redis://, pubsub://)")
 		}
 	default:
-		errs.add(at+".url", "unknown scheme %q (want stdout:, file://, http://, https://, kafka://, nats://)", scheme)
+		errs.add(at+".url", "unknown scheme %q (want stdout:, file://, http://, https://, kafka://, nats://, redis://, pubsub://)", scheme)
 	}
 }
 

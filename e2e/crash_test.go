@@ -15,14 +15,15 @@ import (
 	"time"
 
 	"github.com/cdcout/cdcout/internal/mysqltest"
+	"github.com/cdcout/cdcout/internal/redistest"
 )
 
-// TestCrashRecovery kills one `cdcout run` (an HTTP and a file sink, two
-// tables) with SIGKILL at 30+ random moments under a steady write load and
+// TestCrashRecovery kills one `cdcout run` (an HTTP, a file and a Redis
+// Streams sink, two tables) with SIGKILL at 30+ random moments under a steady write load and
 // restarts it each time. Afterwards the outbox must hold exactly one row per
 // (source change, pipe) (docs/ARCHITECTURE.md, invariants 1 and 2), compared with an
-// independent `cdcout tail` of the same binlog range; the receiver and the
-// file must have every change, redelivered only under the same id, in
+// independent `cdcout tail` of the same binlog range; the receiver, the
+// file and the streams must have every change, redelivered only under the same id, in
 // per-key order (invariant 5).
 func TestCrashRecovery(t *testing.T) {
 	for _, mode := range []string{"gtid", "digest"} {
@@ -151,6 +152,7 @@ func testCrashRecovery(t *testing.T, mode string) {
 	} else {
 		recv = newReceiver(t, answer)
 	}
+	rds := redistest.Start(t, redistest.Options{})
 	dir := t.TempDir()
 	outFile := filepath.Join(dir, "out.jsonl")
 	cfgPath := filepath.Join(dir, "cdcout.yaml")
@@ -178,7 +180,12 @@ sinks:
     timeout: 2s
     batch_size: 32
     concurrency: 2
-`, recv.srv.URL, outFile)
+  - name: redis
+    url: %s
+    timeout: 1s
+    batch_size: 16
+    concurrency: 4
+`, recv.srv.URL, outFile, rds.URL("/crash.{table}"))
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -282,7 +289,7 @@ sinks:
 	n := int(w.changes.Load())
 	pipeTable := map[string]string{}
 	for _, tbl := range []string{"a", "b"} {
-		for _, sink := range []string{"hook", "file"} {
+		for _, sink := range []string{"hook", "file", "redis"} {
 			pipeTable["crash:"+src+"."+tbl+":"+sink] = tbl
 		}
 	}
@@ -294,7 +301,7 @@ sinks:
 		if err != nil {
 			return false, err.Error()
 		}
-		return recs >= 2*n && open == 0, fmt.Sprintf("outbox has %d records (want %d), %d pending (claimed or not): %s", recs, 2*n, open, outboxSummary(db, stateDB))
+		return recs >= 3*n && open == 0, fmt.Sprintf("outbox has %d records (want %d), %d pending (claimed or not): %s", recs, 3*n, open, outboxSummary(db, stateDB))
 	})
 	noteFirst(last)
 	if code := last.stop(20 * time.Second); code != 0 {
@@ -407,26 +414,12 @@ sinks:
 	}
 	dupHTTP := len(dels) - len(hookIDs)
 
-	// File sink: the same, from the JSON lines.
+	// File and Redis sinks: the same, from the JSON lines and the stream
+	// entries.
 	fenvs, torn := readJSONL(t, outFile)
-	fileIDs := map[change]string{}
-	for _, e := range fenvs {
-		c := e.change()
-		if prev, ok := fileIDs[c]; ok && prev != e.ID {
-			t.Errorf("file: change %v written under two ids: %s and %s", c, prev, e.ID)
-		}
-		fileIDs[c] = e.ID
-		if oc, ok := ids["crash:"+src+"."+c.table+":file"][e.ID]; !ok || oc != c {
-			t.Errorf("file line %s (%v) is not the outbox record of that change", e.ID, c)
-		}
-	}
-	if got, want := len(fileIDs), n; got != want {
-		t.Errorf("file sink has %d distinct changes, want %d", got, want)
-	}
-	for _, v := range orderViolations(fenvs) {
-		t.Errorf("file per-key order: %s", v)
-	}
-	dupFile := len(fenvs) - len(fileIDs)
+	dupFile := checkCopies(t, "file", fenvs, ids, "crash:"+src, n)
+	renvs := readStreams(t, rds, "crash.a", "crash.b")
+	dupRedis := checkCopies(t, "redis", renvs, ids, "crash:"+src, n)
 
 	ops := map[string]int{}
 	for _, e := range want {
@@ -438,10 +431,37 @@ sinks:
 	}
 	sort.Strings(opList)
 	t.Logf("mode %s: %d changes (%s) in %d transactions, %d outbox records; %d SIGKILLs (%d inside an enqueue transaction blocked at its checkpoint write, %d after the instance's first delivery); "+
-		"duplicates delivered: %d over HTTP (of %d requests), %d in the file (%d torn lines); max restart→first delivery %s (%d instances delivered); %d enqueue lease takeovers logged; %s in all",
+		"duplicates delivered: %d over HTTP (of %d requests), %d in the file (%d torn lines), %d in the streams (of %d entries); max restart→first delivery %s (%d instances delivered); %d enqueue lease takeovers logged; %s in all",
 		mode, n, strings.Join(opList, " "), w.txs.Load(), len(rows), kills, inEnqueue, afterDelivery,
-		dupHTTP, len(dels), dupFile, len(torn), maxFirst.Round(time.Millisecond), firstSeen,
+		dupHTTP, len(dels), dupFile, len(torn), dupRedis, len(renvs), maxFirst.Round(time.Millisecond), firstSeen,
 		log.count("enqueue lease acquired"), elapsed.Round(time.Second))
+}
+
+// checkCopies checks what a sink that keeps every copy it was given (a
+// file, a stream) holds: every one of the n changes, a redelivery only
+// under the same id, each copy the outbox record of its change (pipe
+// pipePrefix.<table>:<sink>), per-key order. It returns the number of
+// duplicates.
+func checkCopies(t *testing.T, sinkName string, envs []envelope, ids map[string]map[string]change, pipePrefix string, n int) int {
+	t.Helper()
+	seen := map[change]string{}
+	for _, e := range envs {
+		c := e.change()
+		if prev, ok := seen[c]; ok && prev != e.ID {
+			t.Errorf("%s: change %v written under two ids: %s and %s", sinkName, c, prev, e.ID)
+		}
+		seen[c] = e.ID
+		if oc, ok := ids[pipePrefix+"."+c.table+":"+sinkName][e.ID]; !ok || oc != c {
+			t.Errorf("%s: copy %s (%v) is not the outbox record of that change", sinkName, e.ID, c)
+		}
+	}
+	if got := len(seen); got != n {
+		t.Errorf("%s sink has %d distinct changes, want %d", sinkName, got, n)
+	}
+	for _, v := range orderViolations(envs) {
+		t.Errorf("%s per-key order: %s", sinkName, v)
+	}
+	return len(envs) - len(seen)
 }
 
 // runningStatements counts the server's sessions running a statement that

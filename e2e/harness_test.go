@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/cdcout/cdcout/internal/mysqltest"
+	"github.com/cdcout/cdcout/internal/wait"
 	"github.com/cdcout/cdcout/outbox"
 )
 
@@ -435,17 +436,7 @@ func tailChanges(t testing.TB, dsn, tables, from string, n int) []envelope {
 // cond's description of the state, shown on timeout.
 func waitFor(t testing.TB, timeout time.Duration, cond func() (done bool, what string)) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		done, what := cond()
-		if done {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s: %s", timeout, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	wait.For(t, timeout, cond)
 }
 
 func gtidPos(t testing.TB, db *sql.DB) string {

@@ -46,7 +46,9 @@ func kafkaEndToEnd(b *testing.B, srv *mysqltest.Server, conn *sql.DB, w benchloa
 	src := srv.CreateDB(b, "kbench_"+w.Name)
 	stateDB := srv.CreateDB(b, "kbench_"+w.Name+"_state")
 	from := gtidPos(b, conn)
+	bin0 := srv.BinlogBytes(b)
 	n := benchload.Load(b, srv, conn, src, w, changes)
+	bin1 := srv.BinlogBytes(b)
 	raw := srv.RawReadRate(b, src, from, n)
 
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(16, "bench."+w.Name))
@@ -91,6 +93,7 @@ func kafkaEndToEnd(b *testing.B, srv *mysqltest.Server, conn *sql.DB, w benchloa
 	if code := p.stop(30 * time.Second); code != 0 {
 		b.Fatalf("cdcout exit code %d after SIGTERM", code)
 	}
+	bin2 := srv.BinlogBytes(b)
 	if got := stored(); got != int64(n) {
 		b.Fatalf("the topic holds %d records, want %d (a duplicate or a loss)", got, n)
 	}
@@ -105,6 +108,11 @@ func kafkaEndToEnd(b *testing.B, srv *mysqltest.Server, conn *sql.DB, w benchloa
 		b.ReportMetric(perChange(db1-db0), "db_cpu_us/change")
 	}
 	b.ReportMetric(float64(hwm)/(1<<20), "peak_rss_MB")
-	b.Logf("%s: %d changes binlog → outbox → Kafka in %s: %.0f changes/s (%.2f× the bare read's %.0f/s); CPU per change: cdcout %.1f µs, database %.1f µs; peak RSS %.0f MB",
-		w.Name, n, elapsed.Round(time.Millisecond), rate, rate/raw, raw, perChange(cdcCPU), perChange(db1-db0), float64(hwm)/(1<<20))
+	// Binlog bytes per change: the workload's own, and what cdcout's state
+	// writes (segments, claims, checkpoints, leases) added while it ran.
+	b.ReportMetric(float64(bin1-bin0)/float64(n), "workload_binlog_B/change")
+	b.ReportMetric(float64(bin2-bin1)/float64(n), "state_binlog_B/change")
+	b.Logf("%s: %d changes binlog → outbox → Kafka in %s: %.0f changes/s (%.2f× the bare read's %.0f/s); CPU per change: cdcout %.1f µs, database %.1f µs; peak RSS %.0f MB; binlog per change: workload %d B, cdcout's state %d B",
+		w.Name, n, elapsed.Round(time.Millisecond), rate, rate/raw, raw, perChange(cdcCPU), perChange(db1-db0), float64(hwm)/(1<<20),
+		(bin1-bin0)/int64(n), (bin2-bin1)/int64(n))
 }

@@ -34,6 +34,7 @@ import (
 	"github.com/cdcout/cdcout/control"
 	"github.com/cdcout/cdcout/fleet"
 	"github.com/cdcout/cdcout/inspect"
+	"github.com/cdcout/cdcout/internal/pause"
 	"github.com/cdcout/cdcout/lease"
 	"github.com/cdcout/cdcout/metrics"
 	"github.com/cdcout/cdcout/outbox"
@@ -110,7 +111,7 @@ func New(cfg *config.Config, logger *zap.Logger, opts ...Option) (*Engine, error
 		leaseName: "enqueue/" + cfg.Instance,
 		sinks:     map[string]sinkEntry{},
 		metrics:   metrics.New(),
-		role:      "standby",
+		role:      inspect.RoleStandby,
 		started:   time.Now(),
 
 		roleChanged: make(chan struct{}, 1),
@@ -336,12 +337,7 @@ func (e *Engine) lead(ctx context.Context, ld *leader) error {
 			// released or lapses, and any replica (this one too) resumes
 			// from the checkpoint once it is back.
 			e.log.Warn("enqueue stopped by a database error; retrying", zap.Error(err))
-			t := time.NewTimer(time.Second)
-			select {
-			case <-ctx.Done():
-			case <-t.C:
-			}
-			t.Stop()
+			_ = pause.For(ctx, time.Second) // a stop ends the loop
 			continue
 		case err != nil && ctx.Err() == nil:
 			return err

@@ -26,6 +26,7 @@ import (
 	"github.com/cdcout/cdcout/config"
 	"github.com/cdcout/cdcout/dedup"
 	"github.com/cdcout/cdcout/internal/mysqltest"
+	"github.com/cdcout/cdcout/internal/wait"
 	"github.com/cdcout/cdcout/outbox"
 )
 
@@ -88,13 +89,7 @@ func (r *receiver) count() int {
 
 func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	wait.Until(t, what, d, cond)
 }
 
 // runEngine starts an engine and returns a stop function that cancels it
@@ -132,27 +127,7 @@ func runEngineE(t *testing.T, cfg *config.Config, logger *zap.Logger) (*Engine, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- e.Run(ctx) }()
-	stopped := false
-	stop := func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run after cancel = %v, want nil", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Fatal("Run did not return after cancel")
-		}
-	}
-	t.Cleanup(stop)
-	return e, stop
+	return e, wait.Background(t, 30*time.Second, e.Run)
 }
 
 // TestEndToEnd writes inserts, updates and deletes in multi-row

@@ -12,6 +12,7 @@ import (
 	"github.com/cdcout/cdcout/binlog"
 	"github.com/cdcout/cdcout/canonical"
 	"github.com/cdcout/cdcout/dedup"
+	"github.com/cdcout/cdcout/internal/pause"
 	"github.com/cdcout/cdcout/lease"
 	"github.com/cdcout/cdcout/outbox"
 )
@@ -339,12 +340,8 @@ func (q *enqueuer) flush(ctx context.Context, cp *outbox.Checkpoint) error {
 			return ctx.Err()
 		}
 		q.log.Warn("enqueue failed; retrying", zap.Error(err), zap.Int("rows", len(q.ready)), zap.Duration("backoff", backoff))
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
+		if err := pause.For(ctx, backoff); err != nil {
+			return err
 		}
 		backoff = min(backoff*2, 5*time.Second)
 	}

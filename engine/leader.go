@@ -16,7 +16,9 @@ import (
 	"github.com/cdcout/cdcout/binlog"
 	"github.com/cdcout/cdcout/config"
 	"github.com/cdcout/cdcout/dedup"
+	"github.com/cdcout/cdcout/inspect"
 	"github.com/cdcout/cdcout/internal/buildinfo"
+	"github.com/cdcout/cdcout/internal/pause"
 	"github.com/cdcout/cdcout/lease"
 	"github.com/cdcout/cdcout/outbox"
 )
@@ -82,12 +84,8 @@ func (e *Engine) acquire(ctx context.Context, leases *lease.Manager, store *outb
 			}()
 		}
 		e.reportDropped()
-		t := time.NewTimer(acquireEvery(ttl))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return lease.Lease{}, nil, ctx.Err()
-		case <-t.C:
+		if err := pause.For(ctx, acquireEvery(ttl)); err != nil {
+			return lease.Lease{}, nil, err
 		}
 	}
 }
@@ -209,7 +207,7 @@ func (t *tenure) end(err error) error {
 	t.wg.Wait()
 	e.metrics.SetLeaseHeld(t.lease.Name, false)
 	e.mu.Lock()
-	e.stream, e.role = nil, "standby"
+	e.stream, e.role = nil, inspect.RoleStandby
 	e.metrics.SetSourceConnected(false)
 	e.signalRoleChange()
 	e.mu.Unlock()
@@ -261,7 +259,7 @@ func (t *tenure) begin() (*binlog.Position, []string, error) {
 		return nil, nil, err
 	}
 	e.mu.Lock()
-	e.role = "leader"
+	e.role = inspect.RoleLeader
 	e.signalRoleChange()
 	e.mu.Unlock()
 	return pos, claims, nil
@@ -455,12 +453,8 @@ func (e *Engine) openStream(ctx context.Context, bcfg binlog.Config) (*binlog.St
 			return s, err
 		}
 		e.log.Warn("server id still in use (a previous process of this replica?); retrying", zap.Uint32("server_id", bcfg.ServerID), zap.Duration("retry_in", wait))
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil, ctx.Err()
-		case <-t.C:
+		if err := pause.For(ctx, wait); err != nil {
+			return nil, err
 		}
 		wait = min(wait*2, 5*time.Second)
 	}

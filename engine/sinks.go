@@ -101,6 +101,10 @@ func (e *Engine) buildSink(sc config.Sink) (outbox.Sink, error) {
 		}
 		e.closers = append(e.closers, closerFunc(s.Close))
 		return s, nil
+	case "redis", "rediss":
+		return e.redisSink(sc)
+	case "pubsub":
+		return e.pubsubSink(sc)
 	default:
 		return nil, fmt.Errorf("unknown sink scheme %q", scheme)
 	}

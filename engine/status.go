@@ -129,7 +129,7 @@ func (e *Engine) sourceStatus() inspect.SourceStatus {
 	st, digest, lag, lastEventAt := e.stream, e.digest, e.lag, e.lastEventAt
 	e.mu.Unlock()
 	if st == nil {
-		return inspect.SourceStatus{Following: true, Role: "standby", DSN: e.cfg.DSN.String()}
+		return inspect.SourceStatus{Following: true, Role: inspect.RoleStandby, DSN: e.cfg.DSN.String()}
 	}
 
 	info := st.Info()
@@ -147,7 +147,7 @@ func (e *Engine) sourceStatus() inspect.SourceStatus {
 	}
 	xa, xaSince := st.PreparedXA()
 	return inspect.SourceStatus{
-		Connected: h.Connected, Role: "leader", Position: st.Position(), IdentityMode: mode,
+		Connected: h.Connected, Role: inspect.RoleLeader, Position: st.Position(), IdentityMode: mode,
 		Lag: lag, LastEventAt: lastEventAt, LastContactAt: h.LastContact, Error: h.Error,
 		Flavor: info.Flavor, ServerVersion: info.Version, MetadataMode: info.MetadataMode,
 		DSN:        e.cfg.DSN.String(),

@@ -18,28 +18,6 @@ import (
 
 const adminToken = "adm-7c1f0e2b9a4d4e55-TOKEN"
 
-// serve runs s until the test ends and returns once it listens (on every
-// address it was given).
-func serve(t *testing.T, s *Server) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	})
-	deadline := time.Now().Add(5 * time.Second)
-	for s.Addr() == nil || (s.cfg.Admin.Addr != "" && s.AdminAddr() == nil) {
-		if time.Now().After(deadline) {
-			t.Fatal("server did not listen")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // do sends method to url with the Authorization header auth ("" none)
 // and returns the status and body; no body ever holds the token.
 func do(t *testing.T, method, url, auth string) (int, string) {
@@ -158,8 +136,7 @@ func TestAdminReadAuth(t *testing.T) {
 // only; the main listener says where they went.
 func TestAdminSeparateListener(t *testing.T) {
 	deps := testDeps(t)
-	s := New(Config{Addr: "127.0.0.1:0", Admin: AdminConfig{Token: adminToken, Addr: "127.0.0.1:0"}}, deps)
-	serve(t, s)
+	s := serve(t, Config{Addr: "127.0.0.1:0", Admin: AdminConfig{Token: adminToken, Addr: "127.0.0.1:0"}}, deps)
 	main, admin := "http://"+s.Addr().String(), "http://"+s.AdminAddr().String()
 	if code, body := do(t, "POST", main+"/v1/dead/retry", "Bearer "+adminToken); code != http.StatusNotFound || !strings.Contains(body, "--admin-addr") {
 		t.Errorf("write on the main listener: %d %s, want 404 naming --admin-addr", code, body)

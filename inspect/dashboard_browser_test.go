@@ -72,8 +72,7 @@ func TestDashboardRendersInChromium(t *testing.T) {
 			Position:     binlog.Position{Flavor: "mariadb", GTIDSet: "0-1-4242"},
 			IdentityMode: "gtid", Flavor: "mariadb", ServerVersion: "10.11", MetadataMode: "binlog"}
 	}
-	s := New(Config{Addr: "127.0.0.1:0"}, deps)
-	serve(t, s)
+	s := serve(t, Config{Addr: "127.0.0.1:0"}, deps)
 	url := fmt.Sprintf("http://%s/", s.Addr())
 
 	dom := string(runChromium(t, bin, "--dump-dom", url))

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/cdcout/cdcout/internal/wait"
 )
 
 // TestLagHistoryRing: the ring keeps the newest historyLen samples, oldest
@@ -34,21 +36,16 @@ func TestLagHistoryRing(t *testing.T) {
 func TestLagHistoryServed(t *testing.T) {
 	deps := testDeps(t)
 	deps.Source = func() SourceStatus { return SourceStatus{Connected: true, Lag: 1500 * time.Millisecond} }
-	s := New(Config{Addr: "127.0.0.1:0"}, deps)
-	serve(t, s)
-	deadline := time.Now().Add(5 * time.Second)
+	s := serve(t, Config{Addr: "127.0.0.1:0"}, deps)
 	var v struct {
 		IntervalSeconds   float64
 		ResolutionSeconds float64
 		Samples           []LagSample
 	}
-	for {
+	wait.Until(t, "a history sample", 5*time.Second, func() bool {
 		getJSON(t, fmt.Sprintf("http://%s/v1/source/history", s.Addr()), &v)
-		if len(v.Samples) > 0 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return len(v.Samples) > 0
+	})
 	if len(v.Samples) == 0 || v.Samples[0].LagSeconds == nil || *v.Samples[0].LagSeconds != 1.5 || v.IntervalSeconds != 2 || v.ResolutionSeconds != 1 {
 		t.Fatalf("history %+v", v)
 	}

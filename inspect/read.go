@@ -136,9 +136,18 @@ func (s ServedSink) Serves(db, table string) bool {
 	return config.TableFilter{Include: s.Include, Exclude: s.Exclude}.Matches(db, table)
 }
 
-// RoleStopped is the role in the row a replica writes as it stops. Such a
-// replica is listed but no longer expected to answer.
-const RoleStopped = "stopped"
+// The roles a replica reports (EngineInfo.Role, SourceStatus.Role).
+const (
+	// RoleLeader holds the enqueue lease: it reads the binlog into the
+	// outbox.
+	RoleLeader = "leader"
+	// RoleStandby follows the binlog into its handoff buffer, ready to
+	// take over.
+	RoleStandby = "standby"
+	// RoleStopped is the role in the row a replica writes as it stops.
+	// Such a replica is listed but no longer expected to answer.
+	RoleStopped = "stopped"
+)
 
 // Fleet is the merged fleet view of one instance.
 type Fleet = fleet.Result[EngineInfo]

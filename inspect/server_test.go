@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/cdcout/cdcout/binlog"
+	"github.com/cdcout/cdcout/internal/wait"
 	"github.com/cdcout/cdcout/metrics"
 )
 
@@ -352,13 +353,7 @@ func TestRunListensAndShutsDown(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
-	deadline := time.Now().Add(5 * time.Second)
-	for s.Addr() == nil {
-		if time.Now().After(deadline) {
-			t.Fatal("server did not listen")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitListening(t, s)
 	if code, _ := get(t, "http://"+s.Addr().String()+"/healthz"); code != 200 {
 		t.Fatalf("healthz = %d", code)
 	}
@@ -465,4 +460,30 @@ func TestHeldSegmentErrorShown(t *testing.T) {
 		}
 	}
 	t.Fatalf("no orders pipe in %+v", pipes)
+}
+
+// waitListening waits until s listens.
+func waitListening(t *testing.T, s *Server) {
+	t.Helper()
+	wait.Until(t, "the server to listen", 5*time.Second, func() bool {
+		return s.Addr() != nil && (s.cfg.Admin.Addr == "" || s.AdminAddr() != nil)
+	})
+}
+
+// serve runs a server with cfg and deps until the test ends (its Run must
+// then return nil) and returns it listening.
+func serve(t *testing.T, cfg Config, deps Deps) *Server {
+	t.Helper()
+	s := New(cfg, deps)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	waitListening(t, s)
+	return s
 }

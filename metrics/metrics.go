@@ -69,7 +69,7 @@ func New() *Metrics {
 	}, []string{"table", "op"})
 	m.claims = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "cdcout_claims_total",
-		Help: "Outcome of claiming (pipe, change) pairs at enqueue: inserted, already_ours, others.",
+		Help: "Records offered to the outbox (one per change and pipe) by what their claim found at enqueue: inserted (written now), already_ours (written before by this replica), others (another replica writes them).",
 	}, []string{"result"})
 	m.digestMismatch = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "cdcout_claim_digest_mismatch_total",
@@ -77,7 +77,7 @@ func New() *Metrics {
 	})
 	m.deliveries = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "cdcout_deliveries_total",
-		Help: "Outbox rows handed to sinks, by pipe and result (delivered, retried, dead).",
+		Help: "Records handed to sinks (from outbox rows or segments), by pipe and result (delivered, retried, dead).",
 	}, []string{"pipe", "result"})
 	m.deliveryDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "cdcout_delivery_duration_seconds",
@@ -86,12 +86,12 @@ func New() *Metrics {
 	}, []string{"pipe"})
 	m.deliveryLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "cdcout_delivery_latency_seconds",
-		Help:    "Source commit to successful delivery, per delivered row, by pipe.",
+		Help:    "Source commit to successful delivery, per delivered record, by pipe.",
 		Buckets: []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600},
 	}, []string{"pipe"})
 	m.drainErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "cdcout_drain_errors_total",
-		Help: "State-database errors while claiming rows or recording outcomes, by pipe and op.",
+		Help: "State-database errors while claiming rows or segments or recording outcomes, by pipe and op (claim, record).",
 	}, []string{"pipe", "op"})
 	m.leaseHeld = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "cdcout_lease_held",
@@ -299,7 +299,7 @@ func (m *Metrics) WatchOutbox(read func(ctx context.Context) ([]OutboxStat, erro
 		cacheFor: cacheFor,
 		errs:     m.drainErrors,
 		rows: prometheus.NewDesc("cdcout_outbox_rows",
-			"Outbox records (rows and records in segments) by pipe and status, read from the state database.", []string{"pipe", "status"}, nil),
+			"Records in the outbox (outbox rows and records in segments; the name says rows for compatibility) by pipe and status, read from the state database.", []string{"pipe", "status"}, nil),
 		oldest: prometheus.NewDesc("cdcout_outbox_oldest_pending_age_seconds",
 			"Age of the oldest undelivered outbox record (row or segment) of the pipe (0 when none is pending).", []string{"pipe"}, nil),
 	}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cdcout/cdcout/internal/mysqltest"
+	"github.com/cdcout/cdcout/internal/wait"
 	"github.com/cdcout/cdcout/lease"
 	"github.com/cdcout/cdcout/sink"
 	"github.com/cdcout/cdcout/state"
@@ -151,15 +152,36 @@ func drainUntil(t *testing.T, d *Drainer, what string, cond func() bool) {
 	}
 }
 
+// checkKeyOrder fails t unless every key's ids were delivered in the
+// order want has them.
+func checkKeyOrder(t *testing.T, got, want map[string][]string) {
+	t.Helper()
+	for k, w := range want {
+		if g, w := strings.Join(got[k], " "), strings.Join(w, " "); g != w {
+			t.Fatalf("key %s delivered\n %s\nwant\n %s", k, g, w)
+		}
+	}
+}
+
+// runUntilDelivered runs d until every outbox row is delivered, then stops
+// it; Run must return nil.
+func (s *testState) runUntilDelivered(t *testing.T, d *Drainer) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	waitFor(t, "every row delivered", func() bool {
+		return s.count(t, `SELECT COUNT(*) FROM {outbox} WHERE status <> 'delivered'`) == 0
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	wait.Until(t, what, 20*time.Second, cond)
 }
 
 func TestNewDrainerValidation(t *testing.T) {
@@ -249,23 +271,10 @@ func TestDrainPerKeyOrderUnderConcurrency(t *testing.T) {
 		return errs
 	}}
 	d := s.drainer(t, "r1/boot", map[string]PipeConfig{pipe: {Sink: snk, Concurrency: 4, BatchSize: 2}}, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	waitFor(t, "every row delivered", func() bool {
-		return s.count(t, `SELECT COUNT(*) FROM {outbox} WHERE status <> 'delivered'`) == 0
-	})
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	s.runUntilDelivered(t, d)
 	mu.Lock()
 	defer mu.Unlock()
-	for _, k := range keys {
-		if got, want := strings.Join(got[k], " "), strings.Join(order[k], " "); got != want {
-			t.Fatalf("key %s delivered\n %s\nwant\n %s", k, got, want)
-		}
-	}
+	checkKeyOrder(t, got, order)
 	if failures != 3 {
 		t.Fatalf("failing row failed %d times, want 3", failures)
 	}
@@ -744,23 +753,10 @@ func TestRunHotKeysWithRandomFailuresKeepsOrder(t *testing.T) {
 		return errs
 	}}
 	d := s.drainer(t, "r1/boot", map[string]PipeConfig{pipe: {Sink: snk, BatchSize: 10, Concurrency: 2}}, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	waitFor(t, "every row delivered", func() bool {
-		return s.count(t, `SELECT COUNT(*) FROM {outbox} WHERE status <> 'delivered'`) == 0
-	})
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	s.runUntilDelivered(t, d)
 	mu.Lock()
 	defer mu.Unlock()
-	for k, want := range order {
-		if got, want := strings.Join(got[k], " "), strings.Join(want, " "); got != want {
-			t.Fatalf("key %s delivered\n %s\nwant\n %s", k, got, want)
-		}
-	}
+	checkKeyOrder(t, got, order)
 }
 
 // The database crashes and comes back while Run is draining: claims and

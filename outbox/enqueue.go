@@ -78,8 +78,8 @@ func FenceOf(l lease.Lease) Fence {
 
 // EnqueueResult counts what one Enqueue did with its items.
 type EnqueueResult struct {
-	// Inserted outbox rows (claims taken now, or taken earlier by us and
-	// left without a row).
+	// Inserted counts the records written now, in segments or as rows
+	// (claims taken now, or taken earlier by us and left without records).
 	Inserted int
 	// AlreadyOurs are items whose claim and row this replica wrote before
 	// (a replay after a crash or a retried batch).

@@ -73,14 +73,15 @@ func (s *Store) ReleaseClaimsOf(ctx context.Context, claimedBy string, pipes []s
 // same delivery key, which at-least-once allows; its outcome write is
 // conditional on its claim and matches nothing.
 func (s *Store) ReleaseClaimsExcept(ctx context.Context, pipe string, members []string) (int64, error) {
+	if len(members) == 0 {
+		// Nobody is known to be alive, so nobody is known to be gone.
+		return 0, nil
+	}
 	args := []any{pipe}
 	for _, m := range members {
 		args = append(args, ClaimerID(m))
 	}
-	where := `pipe = ? AND next_attempt_at > NOW(6) AND claimer <> 0`
-	if len(members) > 0 {
-		where += ` AND claimer NOT IN (` + state.Placeholders(len(members)) + `)`
-	}
+	where := `pipe = ? AND next_attempt_at > NOW(6) AND claimer <> 0 AND claimer NOT IN (` + state.Placeholders(len(members)) + `)`
 	return s.releaseRowsAndSegments(ctx, where, false, args)
 }
 

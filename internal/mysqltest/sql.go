@@ -202,3 +202,19 @@ func GTIDSetContains(flavor Flavor, set, gtid string) (bool, error) {
 	}
 	return s.Contain(g), nil
 }
+
+// BinlogBytes is the size of every binary log file the server keeps, for
+// benchmarks that report how much binlog a workload and cdcout's own state
+// writes cost.
+func (s *Server) BinlogBytes(tb testing.TB) int64 {
+	tb.Helper()
+	var total int64
+	for _, r := range QueryStrings(tb, s.Open(tb), "SHOW BINARY LOGS") {
+		n, err := strconv.ParseInt(r[1], 10, 64)
+		if err != nil {
+			tb.Fatalf("SHOW BINARY LOGS size %q: %v", r[1], err)
+		}
+		total += n
+	}
+	return total
+}

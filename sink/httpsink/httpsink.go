@@ -67,6 +67,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/cdcout/cdcout/format"
+	"github.com/cdcout/cdcout/internal/tracing"
 	"github.com/cdcout/cdcout/outbox"
 	"github.com/cdcout/cdcout/sink"
 )
@@ -293,12 +294,20 @@ func (s *Sink) URL() string { return s.shownURL }
 
 // Deliver posts the records concurrently (the drainer never puts two
 // records of one key into a call, so order is not at stake here).
-func (s *Sink) Deliver(ctx context.Context, recs []outbox.Record) []error {
-	if s.batch {
-		return s.deliverBatch(ctx, recs)
+//
+// Each record's attempt is a span (package tracing); its request carries
+// the span's traceparent. A batch POST carries its first record's.
+func (s *Sink) Deliver(ctx context.Context, recs []outbox.Record) (errs []error) {
+	if len(recs) == 0 {
+		return nil
 	}
-	errs := make([]error, len(recs))
-	s.each(len(recs), func(i int) { errs[i] = s.post(ctx, recs[i]) })
+	spans := tracing.Start(ctx, "webhook", recs)
+	defer func() { spans.End(errs) }()
+	if s.batch {
+		return s.deliverBatch(spans.Context(0), recs)
+	}
+	errs = make([]error, len(recs))
+	s.each(len(recs), func(i int) { errs[i] = s.post(spans.Context(i), recs[i]) })
 	return errs
 }
 
@@ -480,6 +489,9 @@ func (s *Sink) sendOnce(ctx context.Context, id string, h http.Header, body []by
 	h["Webhook-Timestamp"] = []string{strconv.FormatInt(ts, 10)}
 	if len(s.secret) > 0 {
 		h["Webhook-Signature"] = []string{Sign(s.secret, id, ts, body)}
+	}
+	for k, v := range tracing.Headers(ctx) {
+		h[http.CanonicalHeaderKey(k)] = []string{v}
 	}
 	req.Header = h
 

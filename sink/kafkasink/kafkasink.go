@@ -23,6 +23,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/cdcout/cdcout/format"
+	"github.com/cdcout/cdcout/internal/tracing"
 	"github.com/cdcout/cdcout/outbox"
 	"github.com/cdcout/cdcout/sink"
 )
@@ -94,7 +95,7 @@ func ParseURL(raw string) (brokers []string, topicTemplate string, err error) {
 		return nil, "", fmt.Errorf("kafka url %q: want kafka://host:port[,host:port…]/topic-template", raw)
 	}
 	hosts, tmpl, _ := strings.Cut(rest, "/")
-	tmpl = strings.NewReplacer("%7B", "{", "%7b", "{", "%7D", "}", "%7d", "}").Replace(tmpl)
+	tmpl = format.UnescapeBraces(tmpl)
 	for _, h := range strings.Split(hosts, ",") {
 		if h = strings.TrimSpace(h); h == "" {
 			continue
@@ -173,7 +174,7 @@ func New(ctx context.Context, o Options) (*Sink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kafka sink: %w", err)
 	}
-	return &Sink{client: cl, format: f, topic: topicFunc(o.TopicTemplate), logger: logger}, nil
+	return &Sink{client: cl, format: f, topic: format.NameTemplate(o.TopicTemplate, topicSafe), logger: logger}, nil
 }
 
 // Close flushes nothing (Deliver waits for its records) and closes the
@@ -194,6 +195,8 @@ func (s *Sink) Ping(ctx context.Context) error {
 // would break the idempotent producer's sequence.
 func (s *Sink) Deliver(ctx context.Context, recs []outbox.Record) []error {
 	errs := make([]error, len(recs))
+	spans := tracing.Start(ctx, "kafka", recs)
+	defer func() { spans.End(errs) }()
 	var wg sync.WaitGroup
 	for i, rec := range recs {
 		value, err := s.format.Encode(rec)
@@ -205,7 +208,7 @@ func (s *Sink) Deliver(ctx context.Context, recs []outbox.Record) []error {
 		kr := &kgo.Record{
 			Topic:   topic,
 			Value:   value,
-			Headers: headers(rec, s.format.ContentType()),
+			Headers: headers(spans.Context(i), rec, s.format.ContentType()),
 		}
 		// A keyless table's records ("null") have no row identity to keep
 		// together; letting them spread avoids one hot partition.
@@ -225,7 +228,7 @@ func (s *Sink) Deliver(ctx context.Context, recs []outbox.Record) []error {
 // headers are a record's CloudEvents headers. Their values share one
 // buffer, sized up front: built one []byte per value they were 7 % of the
 // sink's CPU in BenchmarkKafkaEndToEnd.
-func headers(rec outbox.Record, contentType string) []kgo.RecordHeader {
+func headers(ctx context.Context, rec outbox.Record, contentType string) []kgo.RecordHeader {
 	inst := format.Instance(rec)
 	buf := make([]byte, 0, len(rec.ID)+len(format.CESpecVersion)+len("cdcout.change.")+len(rec.Op)+
 		len("cdcout/")+len(inst)+len(rec.DB)+1+len(rec.Table)+len(contentType)+len(time.RFC3339Nano)+8)
@@ -247,6 +250,9 @@ func headers(rec outbox.Record, contentType string) []kgo.RecordHeader {
 		start := len(buf)
 		buf = rec.CommitTime.UTC().AppendFormat(buf, time.RFC3339Nano)
 		h = append(h, kgo.RecordHeader{Key: "ce_time", Value: buf[start:len(buf):len(buf)]})
+	}
+	for k, v := range tracing.Headers(ctx) {
+		h = append(h, kgo.RecordHeader{Key: k, Value: []byte(v)})
 	}
 	return h
 }
@@ -300,20 +306,6 @@ var overloadErrors = []error{
 	kerr.NotEnoughReplicasAfterAppend,
 	kgo.ErrRecordTimeout,
 	context.DeadlineExceeded,
-}
-
-// topicFunc compiles the template into a function of the record.
-func topicFunc(tmpl string) func(outbox.Record) string {
-	if !strings.Contains(tmpl, "{") {
-		return func(outbox.Record) string { return tmpl }
-	}
-	return func(rec outbox.Record) string {
-		return strings.NewReplacer(
-			"{db}", topicSafe(rec.DB),
-			"{table}", topicSafe(rec.Table),
-			"{instance}", topicSafe(format.Instance(rec)),
-		).Replace(tmpl)
-	}
 }
 
 // topicSafe maps a name onto Kafka's topic alphabet [a-zA-Z0-9._-].

@@ -18,6 +18,7 @@ import (
 
 	"github.com/cdcout/cdcout/canonical"
 	"github.com/cdcout/cdcout/format"
+	"github.com/cdcout/cdcout/internal/sinktest"
 	"github.com/cdcout/cdcout/outbox"
 	"github.com/cdcout/cdcout/sink"
 )
@@ -43,22 +44,11 @@ func newSink(t testing.TB, c *kfake.Cluster, o Options) *Sink {
 	return s
 }
 
-// rec is a record of key k carrying seq n; its payload stands in for an
-// envelope (the default format sends payloads as they are).
+// rec is an update of key k carrying seq n (sinktest.Record).
 func rec(k string, n int) outbox.Record {
-	id := fmt.Sprintf("0192f3a0-0000-7000-8000-%06d%06d", len(k), n)
-	return outbox.Record{
-		ID:         id,
-		Pipe:       "prod:shop.items:kafka",
-		Sink:       "kafka",
-		DB:         "shop",
-		Table:      "items",
-		Op:         canonical.OpUpdate,
-		Key:        fmt.Sprintf(`{"id":%q}`, k),
-		Payload:    fmt.Appendf(nil, `{"id":%q,"key":%q,"seq":%d}`, id, k, n),
-		Attempt:    1,
-		CommitTime: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC),
-	}
+	r := sinktest.Record("kafka", k, n)
+	r.Op = canonical.OpUpdate
+	return r
 }
 
 // consume reads n records of topic from the start, failing after a deadline.
@@ -83,14 +73,7 @@ func consume(t *testing.T, c *kfake.Cluster, topic string, n int) []*kgo.Record 
 	return out
 }
 
-func noErrors(t *testing.T, errs []error) {
-	t.Helper()
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("record %d: %v", i, err)
-		}
-	}
-}
+func noErrors(t *testing.T, errs []error) { t.Helper(); sinktest.NoErrors(t, errs) }
 
 func header(r *kgo.Record, key string) string {
 	for _, h := range r.Headers {
@@ -286,10 +269,10 @@ func TestTopicTemplate(t *testing.T) {
 	r := rec("a", 1)
 	r.Pipe = "eu/prod:shop.items:kafka"
 	r.Table = "order items"
-	if got, want := topicFunc("{instance}.{db}.{table}")(r), "eu_prod.shop.order_items"; got != want {
+	if got, want := format.NameTemplate("{instance}.{db}.{table}", topicSafe)(r), "eu_prod.shop.order_items"; got != want {
 		t.Fatalf("topic = %q, want %q", got, want)
 	}
-	if got, want := topicFunc("all-changes")(r), "all-changes"; got != want {
+	if got, want := format.NameTemplate("all-changes", topicSafe)(r), "all-changes"; got != want {
 		t.Fatalf("topic = %q, want %q", got, want)
 	}
 }
@@ -400,7 +383,7 @@ func TestHeadersMatchFormat(t *testing.T) {
 			"content-type": "application/json"}},
 	} {
 		got := map[string]string{}
-		for _, h := range headers(tc.rec, "application/json") {
+		for _, h := range headers(context.Background(), tc.rec, "application/json") {
 			got[h.Key] = string(h.Value)
 		}
 		if !maps.Equal(got, tc.want) {

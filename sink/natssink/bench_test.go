@@ -3,7 +3,6 @@ package natssink
 import (
 	"context"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -18,13 +17,7 @@ func BenchmarkNATSSink(b *testing.B) {
 	srv := runServer(b, nil)
 	st := addStream(b, srv.ClientURL(), jetstream.StreamConfig{Name: "CDC", Subjects: []string{"cdcout.>"}})
 	s := newSink(b, Options{URL: srv.ClientURL()})
-	b.ResetTimer()
-	start := time.Now()
-	for b.Loop() {
-		sinkbench.DeliverAll(b, s, recs, 250, 8)
-	}
-	b.ReportMetric(float64(rows*b.N)/time.Since(start).Seconds(), "records/s")
-	b.StopTimer()
+	sinkbench.Measure(b, s, recs)
 	// The same records every round: the duplicate window keeps one copy.
 	checkStored(b, st, rows)
 }

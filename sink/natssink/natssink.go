@@ -22,6 +22,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/cdcout/cdcout/format"
+	"github.com/cdcout/cdcout/internal/tracing"
 	"github.com/cdcout/cdcout/outbox"
 	"github.com/cdcout/cdcout/sink"
 )
@@ -92,7 +93,7 @@ func ParseURL(raw string) (serverURL, subjectTemplate string, err error) {
 			servers = append(servers, "nats://"+h)
 		}
 	}
-	tmpl = strings.NewReplacer("%7B", "{", "%7b", "{", "%7D", "}", "%7d", "}").Replace(tmpl)
+	tmpl = format.UnescapeBraces(tmpl)
 	return strings.Join(servers, ","), tmpl, nil
 }
 
@@ -168,7 +169,7 @@ func New(ctx context.Context, o Options) (*Sink, error) {
 		nc.Close()
 		return nil, fmt.Errorf("nats sink: %w", err)
 	}
-	return &Sink{nc: nc, js: js, format: f, subject: subjectFunc(o.SubjectTemplate), logger: logger, connErr: connErr}, nil
+	return &Sink{nc: nc, js: js, format: f, subject: format.NameTemplate(o.SubjectTemplate, token), logger: logger, connErr: connErr}, nil
 }
 
 // awaitConnect gives a connection that is still making its first attempts
@@ -210,6 +211,8 @@ func (s *Sink) Deliver(ctx context.Context, recs []outbox.Record) []error {
 		}
 		return errs
 	}
+	spans := tracing.Start(ctx, "nats", recs)
+	defer func() { spans.End(errs) }()
 	futures := make([]jetstream.PubAckFuture, len(recs))
 	subjects := make([]string, len(recs))
 	stall := 5 * time.Second
@@ -223,7 +226,7 @@ func (s *Sink) Deliver(ctx context.Context, recs []outbox.Record) []error {
 			continue
 		}
 		subjects[i] = s.subject(rec)
-		msg := &nats.Msg{Subject: subjects[i], Data: body, Header: headers(rec, s.format.ContentType())}
+		msg := &nats.Msg{Subject: subjects[i], Data: body, Header: headers(spans.Context(i), rec, s.format.ContentType())}
 		futures[i], err = s.js.PublishMsgAsync(msg, jetstream.WithMsgID(rec.ID), jetstream.WithStallWait(stall))
 		if err != nil {
 			errs[i] = classify(subjects[i], err)
@@ -245,7 +248,7 @@ func (s *Sink) Deliver(ctx context.Context, recs []outbox.Record) []error {
 	return errs
 }
 
-func headers(rec outbox.Record, contentType string) nats.Header {
+func headers(ctx context.Context, rec outbox.Record, contentType string) nats.Header {
 	h := nats.Header{
 		"ce_id":          {rec.ID},
 		"ce_specversion": {format.CESpecVersion},
@@ -256,6 +259,9 @@ func headers(rec outbox.Record, contentType string) nats.Header {
 	}
 	if t := format.CETime(rec); t != "" {
 		h["ce_time"] = []string{t}
+	}
+	for k, v := range tracing.Headers(ctx) {
+		h[k] = []string{v}
 	}
 	return h
 }
@@ -286,20 +292,6 @@ func wildcard(subject string) string {
 		return subject[:i] + ".*"
 	}
 	return subject
-}
-
-// subjectFunc compiles the template into a function of the record.
-func subjectFunc(tmpl string) func(outbox.Record) string {
-	if !strings.Contains(tmpl, "{") {
-		return func(outbox.Record) string { return tmpl }
-	}
-	return func(rec outbox.Record) string {
-		return strings.NewReplacer(
-			"{db}", token(rec.DB),
-			"{table}", token(rec.Table),
-			"{instance}", token(format.Instance(rec)),
-		).Replace(tmpl)
-	}
 }
 
 // token keeps a name one subject token: '.' separates tokens, '*' and '>'

@@ -13,7 +13,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/cdcout/cdcout/canonical"
+	"github.com/cdcout/cdcout/format"
+	"github.com/cdcout/cdcout/internal/sinktest"
 	"github.com/cdcout/cdcout/outbox"
 	"github.com/cdcout/cdcout/sink"
 )
@@ -76,30 +77,9 @@ func newSink(t testing.TB, o Options) *Sink {
 	return s
 }
 
-func rec(k string, n int) outbox.Record {
-	id := fmt.Sprintf("0192f3a0-0000-7000-8000-%s-%06d", k, n)
-	return outbox.Record{
-		ID:         id,
-		Pipe:       "prod:shop.items:nats",
-		Sink:       "nats",
-		DB:         "shop",
-		Table:      "items",
-		Op:         canonical.OpCreate,
-		Key:        fmt.Sprintf(`{"id":%q}`, k),
-		Payload:    fmt.Appendf(nil, `{"id":%q,"key":%q,"seq":%d}`, id, k, n),
-		Attempt:    1,
-		CommitTime: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC),
-	}
-}
+func rec(k string, n int) outbox.Record { return sinktest.Record("nats", k, n) }
 
-func noErrors(t testing.TB, errs []error) {
-	t.Helper()
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("record %d: %v", i, err)
-		}
-	}
-}
+func noErrors(t testing.TB, errs []error) { t.Helper(); sinktest.NoErrors(t, errs) }
 
 func msgs(t *testing.T, st jetstream.Stream) uint64 {
 	t.Helper()
@@ -296,7 +276,7 @@ func TestSubjectTemplate(t *testing.T) {
 	r := rec("a", 1)
 	r.Pipe = "eu.prod:shop.items:nats"
 	r.Table = "order items>"
-	if got, want := subjectFunc(DefaultSubjectTemplate)(r), "cdcout.eu_prod.shop.order_items_"; got != want {
+	if got, want := format.NameTemplate(DefaultSubjectTemplate, token)(r), "cdcout.eu_prod.shop.order_items_"; got != want {
 		t.Fatalf("subject = %q, want %q", got, want)
 	}
 }

@@ -1,0 +1,42 @@
+package engine
+
+import (
+	"context"
+
+	"github.com/cdcout/cdcout/config"
+	"github.com/cdcout/cdcout/outbox"
+	"github.com/cdcout/cdcout/sink/pubsubsink"
+	"github.com/cdcout/cdcout/sink/redissink"
+)
+
+// redisSink builds a redis:// or rediss:// sink; its credentials, database
+// and trimming come from the URL.
+func (e *Engine) redisSink(sc config.Sink) (outbox.Sink, error) {
+	o, err := redissink.ParseURL(sc.URL)
+	if err != nil {
+		return nil, err
+	}
+	o.Format, o.Logger = sc.Format, e.log
+	s, err := redissink.New(o)
+	if err != nil {
+		return nil, err
+	}
+	e.closers = append(e.closers, closerFunc(s.Close))
+	return s, nil
+}
+
+// pubsubSink builds a pubsub:// sink; credentials are the client
+// library's defaults (PUBSUB_EMULATOR_HOST for an emulator).
+func (e *Engine) pubsubSink(sc config.Sink) (outbox.Sink, error) {
+	o, err := pubsubsink.ParseURL(sc.URL)
+	if err != nil {
+		return nil, err
+	}
+	o.Format, o.Timeout = sc.Format, sc.Timeout
+	s, err := pubsubsink.New(context.Background(), o)
+	if err != nil {
+		return nil, err
+	}
+	e.closers = append(e.closers, closerFunc(s.Close))
+	return s, nil
+}
