@@ -115,24 +115,12 @@ func (p startPoint) String() string {
 
 // binlogFiles lists the server's binary logs, oldest first.
 func binlogFiles(ctx context.Context, db *sql.DB) ([]string, error) {
-	rows, err := db.QueryContext(ctx, "SHOW BINARY LOGS")
-	if err != nil {
-		return nil, fmt.Errorf("show binary logs: %w", err)
+	files, err := binaryLogs(ctx, db)
+	names := make([]string, len(files))
+	for i, f := range files {
+		names[i] = f.name
 	}
-	defer rows.Close()
-	cols, err := rows.Columns()
-	if err != nil {
-		return nil, err
-	}
-	var files []string
-	for rows.Next() {
-		vals, err := scanRaw(rows, len(cols))
-		if err != nil {
-			return nil, err
-		}
-		files = append(files, string(vals[0]))
-	}
-	return files, rows.Err()
+	return names, err
 }
 
 // masterStatus returns the current end of the binary log.

@@ -64,6 +64,9 @@ type Stream struct {
 	start  startPoint
 	// plaintext: tls=preferred and the server offered no TLS.
 	plaintext bool
+	// runway is what Runway remembers between calls (runway.go).
+	runwayMu sync.Mutex
+	runway   runwayProbe
 
 	// marked caches, per database, whether it holds cdcout's marker
 	// table (marker.go). Used by the reader only.

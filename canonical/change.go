@@ -41,6 +41,9 @@ type Source struct {
 	Pos       uint32 `json:"pos"`       // binlog position of the rows event
 	Row       int    `json:"row"`       // ordinal of this row image in its transaction, from 0
 	TsMs      int64  `json:"ts_ms"`     // commit time on the source (event header), ms
+	// Tx places the change in its transaction, for sinks with
+	// transactions: true (nil otherwise; txmeta.go).
+	Tx *TxOrder `json:"tx,omitempty"`
 }
 
 // Change is one row change.
@@ -64,6 +67,8 @@ type Change struct {
 	// "g:<gtid>:<ordinal>", in digest mode "d:<digest>:<occurrence>", for a
 	// backfill "b:<backfill id>:<key digest>".
 	ChangeKey string
+	// Tx is set on a transaction record (Op OpTransaction) only.
+	Tx *TxRecord
 }
 
 // KeyRow returns the change's key as a Row: Key, or a Row built from

@@ -35,6 +35,10 @@ func AppendEnvelope(dst []byte, c *Change, id string) ([]byte, error) {
 	}
 	switch c.Op {
 	case OpCreate, OpUpdate, OpDelete, OpRead:
+	case OpTransaction:
+		if c.Tx == nil {
+			return dst, errors.New("canonical json: transaction record without its transaction")
+		}
 	default:
 		return dst, fmt.Errorf("canonical json: invalid op %q", string(c.Op))
 	}
@@ -65,7 +69,11 @@ func AppendEnvelope(dst []byte, c *Change, id string) ([]byte, error) {
 		return orig, fmt.Errorf("encode key: %w", err)
 	}
 	dst = append(dst, `,"op":"`...)
-	dst = append(dst, c.Op...)
+	if c.Op == OpTransaction {
+		dst = append(dst, TransactionOpName...)
+	} else {
+		dst = append(dst, c.Op...)
+	}
 	s := &c.Source
 	dst = append(dst, `","source":{"connector":`...)
 	if dst, err = appendString(dst, s.Connector); err != nil {
@@ -99,12 +107,22 @@ func AppendEnvelope(dst []byte, c *Change, id string) ([]byte, error) {
 	}
 	dst = append(dst, `,"ts_ms":`...)
 	dst = strconv.AppendInt(dst, s.TsMs, 10)
+	if s.Tx != nil {
+		dst = append(dst, `,"tx":`...)
+		dst = s.Tx.appendJSON(dst)
+	}
 	dst = append(dst, `,"version":`...)
 	if dst, err = appendString(dst, s.Version); err != nil {
 		return orig, fmt.Errorf("encode source.version: %w", err)
 	}
 	dst = append(dst, `},"ts_ms":`...)
 	dst = strconv.AppendInt(dst, c.TsMs, 10)
+	if c.Tx != nil {
+		dst = append(dst, `,"tx":`...)
+		if dst, err = AppendJSON(dst, c.Tx.doc()); err != nil {
+			return orig, fmt.Errorf("encode tx: %w", err)
+		}
+	}
 	return append(dst, '}'), nil
 }
 

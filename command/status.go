@@ -67,6 +67,7 @@ func writeStatus(w io.Writer, st inspect.Status) error {
 	} else {
 		fmt.Fprintln(w, "checkpoint none yet")
 	}
+	writeRunway(w, st.BinlogRunway)
 
 	fmt.Fprintln(w, "\nPIPES")
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -174,4 +175,16 @@ func dash(s string) string {
 
 func compactJSON(b []byte) string {
 	return strings.Join(strings.Fields(string(b)), "")
+}
+
+// writeRunway prints the leader's binlog runway reading, if there is one.
+func writeRunway(w io.Writer, r *inspect.RunwayView) {
+	switch {
+	case r == nil || r.Runway == nil:
+	case r.Seconds == nil:
+		fmt.Fprintf(w, "binlog runway unlimited: the server never purges %s (%s)\n", r.File, r.Limit)
+	default:
+		fmt.Fprintf(w, "binlog runway %s: the server may purge %s (it holds the checkpoint) from %s (%s)\n",
+			(time.Duration(*r.Seconds) * time.Second).String(), r.File, r.PurgeAt.UTC().Format(time.RFC3339), r.Limit)
+	}
 }

@@ -322,6 +322,14 @@ func TestInspectAgainstRunningReplica(t *testing.T) {
 		t.Errorf("status: exit %d\n%s%s", code2, statusOut, statusErr)
 	}
 
+	// The leader's fleet row carries its binlog runway reading (MariaDB's
+	// default expiry is none, MySQL's 30 days).
+	waitFor("the binlog runway in cdcout status", func() bool {
+		_, statusOut, statusErr = runArgs(t, context.Background(), "status", "--dsn", dsn, "--state-db", stateDB, "--instance", stateDB)
+		return strings.Contains(statusOut, "binlog runway unlimited: the server never purges ") ||
+			strings.Contains(statusOut, "(binlog_expire_logs_seconds=2592000)")
+	})
+
 	bodies := map[string]string{"status stdout": statusOut, "status stderr": statusErr}
 	for _, p := range []string{"/", "/healthz", "/readyz", "/metrics", "/v1/source", "/v1/sinks", "/v1/fleet", "/v1/leases", "/v1/dead"} {
 		_, b := httpGet(p)

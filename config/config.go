@@ -70,6 +70,9 @@ type Config struct {
 	// (default keep-alive + 5s).
 	HTTPKeepAlive      time.Duration `yaml:"http_keep_alive"`
 	HTTPHeadersTimeout time.Duration `yaml:"http_headers_timeout"`
+	// BinlogRunwayMin: /readyz reports not ready while the source may purge
+	// the binlog file holding the checkpoint sooner than this; 0 disables.
+	BinlogRunwayMin time.Duration `yaml:"binlog_runway_min"`
 	// HandoffBufferSize bounds changes a standby replica keeps in memory.
 	HandoffBufferSize int `yaml:"handoff_buffer_size"`
 
@@ -137,6 +140,12 @@ type Sink struct {
 	MaxAttempts int           `yaml:"max_attempts"`
 	BatchSize   int           `yaml:"batch_size"`
 	Concurrency int           `yaml:"concurrency"`
+	// Heartbeat, when positive, sends the sink an "hb" record with the
+	// source position whenever it got no record for this long.
+	Heartbeat time.Duration `yaml:"heartbeat"`
+	// Transactions adds BEGIN/END records around each source transaction
+	// that touched the sink's tables, and source.tx to its changes.
+	Transactions bool `yaml:"transactions"`
 
 	Kafka *KafkaOptions `yaml:"kafka"`
 	NATS  *NATSOptions  `yaml:"nats"`

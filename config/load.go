@@ -95,6 +95,7 @@ var settings = map[string]setter{
 	"http-addr":              func(c *Config, v string) error { c.HTTPAddr = v; return nil },
 	"http-keep-alive":        func(c *Config, v string) error { return setDuration(&c.HTTPKeepAlive, v) },
 	"http-headers-timeout":   func(c *Config, v string) error { return setDuration(&c.HTTPHeadersTimeout, v) },
+	"binlog-runway-min":      func(c *Config, v string) error { return setDuration(&c.BinlogRunwayMin, v) },
 	"handoff-buffer-size":    func(c *Config, v string) error { return setInt(&c.HandoffBufferSize, v) },
 	"enqueue-batch-size":     func(c *Config, v string) error { return setInt(&c.EnqueueBatchSize, v) },
 	"enqueue-flush-interval": func(c *Config, v string) error { return setDuration(&c.EnqueueFlushInterval, v) },

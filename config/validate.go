@@ -94,6 +94,9 @@ func (c *Config) Validate() error {
 	} else if c.HTTPHeadersTimeout != 0 && c.HTTPHeadersTimeout <= c.HTTPKeepAlive {
 		errs.add("http_headers_timeout", "%s must exceed http_keep_alive %s: a shorter headers deadline cuts off requests on idle keep-alive connections", c.HTTPHeadersTimeout, c.HTTPKeepAlive)
 	}
+	if c.BinlogRunwayMin < 0 {
+		errs.add("binlog_runway_min", "must not be negative, got %s (0 disables the check)", c.BinlogRunwayMin)
+	}
 	if c.HandoffBufferSize <= 0 {
 		errs.add("handoff_buffer_size", "must be positive, got %d", c.HandoffBufferSize)
 	}
@@ -302,6 +305,9 @@ func (s *Sink) validate(errs *Errors, at string, claimLease time.Duration) {
 	}
 	if s.Timeout > 0 && claimLease > 0 && claimLease <= s.Timeout {
 		errs.add(at+".timeout", "%s must be shorter than claim_lease %s, or a slow delivery would be handed to a second drainer", s.Timeout, claimLease)
+	}
+	if s.Heartbeat < 0 || (s.Heartbeat > 0 && s.Heartbeat < 100*time.Millisecond) {
+		errs.add(at+".heartbeat", "must be 0 (off) or at least 100ms, got %s", s.Heartbeat)
 	}
 	if s.MaxAttempts < 0 {
 		errs.add(at+".max_attempts", "must not be negative, got %d", s.MaxAttempts)

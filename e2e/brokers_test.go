@@ -4,6 +4,9 @@ import (
 	"context"
 	"testing"
 
+	"cloud.google.com/go/pubsub/v2"
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"cloud.google.com/go/pubsub/v2/pstest"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cdcout/cdcout/internal/redistest"
@@ -34,6 +37,47 @@ func readStreams(t testing.TB, srv *redistest.Server, streams ...string) []envel
 			}
 			envs = append(envs, e)
 		}
+	}
+	return envs
+}
+
+// startPubSub starts the Pub/Sub SDK's fake server (pstest) in the test
+// process with the given topics of project, and points every client —
+// the cdcout processes the test starts too — at it (PUBSUB_EMULATOR_HOST).
+func startPubSub(t *testing.T, project string, topics ...string) *pstest.Server {
+	t.Helper()
+	srv := pstest.NewServer()
+	t.Cleanup(func() { srv.Close() })
+	t.Setenv("PUBSUB_EMULATOR_HOST", srv.Addr)
+	c, err := pubsub.NewClient(context.Background(), project)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for _, topic := range topics {
+		if _, err := c.TopicAdminClient.CreateTopic(context.Background(), &pubsubpb.Topic{Name: "projects/" + project + "/topics/" + topic}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return srv
+}
+
+// readPubSub returns the envelopes of every message published, in publish
+// order. A message's ce_id attribute must be its body's id, and its
+// ordering key the row key.
+func readPubSub(t testing.TB, srv *pstest.Server) []envelope {
+	t.Helper()
+	var envs []envelope
+	for _, m := range srv.Messages() {
+		e, err := parseEnvelope(m.Data)
+		if err != nil {
+			t.Errorf("pubsub message %s: %v", m.ID, err)
+			continue
+		}
+		if m.Attributes["ce_id"] != e.ID || m.OrderingKey != string(e.Key) {
+			t.Errorf("pubsub message %s: ce_id %q ordering key %q, body id %s key %s", m.ID, m.Attributes["ce_id"], m.OrderingKey, e.ID, e.Key)
+		}
+		envs = append(envs, e)
 	}
 	return envs
 }

@@ -18,12 +18,12 @@ import (
 	"github.com/cdcout/cdcout/internal/redistest"
 )
 
-// TestCrashRecovery kills one `cdcout run` (an HTTP, a file and a Redis
-// Streams sink, two tables) with SIGKILL at 30+ random moments under a steady write load and
+// TestCrashRecovery kills one `cdcout run` (an HTTP, a file and a broker
+// sink — Redis Streams in gtid mode, Pub/Sub in digest mode — two tables) with SIGKILL at 30+ random moments under a steady write load and
 // restarts it each time. Afterwards the outbox must hold exactly one row per
 // (source change, pipe) (docs/ARCHITECTURE.md, invariants 1 and 2), compared with an
 // independent `cdcout tail` of the same binlog range; the receiver, the
-// file and the streams must have every change, redelivered only under the same id, in
+// file and the broker must have every change, redelivered only under the same id, in
 // per-key order (invariant 5).
 func TestCrashRecovery(t *testing.T) {
 	for _, mode := range []string{"gtid", "digest"} {
@@ -152,7 +152,7 @@ func testCrashRecovery(t *testing.T, mode string) {
 	} else {
 		recv = newReceiver(t, answer)
 	}
-	rds := redistest.Start(t, redistest.Options{})
+	br := newCrashBroker(t, mode)
 	dir := t.TempDir()
 	outFile := filepath.Join(dir, "out.jsonl")
 	cfgPath := filepath.Join(dir, "cdcout.yaml")
@@ -180,17 +180,13 @@ sinks:
     timeout: 2s
     batch_size: 32
     concurrency: 2
-  - name: redis
+  - name: %s
     url: %s
-    timeout: 1s
+    timeout: 2s
     batch_size: 16
     concurrency: 4
-`, recv.srv.URL, outFile, rds.URL("/crash.{table}"))
-	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	args := []string{"run", "--config", cfgPath, "--dsn", srv.DSN, "--state-db", stateDB,
-		"--tables", src + ".*", "--from", from, "--change-identity", mode, "--log-format", "json"}
+`, recv.srv.URL, outFile, br.name, br.url)
+	args := runConfig(t, cfgPath, cfg, srv.DSN, stateDB, src, from, mode)
 	log := newLogFile(t, "crash-"+mode)
 
 	w := &writer{db: db, tables: []string{"`" + src + "`.a", "`" + src + "`.b"}, keys: 40}
@@ -289,7 +285,7 @@ sinks:
 	n := int(w.changes.Load())
 	pipeTable := map[string]string{}
 	for _, tbl := range []string{"a", "b"} {
-		for _, sink := range []string{"hook", "file", "redis"} {
+		for _, sink := range []string{"hook", "file", br.name} {
 			pipeTable["crash:"+src+"."+tbl+":"+sink] = tbl
 		}
 	}
@@ -414,12 +410,12 @@ sinks:
 	}
 	dupHTTP := len(dels) - len(hookIDs)
 
-	// File and Redis sinks: the same, from the JSON lines and the stream
-	// entries.
+	// File and broker sinks: the same, from the JSON lines and the
+	// broker's messages.
 	fenvs, torn := readJSONL(t, outFile)
 	dupFile := checkCopies(t, "file", fenvs, ids, "crash:"+src, n)
-	renvs := readStreams(t, rds, "crash.a", "crash.b")
-	dupRedis := checkCopies(t, "redis", renvs, ids, "crash:"+src, n)
+	benvs := br.read()
+	dupBroker := checkCopies(t, br.name, benvs, ids, "crash:"+src, n)
 
 	ops := map[string]int{}
 	for _, e := range want {
@@ -431,10 +427,27 @@ sinks:
 	}
 	sort.Strings(opList)
 	t.Logf("mode %s: %d changes (%s) in %d transactions, %d outbox records; %d SIGKILLs (%d inside an enqueue transaction blocked at its checkpoint write, %d after the instance's first delivery); "+
-		"duplicates delivered: %d over HTTP (of %d requests), %d in the file (%d torn lines), %d in the streams (of %d entries); max restart→first delivery %s (%d instances delivered); %d enqueue lease takeovers logged; %s in all",
+		"duplicates delivered: %d over HTTP (of %d requests), %d in the file (%d torn lines), %d in %s (of %d messages); max restart→first delivery %s (%d instances delivered); %d enqueue lease takeovers logged; %s in all",
 		mode, n, strings.Join(opList, " "), w.txs.Load(), len(rows), kills, inEnqueue, afterDelivery,
-		dupHTTP, len(dels), dupFile, len(torn), dupRedis, len(renvs), maxFirst.Round(time.Millisecond), firstSeen,
+		dupHTTP, len(dels), dupFile, len(torn), dupBroker, br.name, len(benvs), maxFirst.Round(time.Millisecond), firstSeen,
 		log.count("enqueue lease acquired"), elapsed.Round(time.Second))
+}
+
+// crashBroker is the message-broker sink a crash run delivers to besides
+// the webhook and the file: Redis Streams in gtid mode, Pub/Sub in digest
+// mode (one per run keeps its load at three sinks).
+type crashBroker struct {
+	name, url string
+	read      func() []envelope // every message, in append order
+}
+
+func newCrashBroker(t *testing.T, mode string) crashBroker {
+	if mode == "gtid" {
+		rds := redistest.Start(t, redistest.Options{})
+		return crashBroker{"redis", rds.URL("/crash.{table}"), func() []envelope { return readStreams(t, rds, "crash.a", "crash.b") }}
+	}
+	pst := startPubSub(t, "crash", "crash.a", "crash.b")
+	return crashBroker{"pubsub", "pubsub://crash/crash.{table}", func() []envelope { return readPubSub(t, pst) }}
 }
 
 // checkCopies checks what a sink that keeps every copy it was given (a
@@ -487,4 +500,16 @@ func runningStatements(t *testing.T, db *sql.DB, prefix string, parts ...string)
 		}
 	}
 	return n
+}
+
+// runConfig writes cfg (YAML) to path and returns the arguments of a
+// `cdcout run` with it, capturing src.* from the position from in the
+// given identity mode.
+func runConfig(t testing.TB, path, cfg, dsn, stateDB, src, from, mode string) []string {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return []string{"run", "--config", path, "--dsn", dsn, "--state-db", stateDB,
+		"--tables", src + ".*", "--from", from, "--change-identity", mode, "--log-format", "json"}
 }

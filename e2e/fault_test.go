@@ -34,7 +34,7 @@ import (
 // the binlog link blackholed (alone and with the state link), a storm of
 // connection resets during multi-thousand-row transactions, the state
 // database blackholed, killed (refusing), read-only and stripped of its
-// write grants, one 20,000-row UPDATE statement, a 4 MiB BLOB inserted and
+// write grants, one 10,000-row UPDATE statement, a 4 MiB BLOB inserted and
 // updated, DDL under writes and while stopped, a hanging webhook and
 // one answering 503 with Retry-After. A writer commits a sequence number
 // per change (the ground truth); after each fault every committed change
@@ -70,8 +70,8 @@ func TestFaults(t *testing.T) {
 			heal:  func() { r.srcProxy.Heal(); r.stateProxy.Heal() }},
 		{name: "15 resets of source and state in 10 s, 3 × 3,000-row transactions", hold: 10 * time.Second,
 			fault: func() { r.resetStorm(15, 10*time.Second, 3, 3000) }, heal: func() {}},
-		{name: "one 20,000-row UPDATE statement (after 20,000 inserts)", hold: 2 * time.Second,
-			fault: func() { r.hugeUpdate(20_000) }, heal: func() {}},
+		{name: "one 10,000-row UPDATE statement (after 10,000 inserts)", hold: 2 * time.Second,
+			fault: func() { r.hugeUpdate(10_000) }, heal: func() {}},
 		{name: "a 4 MiB BLOB inserted and updated under writes", hold: 2 * time.Second,
 			fault: func() { r.wideRow(4 << 20) }, heal: func() {}},
 		{name: "state link blackholed 8 s", unready: true, hold: 8 * time.Second,
@@ -438,7 +438,10 @@ func (r *faultRig) settle(what string) {
 		}
 		return true
 	}
-	waitFor(r.t, 90*time.Second, func() (bool, string) {
+	// Generous: on a loaded 2-core machine the webhook behind its proxy
+	// takes a few hundred changes a second, and the big phases write tens
+	// of thousands.
+	waitFor(r.t, 150*time.Second, func() (bool, string) {
 		if r.p.exited() {
 			r.t.Fatalf("%s: cdcout exited: %v\n%s", what, r.p.err, r.log.tail(30))
 		}

@@ -90,6 +90,8 @@ type Engine struct {
 	// what they are for (readiness: a replica that cannot write its
 	// leases, outbox rows or checkpoint is not making progress).
 	writeFails map[string]writeFailure
+	runway     runwayState // runway.go
+	hb         heartbeats  // heartbeat.go
 }
 
 // New validates cfg and builds the sinks. Nothing connects to a database
@@ -166,7 +168,10 @@ func (e *Engine) Run(parent context.Context) error {
 	if err != nil {
 		return err
 	}
-	runErr := e.lead(ctx, &leader{e: e, db: db, leases: leases, store: outbox.NewStore(db, e.cfg.StateDB, e.log),
+	store := outbox.NewStore(db, e.cfg.StateDB, e.log)
+	services.run(ctx, func(c context.Context) { e.watchRunway(c, store) }, nil) // runway.go
+	services.run(ctx, e.runHeartbeats, nil)                                     // heartbeat.go
+	runErr := e.lead(ctx, &leader{e: e, db: db, leases: leases, store: store,
 		drains: drains, resetPending: e.cfg.ResetPosition})
 	e.stopDrainers(drains)
 	select {
@@ -234,7 +239,7 @@ func (e *Engine) openState(ctx context.Context) (*sql.DB, error) {
 // the end; failed is told when it cannot serve.
 func (e *Engine) startInspect(ctx context.Context, services *group, db *sql.DB, failed func(error)) {
 	cfg := e.cfg
-	srv := inspect.New(inspect.Config{Addr: cfg.HTTPAddr, KeepAlive: cfg.HTTPKeepAlive, HeadersTimeout: cfg.HTTPHeadersTimeout,
+	srv := inspect.New(inspect.Config{Addr: cfg.HTTPAddr, KeepAlive: cfg.HTTPKeepAlive, HeadersTimeout: cfg.HTTPHeadersTimeout, RunwayMin: cfg.BinlogRunwayMin,
 		Admin: inspect.AdminConfig{Token: cfg.AdminTokenValue(), Addr: cfg.AdminAddr, ReadAuth: cfg.AdminReadAuth}}, inspect.Deps{
 		DB: db, Schema: cfg.StateDB, Instance: cfg.Instance, ReplicaID: cfg.ReplicaID,
 		Source: e.sourceStatus, Ready: e.ready, Metrics: e.metrics, Pipes: nil,

@@ -121,11 +121,16 @@ func runEngine(t *testing.T, cfg *config.Config, logger *zap.Logger) func() {
 	return stop
 }
 
-func runEngineE(t *testing.T, cfg *config.Config, logger *zap.Logger) (*Engine, func()) {
+// runEngineE runs an engine until the returned stop (or the test's end);
+// prepare, when given, adjusts it before it runs.
+func runEngineE(t *testing.T, cfg *config.Config, logger *zap.Logger, prepare ...func(*Engine)) (*Engine, func()) {
 	t.Helper()
 	e, err := New(cfg, logger)
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, p := range prepare {
+		p(e)
 	}
 	return e, wait.Background(t, 30*time.Second, e.Run)
 }
@@ -378,7 +383,13 @@ type source struct {
 // config (sinks above all) before it is validated.
 func newSource(tb testing.TB, instance, columns string, mod func(*config.Config)) source {
 	tb.Helper()
-	s := source{srv: mysqltest.Shared(tb)}
+	return newSourceOn(tb, mysqltest.Shared(tb), instance, columns, mod)
+}
+
+// newSourceOn is newSource on a given server.
+func newSourceOn(tb testing.TB, srv *mysqltest.Server, instance, columns string, mod func(*config.Config)) source {
+	tb.Helper()
+	s := source{srv: srv}
 	s.src = s.srv.CreateDB(tb, instance+"_src")
 	s.stateDB = s.srv.CreateDB(tb, instance+"_state")
 	s.srv.Exec(tb, "CREATE TABLE `"+s.src+"`.t ("+columns+")")

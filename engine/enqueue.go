@@ -78,6 +78,8 @@ type enqueuer struct {
 	// hook, when set, sees changes before routing (backfill watermarks;
 	// see backfill_hook.go).
 	hook WatermarkHook
+	// tx is the open transaction's metadata (txmeta.go).
+	tx txMeta
 
 	mu    sync.Mutex
 	ready []outbox.Pending   // keyed rows, all before cp unless mid-flushed
@@ -123,6 +125,7 @@ func (q *enqueuer) handleChange(ctx context.Context, ch *canonical.Change) error
 			zap.Int("rows", len(q.open)), zap.Bool("partly_written", q.midTx))
 		clear(q.open)
 		q.open = q.open[:0]
+		q.txReset()
 	}
 	// A huge transaction is written in parts (below), and in GTID mode only
 	// between blocks of dedup.GTIDBlock ordinals, because a block shares
@@ -144,10 +147,14 @@ func (q *enqueuer) handleChange(ctx context.Context, ch *canonical.Change) error
 		if !r.matches(ch) {
 			continue
 		}
+		c := r.mask(ch)
+		if r.transactions {
+			c = q.txPlace(r.sink, c)
+		}
 		oc := openChange{
 			pipe: outbox.PipeName(q.instance, ch.Source.DB, ch.Source.Table, r.sink),
 			sink: r.sink,
-			ch:   r.mask(ch),
+			ch:   c,
 		}
 		oc.filtered, oc.dead = r.filterOut(ch)
 		q.open = append(q.open, oc)
@@ -183,6 +190,7 @@ func (q *enqueuer) flushOpen(ctx context.Context) error {
 }
 
 func (q *enqueuer) handleCommit(ctx context.Context, c *binlog.Commit) error {
+	q.txEnd(c)
 	if c.Held && q.digestMode {
 		return q.handleHeldCommit(ctx)
 	}
@@ -245,7 +253,9 @@ func (q *enqueuer) keyOpen() error {
 		ch := o.ch
 		digest := canonical.DigestChange(o.pipe, ch)
 		var key, unit string
-		if q.digestMode {
+		if ch.Op == canonical.OpTransaction {
+			key = ch.ChangeKey // txRecord: deterministic in either mode
+		} else if q.digestMode {
 			n := q.counter.Next(digest, time.UnixMilli(ch.Source.TsMs))
 			key = dedup.DigestKey(digest, n)
 		} else {

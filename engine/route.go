@@ -18,6 +18,8 @@ type route struct {
 	// none; countFiltered counts what it keeps from the sink.
 	rowFilter     *filter.Filter
 	countFiltered func(sink, result string)
+	// transactions: the sink wants transaction metadata (txmeta.go).
+	transactions bool
 }
 
 func newRoute(s config.Sink) (*route, error) {
@@ -25,7 +27,7 @@ func newRoute(s config.Sink) (*route, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &route{sink: s.Name, filter: s.Tables, rowFilter: f}
+	r := &route{sink: s.Name, filter: s.Tables, rowFilter: f, transactions: s.Transactions}
 	if len(s.Ops) > 0 {
 		r.ops = map[canonical.Op]bool{}
 		for _, op := range s.Ops {

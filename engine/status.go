@@ -115,6 +115,7 @@ func (e *Engine) observeEvent(ev binlog.Event) {
 	lag := max(now.Sub(ev.Commit.Time), 0)
 	e.mu.Lock()
 	e.lag, e.lastEventAt = lag, now
+	e.hb.committed(ev.Commit.Time)
 	st := e.stream
 	e.mu.Unlock()
 	e.metrics.SetSourceLag(lag)
@@ -146,12 +147,14 @@ func (e *Engine) sourceStatus() inspect.SourceStatus {
 		lag += time.Since(h.LastContact)
 	}
 	xa, xaSince := st.PreparedXA()
+	runway, runwayErr := e.runway.get()
 	return inspect.SourceStatus{
 		Connected: h.Connected, Role: inspect.RoleLeader, Position: st.Position(), IdentityMode: mode,
 		Lag: lag, LastEventAt: lastEventAt, LastContactAt: h.LastContact, Error: h.Error,
 		Flavor: info.Flavor, ServerVersion: info.Version, MetadataMode: info.MetadataMode,
 		DSN:        e.cfg.DSN.String(),
 		PreparedXA: xa, PreparedXASince: xaSince,
+		Runway: runway, RunwayError: runwayErr,
 	}
 }
 
@@ -218,9 +221,10 @@ func (e *Engine) observation() fleet.Observation {
 	if host, _, ok := strings.Cut(e.cfg.HTTPAddr, ":"); ok && host != "" && host != "0.0.0.0" && host != "[::]" {
 		reach = e.cfg.HTTPAddr
 	}
+	runway, _ := e.runway.get()
 	return fleet.Observation{
 		ReplicaID: e.cfg.ReplicaID, Kind: fleet.KindEngine, StartedAt: e.started, Version: buildinfo.Version(),
-		Payload:     inspect.EngineInfo{Instance: e.cfg.Instance, Holder: e.holder, Role: role, DrainLeases: n, Sinks: e.servedSinks()},
+		Payload:     inspect.EngineInfo{Instance: e.cfg.Instance, Holder: e.holder, Role: role, DrainLeases: n, Sinks: e.servedSinks(), BinlogRunway: runway},
 		ReachableAt: reach,
 	}
 }

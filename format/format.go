@@ -73,8 +73,18 @@ func Instance(rec outbox.Record) string {
 const CESpecVersion = "1.0"
 
 // CEType is the CloudEvents type of a record: "cdcout.change.<op>" with op
-// the envelope's op letter (c, u, d, r).
-func CEType(rec outbox.Record) string { return "cdcout.change." + string(rec.Op) }
+// the envelope's op letter (c, u, d, r); "cdcout.heartbeat" for a
+// heartbeat and "cdcout.transaction" for a transaction's BEGIN or END,
+// which are no changes.
+func CEType(rec outbox.Record) string {
+	switch rec.Op {
+	case canonical.OpHeartbeat:
+		return "cdcout.heartbeat"
+	case canonical.OpTransaction:
+		return "cdcout.transaction"
+	}
+	return "cdcout.change." + string(rec.Op)
+}
 
 // CESource is the CloudEvents source of a record: "cdcout/<instance>".
 func CESource(rec outbox.Record) string { return "cdcout/" + Instance(rec) }

@@ -36,6 +36,9 @@ func record(t *testing.T, name string) outbox.Record {
 	if err := json.Unmarshal(payload, &env); err != nil {
 		t.Fatalf("%s: %v", name, err)
 	}
+	if env.Op == canonical.TransactionOpName {
+		env.Op = canonical.OpTransaction // as stored (one letter)
+	}
 	return outbox.Record{
 		ID:         env.ID,
 		Pipe:       env.Source.Instance + ":" + env.Source.DB + "." + env.Source.Table + ":kafka",
@@ -56,7 +59,7 @@ func TestGolden(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, c := range []string{"insert", "update", "delete", "read"} {
+		for _, c := range []string{"insert", "update", "delete", "read", "heartbeat", "tx-begin", "tx-end"} {
 			t.Run(fname+"/"+c, func(t *testing.T) {
 				rec := record(t, c)
 				got, err := f.Encode(rec)
@@ -199,7 +202,7 @@ func BenchmarkEncode(b *testing.B) {
 }
 
 func FuzzEncode(f *testing.F) {
-	for _, c := range []string{"insert", "update", "delete", "read"} {
+	for _, c := range []string{"insert", "update", "delete", "read", "heartbeat", "tx-begin", "tx-end"} {
 		b, err := os.ReadFile(filepath.Join("testdata", c+".envelope.json"))
 		if err != nil {
 			f.Fatal(err)

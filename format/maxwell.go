@@ -33,13 +33,16 @@ type envelope struct {
 	Before map[string]json.RawMessage `json:"before"`
 	After  map[string]json.RawMessage `json:"after"`
 	Source struct {
-		DB    string `json:"db"`
-		Table string `json:"table"`
-		GTID  string `json:"gtid"`
-		File  string `json:"file"`
-		Pos   uint32 `json:"pos"`
-		TsMs  int64  `json:"ts_ms"`
+		DB      string `json:"db"`
+		Table   string `json:"table"`
+		GTID    string `json:"gtid"`
+		GTIDSet string `json:"gtid_set"` // heartbeats
+		File    string `json:"file"`
+		Pos     uint32 `json:"pos"`
+		TsMs    int64  `json:"ts_ms"`
 	} `json:"source"`
+	TsMs int64           `json:"ts_ms"`
+	Tx   json.RawMessage `json:"tx"` // transaction records
 }
 
 var maxwellTypes = map[canonical.Op]string{
@@ -53,6 +56,12 @@ func (maxwellFormat) Encode(rec outbox.Record) ([]byte, error) {
 	var env envelope
 	if err := json.Unmarshal(rec.Payload, &env); err != nil {
 		return nil, fmt.Errorf("encode maxwell %s: parse envelope: %w", rec.ID, err)
+	}
+	switch env.Op {
+	case canonical.OpHeartbeat:
+		return maxwellHeartbeat(rec, env)
+	case canonical.TransactionOpName:
+		return maxwellTransaction(rec, env)
 	}
 	typ, ok := maxwellTypes[env.Op]
 	if !ok {
@@ -84,14 +93,7 @@ func (maxwellFormat) Encode(rec outbox.Record) ([]byte, error) {
 			doc["xid"] = xid
 		}
 	}
-	if env.Source.File != "" {
-		doc["position"] = env.Source.File + ":" + strconv.FormatUint(uint64(env.Source.Pos), 10)
-	}
-	b, err := marshal(doc)
-	if err != nil {
-		return nil, fmt.Errorf("encode maxwell %s: %w", rec.ID, err)
-	}
-	return b, nil
+	return marshalMaxwell(rec, env, doc)
 }
 
 // rawRow turns a row of raw canonical values into one the canonical
@@ -117,4 +119,56 @@ func gtidSeq(gtid string) (uint64, bool) {
 	}
 	n, err := strconv.ParseUint(gtid[i+1:], 10, 64)
 	return n, err == nil
+}
+
+// maxwellHeartbeat is a heartbeat as Maxwell's consumers see its own:
+// Maxwell writes a row to maxwell.heartbeats and reads it back from the
+// binlog; cdcout's has type "heartbeat", the position read up to, and in
+// data the heartbeat's time and the last source commit (ms).
+func maxwellHeartbeat(rec outbox.Record, env envelope) ([]byte, error) {
+	doc := map[string]any{
+		"database": env.Source.DB,
+		"table":    env.Source.Table,
+		"type":     "heartbeat",
+		"ts":       env.TsMs / 1000,
+		"data":     map[string]any{"heartbeat": env.TsMs, "source_ts_ms": env.Source.TsMs},
+	}
+	if env.Source.GTIDSet != "" {
+		doc["gtid_set"] = env.Source.GTIDSet
+	}
+	return marshalMaxwell(rec, env, doc)
+}
+
+// marshalMaxwell adds the binlog position to doc and encodes it.
+func marshalMaxwell(rec outbox.Record, env envelope, doc map[string]any) ([]byte, error) {
+	if env.Source.File != "" {
+		doc["position"] = env.Source.File + ":" + strconv.FormatUint(uint64(env.Source.Pos), 10)
+	}
+	b, err := marshal(doc)
+	if err != nil {
+		return nil, fmt.Errorf("encode maxwell %s: %w", rec.ID, err)
+	}
+	return b, nil
+}
+
+// maxwellTransaction is a transaction's BEGIN or END. Maxwell marks a
+// transaction only by "commit": true on its last row; cdcout's
+// transaction records (sinks with transactions: true) have type
+// "transaction", Maxwell's xid and gtid, and in data the envelope's tx
+// (status, id, and on END the counts).
+func maxwellTransaction(rec outbox.Record, env envelope) ([]byte, error) {
+	doc := map[string]any{
+		"database": env.Source.DB,
+		"table":    env.Source.Table,
+		"type":     "transaction",
+		"ts":       env.Source.TsMs / 1000,
+		"data":     canonical.RawJSON(env.Tx),
+	}
+	if env.Source.GTID != "" {
+		doc["gtid"] = env.Source.GTID
+		if xid, ok := gtidSeq(env.Source.GTID); ok {
+			doc["xid"] = xid
+		}
+	}
+	return marshalMaxwell(rec, env, doc)
 }

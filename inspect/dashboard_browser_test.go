@@ -70,7 +70,8 @@ func TestDashboardRendersInChromium(t *testing.T) {
 	deps.Source = func() SourceStatus {
 		return SourceStatus{Connected: true, Role: "leader", Lag: 800 * time.Millisecond,
 			Position:     binlog.Position{Flavor: "mariadb", GTIDSet: "0-1-4242"},
-			IdentityMode: "gtid", Flavor: "mariadb", ServerVersion: "10.11", MetadataMode: "binlog"}
+			IdentityMode: "gtid", Flavor: "mariadb", ServerVersion: "10.11", MetadataMode: "binlog",
+			Runway: &binlog.Runway{File: "mariadb-bin.000007", PurgeAt: time.Now().Add(3 * time.Hour), Limit: "binlog_expire_logs_seconds=10800"}}
 	}
 	s := serve(t, Config{Addr: "127.0.0.1:0"}, deps)
 	url := fmt.Sprintf("http://%s/", s.Addr())
@@ -81,6 +82,7 @@ func TestDashboardRendersInChromium(t *testing.T) {
 		deadError,                           // the dead letter's error
 		`<code>{"id":6}</code>`,             // and its row key
 		"0-1-4242",                          // the source position
+		"binlog_expire_logs_seconds=10800",  // the binlog runway
 		"drain/inst:shop.orders:hook",       // a lease
 		"replica-b",                         // missing from the fleet
 		"1/3 responded",

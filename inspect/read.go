@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cdcout/cdcout/binlog"
 	"github.com/cdcout/cdcout/config"
 	"github.com/cdcout/cdcout/fleet"
 	"github.com/cdcout/cdcout/metrics"
@@ -111,6 +112,8 @@ type EngineInfo struct {
 	// Sinks are the sinks it delivers to, with the tables each takes, so
 	// that cdcout backfill can feed the pipes the fleet serves.
 	Sinks []ServedSink `json:"sinks,omitempty"`
+	// BinlogRunway is the leader's last binlog runway reading.
+	BinlogRunway *binlog.Runway `json:"binlogRunway,omitempty"`
 }
 
 // ServedSink is one sink a replica delivers to and what reaches it: the
@@ -159,6 +162,8 @@ type Status struct {
 	Pipes      []PipeStatus  `json:"pipes"`
 	Leases     []LeaseStatus `json:"leases"`
 	Fleet      Fleet         `json:"fleet"`
+	// BinlogRunway is the live leader's last runway reading (fleet row).
+	BinlogRunway *RunwayView `json:"binlogRunway,omitempty"`
 }
 
 // Reader reads one instance's state from the state database.
@@ -410,6 +415,7 @@ func (r Reader) Status(ctx context.Context) (Status, error) {
 	if st.Fleet, err = r.Fleet(ctx); err != nil {
 		return st, err
 	}
+	st.BinlogRunway = fleetRunway(st.Fleet, time.Now())
 	return st, nil
 }
 

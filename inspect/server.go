@@ -74,6 +74,9 @@ type Config struct {
 	// StallAfter: /readyz fails while the connected source lags more than
 	// this (default DefaultStallAfter; negative disables the check).
 	StallAfter time.Duration
+	// RunwayMin: /readyz fails while the binlog runway (SourceStatus.Runway)
+	// is shorter than this; 0 disables the check.
+	RunwayMin time.Duration
 	// StaleAfter is the fleet staleness threshold (default
 	// fleet.DefaultStaleAfter).
 	StaleAfter time.Duration
@@ -114,6 +117,11 @@ type SourceStatus struct {
 	// outcome; the checkpoint cannot pass the oldest (since PreparedXASince).
 	PreparedXA      int       `json:"preparedXA,omitempty"`
 	PreparedXASince time.Time `json:"preparedXASince,omitzero"`
+	// Runway is the last reading of how long the server keeps the binlog
+	// file holding the checkpoint (nil until read); RunwayError why the
+	// last reading failed. Rendered by runwayOf (runway.go).
+	Runway      *binlog.Runway `json:"-"`
+	RunwayError string         `json:"-"`
 }
 
 // Deps is what the server reads from.
@@ -352,9 +360,10 @@ func (s *Server) routes() {
 // in seconds.
 type sourceView struct {
 	SourceStatus
-	Instance   string  `json:"instance"`
-	ReplicaID  string  `json:"replicaId,omitempty"`
-	LagSeconds float64 `json:"lagSeconds"`
+	Instance     string      `json:"instance"`
+	ReplicaID    string      `json:"replicaId,omitempty"`
+	LagSeconds   float64     `json:"lagSeconds"`
+	BinlogRunway *RunwayView `json:"binlogRunway,omitempty"`
 }
 
 func (s *Server) source() SourceStatus {
@@ -369,7 +378,8 @@ func (s *Server) sourceView() sourceView {
 	if src.DSN != "" {
 		src.DSN = config.RedactDSN(src.DSN)
 	}
-	return sourceView{SourceStatus: src, Instance: s.deps.Instance, ReplicaID: s.deps.ReplicaID, LagSeconds: src.Lag.Seconds()}
+	return sourceView{SourceStatus: src, Instance: s.deps.Instance, ReplicaID: s.deps.ReplicaID, LagSeconds: src.Lag.Seconds(),
+		BinlogRunway: runwayView(src, time.Now())}
 }
 
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
@@ -389,6 +399,9 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	}
 	if src.Connected && s.cfg.StallAfter > 0 && src.Lag > s.cfg.StallAfter {
 		reasons = append(reasons, fmt.Sprintf("stalled: source lag %s exceeds %s", src.Lag.Round(time.Second), s.cfg.StallAfter))
+	}
+	if why := s.runwayShort(src, time.Now()); why != "" {
+		reasons = append(reasons, why)
 	}
 	if s.deps.DB == nil {
 		reasons = append(reasons, "no state database")
@@ -416,6 +429,11 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 		if !src.Following {
 			// Down, the lag grows by the silence (the engine adds it).
 			s.deps.Metrics.SetSourceLag(src.Lag)
+		}
+		if src.Runway != nil {
+			s.deps.Metrics.SetBinlogRunway(src.Runway.Seconds(time.Now()), true)
+		} else {
+			s.deps.Metrics.SetBinlogRunway(0, false)
 		}
 	}
 	s.deps.Metrics.Handler().ServeHTTP(w, r)

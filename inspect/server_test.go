@@ -225,7 +225,7 @@ func TestReadyzReasons(t *testing.T) {
 	deps.Source = func() SourceStatus { return src }
 	ready := true
 	deps.Ready = func() (bool, string) { return ready, "engine starting" }
-	hs := httptest.NewServer(New(Config{StallAfter: time.Minute}, deps).Handler())
+	hs := httptest.NewServer(New(Config{StallAfter: time.Minute, RunwayMin: time.Hour}, deps).Handler())
 	defer hs.Close()
 	for _, tc := range []struct {
 		name  string
@@ -238,6 +238,10 @@ func TestReadyzReasons(t *testing.T) {
 		{"standby", SourceStatus{Following: true}, true, 200, "ready"},
 		{"stalled", SourceStatus{Connected: true, Lag: 2 * time.Minute}, true, 503, "stalled: source lag 2m0s exceeds 1m0s"},
 		{"engine not ready", SourceStatus{Connected: true}, false, 503, "engine starting"},
+		{"binlog runway short", SourceStatus{Connected: true, Runway: &binlog.Runway{File: "b.000003", PurgeAt: time.Now().Add(10 * time.Minute), Limit: "binlog_expire_logs_seconds=600"}},
+			true, 503, "below 1h0m0s: the server may purge b.000003 (it holds the checkpoint) at "},
+		{"binlog runway long", SourceStatus{Connected: true, Runway: &binlog.Runway{File: "b.000003", PurgeAt: time.Now().Add(2 * time.Hour)}}, true, 200, "ready"},
+		{"binlog never purged", SourceStatus{Connected: true, Runway: &binlog.Runway{File: "b.000003", Never: true}}, true, 200, "ready"},
 	} {
 		src, ready = tc.src, tc.ready
 		code, body := get(t, hs.URL+"/readyz")

@@ -46,6 +46,7 @@ type Metrics struct {
 	tableDDL         *prometheus.CounterVec
 	filtered         *prometheus.CounterVec // filter.go
 	xaSince          atomic.Int64           // unix ns of the oldest held XA PREPARE, 0 for none
+	runway           runwayGauge
 
 	mu     sync.Mutex
 	outbox *outboxCollector
@@ -130,7 +131,7 @@ func New() *Metrics {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.sourceLag, m.sourceConnected, m.changes, m.claims, m.digestMismatch,
 		m.deliveries, m.deliveryDuration, m.deliveryLatency, m.drainErrors,
-		m.leaseHeld, m.handoffDropped, m.xaPrepared, m.tableDDL, m.filtered, xaAge, build,
+		m.leaseHeld, m.handoffDropped, m.xaPrepared, m.tableDDL, m.filtered, xaAge, build, &m.runway,
 	)
 	return m
 }

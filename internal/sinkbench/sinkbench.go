@@ -181,7 +181,7 @@ func analyzeIfAsked(b *testing.B, db *sql.DB, schema string) {
 	if os.Getenv("CDCOUT_BENCH_ANALYZE") != "1" {
 		return
 	}
-	if _, err := db.Exec("ANALYZE TABLE " + state.Table(schema, "segments") + ", " + state.Table(schema, "outbox")); err != nil {
+	if err := outbox.NewStore(db, schema, nil).Analyze(context.Background()); err != nil {
 		b.Fatal(err)
 	}
 }

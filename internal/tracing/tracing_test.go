@@ -211,6 +211,11 @@ func TestOffByDefault(t *testing.T) {
 	if tracing.Enabled() {
 		t.Fatal("tracing enabled without an endpoint")
 	}
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+	t.Setenv("OTEL_SDK_DISABLED", "true")
+	if tracing.Enabled() {
+		t.Fatal("tracing enabled with OTEL_SDK_DISABLED=true")
+	}
 	if _, err := tracing.Setup(context.Background(), "r", "v"); err != nil {
 		t.Fatal(err)
 	}
