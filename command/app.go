@@ -56,6 +56,7 @@ func NewApp(stdin io.Reader, stdout, stderr io.Writer) *cli.App {
 			receiveCommand(),
 			probeCommand(),
 			deadCommand(),
+			sinkCommand(),
 			statusCommand(),
 			fleetCommand(),
 			backfillCommand(),

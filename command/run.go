@@ -52,6 +52,10 @@ var runFlags = []struct {
 	{name: "enqueue-max-buffer", usage: "buffered rows before a mid-transaction flush (default 5000)"},
 	{name: "shutdown-timeout", usage: "how long a stop waits for in-flight deliveries (default 30s)"},
 	{name: "max-row-bytes", usage: "dead-letter a change whose row images exceed this many bytes, e.g. 16MiB (default 0: no ceiling)"},
+	{name: "admin-token", usage: "bearer token of the admin API's write endpoints (POST /v1/…); without it (or --admin-token-file) they are off"},
+	{name: "admin-token-file", usage: "file holding the admin token (trailing newline ignored)"},
+	{name: "admin-addr", usage: "serve the admin API on this host:port instead of --http-addr"},
+	{name: "admin-read-auth", usage: "put the read endpoints (/v1/*, /metrics) behind the admin token too", bool: true},
 }
 
 func runCommand() *cli.Command {
@@ -132,6 +136,9 @@ func scrubErr(err error, cfg *config.Config) error {
 func scrub(err error, cfg *config.Config) string {
 	msg := strings.Join(strings.Fields(err.Error()), " ")
 	var secrets []string
+	if t := cfg.AdminTokenValue(); t != "" {
+		secrets = append(secrets, t.Value())
+	}
 	for _, dsn := range []config.DSN{cfg.DSN, cfg.StateDSN} {
 		if mc, perr := mysql.ParseDSN(dsn.Value()); perr == nil && mc.Passwd != "" {
 			secrets = append(secrets, mc.Passwd)

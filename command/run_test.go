@@ -264,3 +264,83 @@ func TestRunServerWithoutRowBinlog(t *testing.T) {
 		t.Errorf("stderr %q should name binlog_format", lastLine(stderr))
 	}
 }
+
+// post sends POST url with "Authorization: Bearer token" (none when
+// token is "") and returns the status and body; err when nothing answers.
+func post(url, token string) (int, string, error) {
+	req, err := http.NewRequest("POST", url, nil)
+	if err != nil {
+		return 0, "", err
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
+}
+
+// TestRunAdminAPI runs cdcout run with the token in a file and the admin
+// API on its own address: the write endpoint refuses without the token
+// and works with it, and the token appears in no log line, even at debug.
+func TestRunAdminAPI(t *testing.T) {
+	srv := mysqltest.Shared(t)
+	state := srv.CreateDB(t, "runadmin")
+	const token = "run-admin-token-5d0c9b1e7f3a"
+	tokenFile := filepath.Join(t.TempDir(), "admin-token")
+	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	httpAddr, adminAddr := mysqltest.FreeAddr(t), mysqltest.FreeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan int, 1)
+	var stderr string
+	go func() {
+		var code int
+		code, _, stderr = runArgs(t, ctx, "run", "--dsn", srv.DSN, "--state-db", state, "--instance", state,
+			"--sink", "stdout:", "--http-addr", httpAddr, "--admin-addr", adminAddr, "--admin-token-file", tokenFile,
+			"--log-format", "json", "--log-level", "debug")
+		done <- code
+	}()
+	url := "http://" + adminAddr + "/v1/dead/retry"
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		code, body, err := post(url, token)
+		if err == nil && code == http.StatusOK && strings.Contains(body, `"requeued":0`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			cancel()
+			t.Fatalf("POST %s with the token never answered 200 requeued 0: %d %s %v", url, code, body, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, tok := range []string{"", "not-the-admin-token-at-all"} {
+		if code, body, err := post(url, tok); err != nil || code != http.StatusUnauthorized {
+			t.Errorf("token %q: %d %s %v, want 401", tok, code, body, err)
+		}
+	}
+	if code, body, err := post("http://"+httpAddr+"/v1/dead/retry", token); err != nil || code != http.StatusNotFound {
+		t.Errorf("write on --http-addr: %d %s %v, want 404", code, body, err)
+	}
+	cancel()
+	select {
+	case code := <-done:
+		if code != ExitOK {
+			t.Errorf("exit %d after stop, want 0; stderr %s", code, lastN(stderr, 2000))
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("run did not stop")
+	}
+	if !strings.Contains(stderr, `"admin":true`) {
+		t.Errorf("no log line of the admin listener: %s", lastN(stderr, 2000))
+	}
+	if strings.Contains(stderr, token) {
+		t.Errorf("the admin token is in the log")
+	}
+}

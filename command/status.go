@@ -83,7 +83,11 @@ func writeStatus(w io.Writer, st inspect.Status) error {
 					lastErr += " (" + p.LastErrorAt.UTC().Format(time.RFC3339) + ")"
 				}
 			}
-			fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\n", p.Pipe, p.Pending, p.Delivering, p.Delivered, p.Dead,
+			name := p.Pipe
+			if p.Paused {
+				name += " (paused)"
+			}
+			fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\n", name, p.Pending, p.Delivering, p.Delivered, p.Dead,
 				ago(p.OldestPendingAgeSeconds), ago(p.DeliveryLagSeconds), dash(p.DrainHolder), lastErr)
 		}
 	}

@@ -95,6 +95,13 @@ type Config struct {
 	// ShutdownTimeout bounds how long a graceful stop waits for in-flight
 	// deliveries.
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
+
+	// Admin API (admin.go): write endpoints exist only with a token.
+	AdminToken     Secret `yaml:"admin_token"`
+	AdminTokenFile string `yaml:"admin_token_file"`
+	AdminAddr      string `yaml:"admin_addr"`
+	AdminReadAuth  bool   `yaml:"admin_read_auth"`
+	adminFileToken Secret
 }
 
 // Sink is one destination.
@@ -113,6 +120,17 @@ type Sink struct {
 	// DropColumns are removed from row images before anything is stored:
 	// "col" in every table, or "db.table.col".
 	DropColumns []string `yaml:"drop_columns"`
+	// Column transforms (transform.go), same column syntax as
+	// DropColumns.
+	HashColumns    []string `yaml:"hash_columns"`
+	MaskColumns    []string `yaml:"mask_columns"`
+	IncludeColumns []string `yaml:"include_columns"`
+	HashKey        Secret   `yaml:"hash_key"`
+	HashKeyFile    string   `yaml:"hash_key_file"`
+	hashFileKey    Secret
+	// Filter is a CEL expression over op, before, after and source; the
+	// sink gets only the changes it is true for (package filter).
+	Filter string `yaml:"filter"`
 	// Secret signs webhooks (Standard Webhooks); "whsec_<base64>" is
 	// decoded, anything else is used as raw bytes.
 	Secret  Secret            `yaml:"secret"`

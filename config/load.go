@@ -102,6 +102,10 @@ var settings = map[string]setter{
 	"enqueue-max-buffer":     func(c *Config, v string) error { return setInt(&c.EnqueueMaxBuffer, v) },
 	"max-row-bytes":          func(c *Config, v string) error { return setBytes(&c.MaxRowBytes, v) },
 	"shutdown-timeout":       func(c *Config, v string) error { return setDuration(&c.ShutdownTimeout, v) },
+	"admin-token":            func(c *Config, v string) error { c.AdminToken = Secret(v); return nil },
+	"admin-token-file":       func(c *Config, v string) error { c.AdminTokenFile = v; return nil },
+	"admin-addr":             func(c *Config, v string) error { c.AdminAddr = v; return nil },
+	"admin-read-auth":        func(c *Config, v string) error { return setBool(&c.AdminReadAuth, v) },
 }
 
 // SettingNames lists every name Resolve accepts as a flag or (as

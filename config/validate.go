@@ -15,6 +15,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/cdcout/cdcout/filter"
 	"github.com/cdcout/cdcout/state"
 )
 
@@ -86,11 +87,7 @@ func (c *Config) Validate() error {
 		errs.add("claim_lease", "must be positive, got %s", c.ClaimLease)
 	}
 	if c.HTTPAddr != "off" {
-		if _, port, err := net.SplitHostPort(c.HTTPAddr); err != nil {
-			errs.add("http_addr", "%q is not host:port or off", c.HTTPAddr)
-		} else if _, err := strconv.ParseUint(port, 10, 16); err != nil {
-			errs.add("http_addr", "%q: bad port", c.HTTPAddr)
-		}
+		checkListenAddr(&errs, "http_addr", c.HTTPAddr)
 	}
 	if c.HTTPKeepAlive <= 0 {
 		errs.add("http_keep_alive", "must be positive, got %s", c.HTTPKeepAlive)
@@ -119,6 +116,8 @@ func (c *Config) Validate() error {
 		errs.add("shutdown_timeout", "must be positive, got %s", c.ShutdownTimeout)
 	}
 
+	c.validateAdmin(&errs)
+
 	if len(c.Sinks) == 0 {
 		errs.add("sinks", "no sinks configured (add --sink stdout: or a sinks: list in the config file)")
 	}
@@ -134,6 +133,15 @@ func (c *Config) Validate() error {
 		}
 	}
 	return errs.err()
+}
+
+// checkListenAddr reports addr unless it is host:port with a numeric port.
+func checkListenAddr(errs *Errors, field, addr string) {
+	if _, port, err := net.SplitHostPort(addr); err != nil {
+		errs.add(field, "%q is not host:port or off", addr)
+	} else if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		errs.add(field, "%q: bad port", addr)
+	}
 }
 
 func checkDSN(errs *Errors, field, dsn string) {
@@ -272,10 +280,11 @@ func (s *Sink) validate(errs *Errors, at string, claimLease time.Duration) {
 			errs.add(fmt.Sprintf("%s.ops[%d]", at, i), "%q is not insert, update or delete", op)
 		}
 	}
-	for i, col := range s.DropColumns {
-		parts := strings.Split(col, ".")
-		if (len(parts) != 1 && len(parts) != 3) || slicesHasEmpty(parts) {
-			errs.add(fmt.Sprintf("%s.drop_columns[%d]", at, i), "%q: want \"column\" or \"db.table.column\"", col)
+	checkColumns(errs, at+".drop_columns", s.DropColumns)
+	s.validateTransforms(errs, at)
+	if s.Filter != "" {
+		if _, err := filter.Compile(s.Filter); err != nil {
+			errs.add(at+".filter", "%v", err)
 		}
 	}
 	if s.Secret != "" && scheme != "http" && scheme != "https" {

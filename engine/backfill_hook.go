@@ -56,9 +56,10 @@ func (q *enqueuer) hookChange(ctx context.Context, ch *canonical.Change) (bool, 
 			}
 			pipe := outbox.PipeName(q.instance, br.Change.Source.DB, br.Change.Source.Table, r.sink)
 			c := r.mask(br.Change)
+			filtered, dead := r.filterOut(br.Change)
 			q.ready = append(q.ready, outbox.Pending{
 				Pipe: pipe, Sink: r.sink, Change: c, ChangeKey: br.ChangeKey, Unit: br.Unit,
-				Digest: canonical.DigestChange(pipe, c),
+				Digest: canonical.DigestChange(pipe, c), Filtered: filtered, Dead: dead,
 			})
 		}
 	}

@@ -31,6 +31,7 @@ import (
 
 	"github.com/cdcout/cdcout/binlog"
 	"github.com/cdcout/cdcout/config"
+	"github.com/cdcout/cdcout/control"
 	"github.com/cdcout/cdcout/fleet"
 	"github.com/cdcout/cdcout/inspect"
 	"github.com/cdcout/cdcout/internal/pause"
@@ -127,7 +128,13 @@ func New(cfg *config.Config, logger *zap.Logger, opts ...Option) (*Engine, error
 			return nil, fmt.Errorf("sinks[%d] (%s): %w", i, sc.Name, err)
 		}
 		e.sinks[sc.Name] = sinkEntry{cfg: sc, sink: s}
-		e.routes = append(e.routes, newRoute(sc))
+		r, err := newRoute(sc)
+		if err != nil {
+			e.closeSinks()
+			return nil, fmt.Errorf("sinks[%d].filter: %w", i, err)
+		}
+		r.countFiltered = e.metrics.ObserveFiltered
+		e.routes = append(e.routes, r)
 	}
 	e.metrics.WatchEndpoints(e.endpointStats)
 	return e, nil
@@ -232,10 +239,11 @@ func (e *Engine) openState(ctx context.Context) (*sql.DB, error) {
 // the end; failed is told when it cannot serve.
 func (e *Engine) startInspect(ctx context.Context, services *group, db *sql.DB, failed func(error)) {
 	cfg := e.cfg
-	srv := inspect.New(inspect.Config{Addr: cfg.HTTPAddr, KeepAlive: cfg.HTTPKeepAlive, HeadersTimeout: cfg.HTTPHeadersTimeout, RunwayMin: cfg.BinlogRunwayMin}, inspect.Deps{
+	srv := inspect.New(inspect.Config{Addr: cfg.HTTPAddr, KeepAlive: cfg.HTTPKeepAlive, HeadersTimeout: cfg.HTTPHeadersTimeout, RunwayMin: cfg.BinlogRunwayMin,
+		Admin: inspect.AdminConfig{Token: cfg.AdminTokenValue(), Addr: cfg.AdminAddr, ReadAuth: cfg.AdminReadAuth}}, inspect.Deps{
 		DB: db, Schema: cfg.StateDB, Instance: cfg.Instance, ReplicaID: cfg.ReplicaID,
 		Source: e.sourceStatus, Ready: e.ready, Metrics: e.metrics, Pipes: nil,
-		DroppedPending: e.droppedPending, Endpoints: e.endpoints,
+		DroppedPending: e.droppedPending, Endpoints: e.endpoints, Sinks: e.sinkNames(),
 		Secrets: e.secrets(), Logger: e.log,
 	})
 	services.run(context.WithoutCancel(ctx), func(ictx context.Context) {
@@ -263,7 +271,14 @@ func (e *Engine) startDelivery(ctx context.Context, services *group, db *sql.DB,
 	dl.discover = drains.pendingPipes
 	dl.heldMetric = e.metrics.SetLeaseHeld
 	dl.reportMember = func(err error) { e.noteWrite(writeMember, err) }
-	drains.leases = dl.get
+	paused, err := control.Watch(ctx, db, cfg.StateDB, cfg.Instance, e.log, drains.wakeSink)
+	if err != nil {
+		return nil, err
+	}
+	// Stopping only ends the reads; the last state read stays in force
+	// for the drainers that are still finishing.
+	services.onStop(paused.Stop)
+	drains.leases = pauseGate(paused, dl.get)
 	drains.notify = dl.addPipes
 	e.mu.Lock()
 	e.dl = dl

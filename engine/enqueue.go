@@ -37,6 +37,9 @@ type enqueueStore interface {
 type openChange struct {
 	pipe, sink string
 	ch         *canonical.Change
+	// filtered, dead: the sink's row filter's decision (rowfilter.go).
+	filtered bool
+	dead     string
 }
 
 // enqueuer turns the stream's events into outbox batches. Batches are
@@ -148,11 +151,13 @@ func (q *enqueuer) handleChange(ctx context.Context, ch *canonical.Change) error
 		if r.transactions {
 			c = q.txPlace(r.sink, c)
 		}
-		q.open = append(q.open, openChange{
+		oc := openChange{
 			pipe: outbox.PipeName(q.instance, ch.Source.DB, ch.Source.Table, r.sink),
 			sink: r.sink,
 			ch:   c,
-		})
+		}
+		oc.filtered, oc.dead = r.filterOut(ch)
+		q.open = append(q.open, oc)
 	}
 	q.maxBuffered = max(q.maxBuffered, len(q.ready)+len(q.open))
 	if q.digestMode && len(q.ready)+len(q.open) >= q.maxBuffer {
@@ -265,15 +270,15 @@ func (q *enqueuer) keyOpen() error {
 			key = ch.ChangeKey
 			unit = dedup.GTIDUnitOf(key)
 		}
-		var dead string
-		if q.maxRowBytes > 0 {
+		dead := o.dead
+		if q.maxRowBytes > 0 && dead == "" {
 			if n := ch.ImageBytes(); n > q.maxRowBytes {
 				ch, dead = withoutImages(ch), fmt.Sprintf("row images of %d bytes exceed max_row_bytes %d: not delivered, its before and after dropped; re-sync the row", n, q.maxRowBytes)
 				q.log.Error("change exceeds max_row_bytes; dead-lettered without its row images",
 					zap.String("pipe", o.pipe), zap.String("change_key", key), zap.Int("bytes", n), zap.Int("max_row_bytes", q.maxRowBytes))
 			}
 		}
-		q.ready = append(q.ready, outbox.Pending{Pipe: o.pipe, Sink: o.sink, Change: ch, ChangeKey: key, Digest: digest, Unit: unit, Dead: dead})
+		q.ready = append(q.ready, outbox.Pending{Pipe: o.pipe, Sink: o.sink, Change: ch, ChangeKey: key, Digest: digest, Unit: unit, Dead: dead, Filtered: o.filtered})
 	}
 	clear(q.open)
 	q.open = q.open[:0]

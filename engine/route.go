@@ -1,10 +1,9 @@
 package engine
 
 import (
-	"strings"
-
 	"github.com/cdcout/cdcout/canonical"
 	"github.com/cdcout/cdcout/config"
+	"github.com/cdcout/cdcout/filter"
 )
 
 // route is one sink's subscription: which tables and ops it wants and which
@@ -13,16 +12,22 @@ type route struct {
 	sink   string
 	filter config.TableFilter
 	ops    map[canonical.Op]bool // nil: every op
-	// dropAll are columns removed from every table; dropTable["db.tbl"]
-	// from one table only.
-	dropAll   map[string]bool
-	dropTable map[string]map[string]bool
+	// tf are the column transforms (transform.go).
+	tf transforms
+	// rowFilter is the sink's filter: expression (rowfilter.go), nil for
+	// none; countFiltered counts what it keeps from the sink.
+	rowFilter     *filter.Filter
+	countFiltered func(sink, result string)
 	// transactions: the sink wants transaction metadata (txmeta.go).
 	transactions bool
 }
 
-func newRoute(s config.Sink) *route {
-	r := &route{sink: s.Name, filter: s.Tables, transactions: s.Transactions}
+func newRoute(s config.Sink) (*route, error) {
+	f, err := compileFilter(s)
+	if err != nil {
+		return nil, err
+	}
+	r := &route{sink: s.Name, filter: s.Tables, rowFilter: f, transactions: s.Transactions}
 	if len(s.Ops) > 0 {
 		r.ops = map[canonical.Op]bool{}
 		for _, op := range s.Ops {
@@ -35,25 +40,8 @@ func newRoute(s config.Sink) *route {
 			}
 		}
 	}
-	for _, c := range s.DropColumns {
-		parts := strings.Split(c, ".")
-		if len(parts) == 1 {
-			if r.dropAll == nil {
-				r.dropAll = map[string]bool{}
-			}
-			r.dropAll[c] = true
-			continue
-		}
-		if r.dropTable == nil {
-			r.dropTable = map[string]map[string]bool{}
-		}
-		t := parts[0] + "." + parts[1]
-		if r.dropTable[t] == nil {
-			r.dropTable[t] = map[string]bool{}
-		}
-		r.dropTable[t][parts[2]] = true
-	}
-	return r
+	r.tf = newTransforms(s)
+	return r, nil
 }
 
 func (r *route) matches(ch *canonical.Change) bool {
@@ -61,35 +49,4 @@ func (r *route) matches(ch *canonical.Change) bool {
 		return false
 	}
 	return r.filter.Matches(ch.Source.DB, ch.Source.Table)
-}
-
-// mask returns ch with the route's dropped columns removed from the row
-// images. The key is kept whole: it is what per-key ordering and
-// consumers' upserts rely on, so a key column cannot be masked away. The
-// original change is never modified (other routes share it).
-func (r *route) mask(ch *canonical.Change) *canonical.Change {
-	tbl := r.dropTable[ch.Source.DB+"."+ch.Source.Table]
-	if len(r.dropAll) == 0 && len(tbl) == 0 {
-		return ch
-	}
-	drop := func(row canonical.Row) canonical.Row {
-		if row == nil {
-			return nil
-		}
-		out := make(canonical.Row, len(row))
-		for k, v := range row {
-			if r.dropAll[k] || tbl[k] {
-				continue
-			}
-			out[k] = v
-		}
-		return out
-	}
-	c := *ch
-	// The key is kept whole even when a key column is masked: it is read
-	// before the images lose columns.
-	c.Key, c.KeyCols = ch.KeyRow(), nil
-	c.Before = drop(ch.Before)
-	c.After = drop(ch.After)
-	return &c
 }

@@ -69,13 +69,16 @@ func (e *Engine) ready() (bool, string) {
 // secrets lists what the inspect server must never echo.
 func (e *Engine) secrets() []string {
 	var out []string
+	if t := e.cfg.AdminTokenValue(); t != "" {
+		out = append(out, t.Value())
+	}
 	for _, dsn := range []config.DSN{e.cfg.DSN, e.cfg.StateDSN} {
 		if mc, err := mysql.ParseDSN(dsn.Value()); err == nil && mc.Passwd != "" {
 			out = append(out, mc.Passwd)
 		}
 	}
 	for _, s := range e.cfg.Sinks {
-		for _, sec := range []config.Secret{s.Secret} {
+		for _, sec := range []config.Secret{s.Secret, s.HashKeyValue()} {
 			if sec != "" {
 				out = append(out, sec.Value())
 			}

@@ -52,6 +52,9 @@ type PipeStatus struct {
 	// DrainHolder holds the pipe's drain lease ("" when none is live).
 	DrainHolder string `json:"drainHolder"`
 	DrainEpoch  uint64 `json:"drainEpoch,omitempty"`
+	// Paused: an operator paused the pipe's sink (cdcout sink pause); no
+	// replica delivers its records until it is resumed.
+	Paused bool `json:"paused,omitempty"`
 	// Endpoint is this replica's view of the sink's receiver (webhooks):
 	// its adaptive concurrency limit, requests in flight and latency.
 	Endpoint *EndpointStatus `json:"endpoint,omitempty"`
@@ -236,6 +239,9 @@ func (r Reader) Pipes(ctx context.Context, extra ...string) ([]PipeStatus, error
 		}
 	}
 
+	if err := r.markPaused(ctx, byPipe); err != nil {
+		return nil, err
+	}
 	out := make([]PipeStatus, 0, len(byPipe))
 	for _, p := range byPipe {
 		out = append(out, *p)

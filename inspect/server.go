@@ -82,6 +82,8 @@ type Config struct {
 	StaleAfter time.Duration
 	// ShutdownTimeout bounds the graceful shutdown (default 5s).
 	ShutdownTimeout time.Duration
+	// Admin configures the write endpoints (admin.go).
+	Admin AdminConfig
 }
 
 // SourceStatus is the engine's view of its binlog source.
@@ -145,6 +147,9 @@ type Deps struct {
 	// Endpoints, when set, reports the adaptive concurrency state of the
 	// sinks that pace themselves, by sink name.
 	Endpoints func() map[string]EndpointStatus
+	// Sinks are this replica's configured sink names (pause and resume
+	// accept them before any record or fleet row names them).
+	Sinks []string
 	// Secrets are scrubbed from every response body as a last line of
 	// defence (the source DSN's password, sink secrets).
 	Secrets []string
@@ -158,9 +163,12 @@ type Server struct {
 	reader Reader
 	log    *zap.Logger
 	mux    *http.ServeMux
+	// adminMux serves the write endpoints on Admin.Addr, when set.
+	adminMux *http.ServeMux
 
-	mu   sync.Mutex
-	addr net.Addr
+	mu        sync.Mutex
+	addr      net.Addr
+	adminAddr net.Addr
 
 	// pipes caches the /v1/sinks read for pipesCacheFor: counting an
 	// outbox of a million delivered rows takes a fraction of a second, and
@@ -200,11 +208,14 @@ func New(cfg Config, deps Deps) *Server {
 		reader: Reader{DB: deps.DB, Schema: deps.Schema, Instance: deps.Instance, StaleAfter: cfg.StaleAfter},
 		log:    deps.Logger.Named("inspect"),
 		mux:    http.NewServeMux(),
+
+		adminMux: http.NewServeMux(),
 	}
 	if deps.DB != nil {
 		deps.Metrics.WatchOutbox(s.reader.OutboxStats, 5*time.Second)
 	}
 	s.routes()
+	s.adminRoutes()
 	return s
 }
 
@@ -218,30 +229,53 @@ func (s *Server) Addr() net.Addr {
 	return s.addr
 }
 
-// Run listens on cfg.Addr and serves until ctx ends, then shuts down
-// gracefully (in-flight requests get ShutdownTimeout). With Addr "off" it
-// only waits for ctx.
+// AdminAddr is the address the admin listener listens on, nil before Run
+// listened or without Admin.Addr.
+func (s *Server) AdminAddr() net.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.adminAddr
+}
+
+// Run listens on cfg.Addr (and Admin.Addr, when set) and serves until ctx
+// ends, then shuts down gracefully (in-flight requests get
+// ShutdownTimeout). With Addr "off" and no Admin.Addr it only waits for
+// ctx.
 func (s *Server) Run(ctx context.Context) error {
-	if s.cfg.Addr == "" || s.cfg.Addr == "off" {
+	var servers []*http.Server
+	errc := make(chan error, 2)
+	for _, l := range []struct {
+		addr    string
+		handler http.Handler
+		got     *net.Addr
+	}{{s.cfg.Addr, s.mux, &s.addr}, {s.cfg.Admin.Addr, s.adminMux, &s.adminAddr}} {
+		if l.addr == "" || l.addr == "off" {
+			continue
+		}
+		ln, err := net.Listen("tcp", l.addr)
+		if err != nil {
+			for _, srv := range servers {
+				_ = srv.Close()
+			}
+			return fmt.Errorf("inspect: listen on %s: %w", l.addr, err)
+		}
+		s.mu.Lock()
+		*l.got = ln.Addr()
+		s.mu.Unlock()
+		srv := &http.Server{
+			Handler:           l.handler,
+			IdleTimeout:       s.cfg.KeepAlive,
+			ReadHeaderTimeout: s.cfg.HeadersTimeout,
+			ErrorLog:          zap.NewStdLog(s.log),
+		}
+		servers = append(servers, srv)
+		s.log.Info("serving", zap.String("addr", ln.Addr().String()), zap.Bool("admin", l.handler == http.Handler(s.adminMux)))
+		go func() { errc <- srv.Serve(ln) }()
+	}
+	if len(servers) == 0 {
 		<-ctx.Done()
 		return nil
 	}
-	ln, err := net.Listen("tcp", s.cfg.Addr)
-	if err != nil {
-		return fmt.Errorf("inspect: listen on %s: %w", s.cfg.Addr, err)
-	}
-	s.mu.Lock()
-	s.addr = ln.Addr()
-	s.mu.Unlock()
-	srv := &http.Server{
-		Handler:           s.mux,
-		IdleTimeout:       s.cfg.KeepAlive,
-		ReadHeaderTimeout: s.cfg.HeadersTimeout,
-		ErrorLog:          zap.NewStdLog(s.log),
-	}
-	s.log.Info("serving", zap.String("addr", ln.Addr().String()))
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
 	sctx, stopSampling := context.WithCancel(ctx)
 	sampled := make(chan struct{})
 	go func() {
@@ -265,9 +299,16 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	shctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
 	defer cancel()
-	err = srv.Shutdown(shctx)
-	if serr := <-errc; serr != nil && !errors.Is(serr, http.ErrServerClosed) && err == nil {
-		err = serr
+	var err error
+	for _, srv := range servers {
+		if serr := srv.Shutdown(shctx); serr != nil && err == nil {
+			err = serr
+		}
+	}
+	for range servers {
+		if serr := <-errc; serr != nil && !errors.Is(serr, http.ErrServerClosed) && err == nil {
+			err = serr
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("inspect: shutdown: %w", err)
@@ -280,25 +321,27 @@ func (s *Server) routes() {
 		s.writeText(w, http.StatusOK, "ok\n")
 	})
 	s.mux.HandleFunc("GET /readyz", s.readyz)
-	s.mux.HandleFunc("GET /metrics", s.metrics)
-	s.mux.HandleFunc("GET /v1/source", func(w http.ResponseWriter, r *http.Request) {
+	s.read("GET /metrics", s.metrics)
+	s.read("GET /v1/source", func(w http.ResponseWriter, r *http.Request) {
 		s.writeJSON(w, http.StatusOK, s.sourceView())
 	})
-	s.mux.HandleFunc("GET /v1/sinks", s.sinks)
-	s.mux.HandleFunc("GET /v1/source/history", s.lagHistory)
-	s.mux.HandleFunc("GET /v1/leases", func(w http.ResponseWriter, r *http.Request) {
+	s.read("GET /v1/sinks", s.sinks)
+	s.read("GET /v1/source/history", s.lagHistory)
+	s.read("GET /v1/leases", func(w http.ResponseWriter, r *http.Request) {
 		leases, err := s.reader.Leases(r.Context())
 		s.reply(w, map[string]any{"instance": s.deps.Instance, "leases": leases}, err)
 	})
-	s.mux.HandleFunc("GET /v1/fleet", func(w http.ResponseWriter, r *http.Request) {
+	s.read("GET /v1/fleet", func(w http.ResponseWriter, r *http.Request) {
 		f, err := s.reader.Fleet(r.Context())
 		s.reply(w, f, err)
 	})
-	s.mux.HandleFunc("GET /v1/dead", func(w http.ResponseWriter, r *http.Request) {
+	s.read("GET /v1/dead", func(w http.ResponseWriter, r *http.Request) {
 		limit, _ := strconv.Atoi(r.URL.Query().Get("limit"))
 		dead, err := s.reader.Dead(r.Context(), limit)
 		s.reply(w, map[string]any{"instance": s.deps.Instance, "dead": dead}, err)
 	})
+	// The page holds no data (it fetches /v1/*), so it stays open under
+	// ReadAuth and sends the token from its URL fragment.
 	s.mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
 		page, err := dashboardFS.ReadFile("dashboard.html")
 		if err != nil {

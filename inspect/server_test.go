@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"io"
 	"maps"
 	"net/http"
 	"net/http/httptest"
@@ -46,16 +45,7 @@ func testDeps(t *testing.T) Deps {
 
 func get(t *testing.T, url string) (int, string) {
 	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, string(b)
+	return do(t, "GET", url, "")
 }
 
 func getJSON(t *testing.T, url string, v any) {
@@ -479,7 +469,9 @@ func TestHeldSegmentErrorShown(t *testing.T) {
 // waitListening waits until s listens.
 func waitListening(t *testing.T, s *Server) {
 	t.Helper()
-	wait.Until(t, "the server to listen", 5*time.Second, func() bool { return s.Addr() != nil })
+	wait.Until(t, "the server to listen", 5*time.Second, func() bool {
+		return s.Addr() != nil && (s.cfg.Admin.Addr == "" || s.AdminAddr() != nil)
+	})
 }
 
 // serve runs a server with cfg and deps until the test ends (its Run must

@@ -44,7 +44,8 @@ type Metrics struct {
 	handoffDropped   prometheus.Counter
 	xaPrepared       prometheus.Gauge
 	tableDDL         *prometheus.CounterVec
-	xaSince          atomic.Int64 // unix ns of the oldest held XA PREPARE, 0 for none
+	filtered         *prometheus.CounterVec // filter.go
+	xaSince          atomic.Int64           // unix ns of the oldest held XA PREPARE, 0 for none
 	runway           runwayGauge
 
 	mu     sync.Mutex
@@ -109,6 +110,7 @@ func New() *Metrics {
 		Name: "cdcout_table_ddl_uncaptured_total",
 		Help: "TRUNCATE and DROP TABLE statements on captured tables read from the binlog: they produce no change records, so consumers keep the rows they removed.",
 	}, []string{"table", "statement"})
+	m.filtered = newFilteredCounter()
 	xaAge := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "cdcout_xa_prepared_oldest_seconds",
 		Help: "Seconds since the oldest held XA transaction was read at XA PREPARE; 0 when none is held.",
@@ -129,7 +131,7 @@ func New() *Metrics {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.sourceLag, m.sourceConnected, m.changes, m.claims, m.digestMismatch,
 		m.deliveries, m.deliveryDuration, m.deliveryLatency, m.drainErrors,
-		m.leaseHeld, m.handoffDropped, m.xaPrepared, m.tableDDL, xaAge, build, &m.runway,
+		m.leaseHeld, m.handoffDropped, m.xaPrepared, m.tableDDL, m.filtered, xaAge, build, &m.runway,
 	)
 	return m
 }

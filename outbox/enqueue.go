@@ -56,6 +56,10 @@ type Pending struct {
 	// reason instead of a segment record, so it is seen in `cdcout dead
 	// list` and counted, never silently skipped.
 	Dead string
+	// Filtered: the sink's row filter keeps the change from the sink. It
+	// is claimed as any change (a re-read collapses on the claim) but no
+	// record is written.
+	Filtered bool
 }
 
 // Fence is the enqueue lease an enqueue's checkpoint advance is conditional
@@ -544,6 +548,9 @@ func (s *Store) insertSegments(ctx context.Context, tx *sql.Tx, ours []*pendingR
 	for _, pipe := range pipes {
 		sink := byPipe[pipe][0].Sink
 		for _, it := range byPipe[pipe] {
+			if it.Filtered {
+				continue
+			}
 			if it.Dead != "" {
 				if err := s.insertDead(ctx, tx, it); err != nil {
 					return err

@@ -169,4 +169,20 @@ var migrations = []migration{
 )` + tableOptions,
 		}
 	}},
+	{version: 4, name: "sink controls", stmts: func(s string) []string {
+		// One row per (instance, sink) an operator paused or resumed
+		// (control.Pause): every replica's drainers read it, so a pause
+		// holds across the fleet and across restarts. No row means
+		// running.
+		return []string{
+			`CREATE TABLE IF NOT EXISTS ` + Table(s, "sink_controls") + ` (
+  instance VARCHAR(64) NOT NULL,
+  sink VARCHAR(128) NOT NULL,
+  paused TINYINT(1) NOT NULL DEFAULT 0,
+  changed_by VARCHAR(255) NOT NULL DEFAULT '',
+  changed_at DATETIME(6) NOT NULL DEFAULT NOW(6),
+  PRIMARY KEY (instance, sink)
+)` + tableOptions,
+		}
+	}},
 }

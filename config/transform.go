@@ -1,0 +1,40 @@
+package config
+
+import (
+	"cmp"
+	"fmt"
+	"strings"
+)
+
+// HashKeyValue is the key hash_columns are HMACed with: hash_key, or the
+// contents of hash_key_file read by Validate (trailing newline removed).
+func (s *Sink) HashKeyValue() Secret { return cmp.Or(s.HashKey, s.hashFileKey) }
+
+// checkColumns reports entries of a column list that are neither
+// "column" nor "db.table.column".
+func checkColumns(errs *Errors, path string, cols []string) {
+	for i, col := range cols {
+		parts := strings.Split(col, ".")
+		if (len(parts) != 1 && len(parts) != 3) || slicesHasEmpty(parts) {
+			errs.add(fmt.Sprintf("%s[%d]", path, i), "%q: want \"column\" or \"db.table.column\"", col)
+		}
+	}
+}
+
+// validateTransforms checks hash_columns, mask_columns and
+// include_columns and reads hash_key_file. No message quotes the key.
+func (s *Sink) validateTransforms(errs *Errors, at string) {
+	checkColumns(errs, at+".hash_columns", s.HashColumns)
+	checkColumns(errs, at+".mask_columns", s.MaskColumns)
+	checkColumns(errs, at+".include_columns", s.IncludeColumns)
+	s.hashFileKey = readSecretFile(errs, at+".", "hash_key", "hash_key_file", s.HashKey, s.HashKeyFile)
+	key := s.HashKeyValue()
+	switch {
+	case len(s.HashColumns) > 0 && key == "" && s.HashKeyFile == "":
+		errs.add(at+".hash_columns", "need hash_key or hash_key_file (the HMAC-SHA256 key; e.g. openssl rand -hex 32)")
+	case len(s.HashColumns) > 0 && len(key.Value()) < MinSecretLen && (s.HashKeyFile == "" || s.hashFileKey != ""):
+		errs.add(at+".hash_key", "the key is %d bytes long; use at least %d", len(key.Value()), MinSecretLen)
+	case len(s.HashColumns) == 0 && (s.HashKey != "" || s.HashKeyFile != ""):
+		errs.add(at+".hash_key", "set, but no hash_columns use it")
+	}
+}
