@@ -22,6 +22,7 @@ const testValues = `
 secrets:
   CDCOUT_DSN_PASSWORD: "p@ss:w/rd"
   HOOK_SECRET: whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw
+  CDCOUT_ADMIN_TOKEN: admin-token-4b1f9c2e7d
 config:
   instance: prod
   tables: ["shop.*"]
@@ -113,8 +114,13 @@ func TestHelmChart(t *testing.T) {
 			t.Errorf("Deployment lacks %s:\n%s", want, dep)
 		}
 	}
-	if strings.Contains(string(dep), "p@ss") || strings.Contains(string(dep), "whsec_") {
+	if strings.Contains(string(dep), "p@ss") || strings.Contains(string(dep), "whsec_") || strings.Contains(string(dep), "admin-token-") {
 		t.Errorf("Deployment holds a secret value")
+	}
+	// The admin token reaches the pods as CDCOUT_ADMIN_TOKEN through the
+	// Secret (envFrom), which turns the admin API on.
+	if sec, _ := json.Marshal(kinds["Secret"].raw); !strings.Contains(string(sec), `"CDCOUT_ADMIN_TOKEN"`) {
+		t.Errorf("Secret lacks CDCOUT_ADMIN_TOKEN:\n%s", sec)
 	}
 
 	validate(t, ms)
