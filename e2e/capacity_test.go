@@ -66,11 +66,14 @@ func threadingReceiver(t testing.TB) (string, *capacityReceiver) {
 	}
 	rc := startPythonReceiver(t, py)
 	// Python's server shares the 2 CPUs with cdcout, MariaDB and whatever
-	// else runs: measured on a loaded machine, delivery took 1.2–1.7× what
-	// its capacity (measured alone, before and after) allows. The test
-	// holds it to 2×; CDCOUT_CAPACITY_STRICT=1 and BenchmarkLimitedReceivers
-	// to the 1.5×.
-	rc.bound = 2
+	// else runs: measured on a loaded machine, delivery took 1.1–1.7× what
+	// its capacity (measured alone, before and after) allows, and 2.1× in
+	// a CI run where other packages' tests ran beside it (Python's round
+	// trip 14 ms against its 1.5 ms floor). The test holds it to 3× — the
+	// collapse it guards against took over 10× — and
+	// CDCOUT_CAPACITY_STRICT=1 and BenchmarkLimitedReceivers to the
+	// issue's 1.5×.
+	rc.bound = 3
 	return "threading-python", rc
 }
 
