@@ -77,20 +77,36 @@ const CESpecVersion = "1.0"
 // heartbeat and "cdcout.transaction" for a transaction's BEGIN or END,
 // which are no changes.
 func CEType(rec outbox.Record) string {
+	var b [32]byte
+	return string(AppendCEType(b[:0], rec))
+}
+
+// AppendCEType appends CEType(rec) to dst, for headers built in one buffer.
+func AppendCEType(dst []byte, rec outbox.Record) []byte {
 	switch rec.Op {
 	case canonical.OpHeartbeat:
-		return "cdcout.heartbeat"
+		return append(dst, "cdcout.heartbeat"...)
 	case canonical.OpTransaction:
-		return "cdcout.transaction"
+		return append(dst, "cdcout.transaction"...)
 	}
-	return "cdcout.change." + string(rec.Op)
+	return append(append(dst, "cdcout.change."...), rec.Op...)
 }
 
 // CESource is the CloudEvents source of a record: "cdcout/<instance>".
 func CESource(rec outbox.Record) string { return "cdcout/" + Instance(rec) }
 
+// AppendCESource appends CESource(rec) to dst.
+func AppendCESource(dst []byte, rec outbox.Record) []byte {
+	return append(append(dst, "cdcout/"...), Instance(rec)...)
+}
+
 // CESubject is the CloudEvents subject of a record: "<db>.<table>".
 func CESubject(rec outbox.Record) string { return rec.DB + "." + rec.Table }
+
+// AppendCESubject appends CESubject(rec) to dst.
+func AppendCESubject(dst []byte, rec outbox.Record) []byte {
+	return append(append(append(dst, rec.DB...), '.'), rec.Table...)
+}
 
 // CETime is the record's commit time as RFC 3339 in UTC, "" when unknown.
 func CETime(rec outbox.Record) string {
@@ -98,4 +114,12 @@ func CETime(rec outbox.Record) string {
 		return ""
 	}
 	return rec.CommitTime.UTC().Format(time.RFC3339Nano)
+}
+
+// AppendCETime appends CETime(rec) to dst (nothing when unknown).
+func AppendCETime(dst []byte, rec outbox.Record) []byte {
+	if rec.CommitTime.IsZero() {
+		return dst
+	}
+	return rec.CommitTime.UTC().AppendFormat(dst, time.RFC3339Nano)
 }
