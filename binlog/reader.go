@@ -102,6 +102,11 @@ func (r *reader) event(ctx context.Context, ev *replication.BinlogEvent, outer *
 				r.s.schema.invalidate()
 				r.s.forgetUnmarked()
 				r.tableDDL(e.Query, string(e.Schema), outer.LogPos)
+				if r.s.cfg.DDLRecords {
+					if err := r.ddlRecords(ctx, e.Query, string(e.Schema), ev.Header, outer); err != nil {
+						return err
+					}
+				}
 			} else if verb := dmlVerb(e.Query); verb != "" {
 				// A session wrote with binlog_format=STATEMENT: its changes
 				// have no row images and cannot be captured. Say so loudly

@@ -11,6 +11,8 @@ import (
 	gomysql "github.com/go-mysql-org/go-mysql/mysql"
 	"github.com/go-mysql-org/go-mysql/replication"
 	"go.uber.org/zap"
+
+	"github.com/cdcout/cdcout/canonical"
 )
 
 // schemaCache turns table map events into decoding schemas (Table).
@@ -39,7 +41,10 @@ type schemaCache struct {
 	fullMeta   bool
 	collations map[uint64]string
 
-	info    map[string]*tableInfo // "db.tbl" → information_schema description
+	info map[string]*tableInfo // "db.tbl" → information_schema description
+	// cols is the column list last seen per table ("db.tbl"), kept across
+	// DDL: a schema-change record's list before (ddlrecord.go).
+	cols    map[string][]canonical.DDLColumn
 	byID    map[uint64]*mappedTable
 	keyless map[string]bool // tables already reported as keyless
 }
@@ -61,7 +66,7 @@ type tableInfo struct {
 
 type isColumn struct {
 	name, dataType, columnType string
-	charset                    string
+	charset, key               string
 	scale, precision           int
 	nullable                   bool
 }
@@ -70,6 +75,7 @@ func newSchemaCache(db *sql.DB, log *zap.Logger, mariadb, fullMeta bool, collati
 	return &schemaCache{
 		db: db, log: log, mariadb: mariadb, fullMeta: fullMeta, collations: collations,
 		info: map[string]*tableInfo{}, byID: map[uint64]*mappedTable{}, keyless: map[string]bool{},
+		cols: map[string][]canonical.DDLColumn{},
 	}
 }
 
@@ -460,7 +466,7 @@ func (c *schemaCache) lookup(ctx context.Context, db, name string) (*tableInfo, 
 	}
 	info := &tableInfo{byName: map[string]int{}, json: map[string]bool{}}
 	rows, err := c.db.QueryContext(ctx, `SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, COALESCE(CHARACTER_SET_NAME, ''),
-		COALESCE(NUMERIC_SCALE, 0), COALESCE(DATETIME_PRECISION, 0), IS_NULLABLE
+		COALESCE(NUMERIC_SCALE, 0), COALESCE(DATETIME_PRECISION, 0), IS_NULLABLE, COLUMN_KEY
 		FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? ORDER BY ORDINAL_POSITION`, db, name)
 	if err != nil {
 		return nil, fmt.Errorf("read columns of %s: %w", key, err)
@@ -468,7 +474,7 @@ func (c *schemaCache) lookup(ctx context.Context, db, name string) (*tableInfo, 
 	for rows.Next() {
 		var col isColumn
 		var nullable string
-		if err := rows.Scan(&col.name, &col.dataType, &col.columnType, &col.charset, &col.scale, &col.precision, &nullable); err != nil {
+		if err := rows.Scan(&col.name, &col.dataType, &col.columnType, &col.charset, &col.scale, &col.precision, &nullable, &col.key); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("read columns of %s: %w", key, err)
 		}
@@ -505,5 +511,12 @@ func (c *schemaCache) lookup(ctx context.Context, db, name string) (*tableInfo, 
 		}
 	}
 	c.info[key] = info
+	if _, ok := c.cols[key]; !ok && len(info.cols) > 0 {
+		cols := make([]canonical.DDLColumn, len(info.cols))
+		for i, ic := range info.cols {
+			cols[i] = canonical.DDLColumn{Name: ic.name, Type: ic.columnType, Nullable: ic.nullable, Key: ic.key}
+		}
+		c.cols[key] = cols
+	}
 	return info, nil
 }

@@ -70,6 +70,11 @@ type Config struct {
 	// captured table (logged at warn either way); it runs on the reading
 	// goroutine and must not block.
 	OnTableDDL func(TableDDL)
+	// DDLRecords emits a schema-change record (canonical.OpDDL, with the
+	// statement and the table's column lists) for every CREATE, ALTER,
+	// RENAME, DROP and TRUNCATE of a captured table, in stream order
+	// before the statement's Commit (ddlrecord.go).
+	DDLRecords bool
 	Logger     *zap.Logger
 }
 
@@ -90,8 +95,9 @@ type Commit struct {
 	Rows int
 }
 
-// Event is one item of the stream: a row change or a commit. Exactly one of
-// the two fields is set. Every row change of a transaction precedes that
+// Event is one item of the stream: a row change (or, with
+// Config.DDLRecords, a schema-change record: Change.Op canonical.OpDDL) or
+// a commit. Exactly one of the two fields is set. Every row change of a transaction precedes that
 // transaction's Commit.
 type Event struct {
 	Change *canonical.Change

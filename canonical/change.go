@@ -69,6 +69,8 @@ type Change struct {
 	ChangeKey string
 	// Tx is set on a transaction record (Op OpTransaction) only.
 	Tx *TxRecord
+	// DDL is set on a schema-change record (Op OpDDL) only.
+	DDL *DDL
 }
 
 // KeyRow returns the change's key as a Row: Key, or a Row built from

@@ -39,6 +39,10 @@ func AppendEnvelope(dst []byte, c *Change, id string) ([]byte, error) {
 		if c.Tx == nil {
 			return dst, errors.New("canonical json: transaction record without its transaction")
 		}
+	case OpDDL:
+		if c.DDL == nil {
+			return dst, errors.New("canonical json: schema-change record without its statement")
+		}
 	default:
 		return dst, fmt.Errorf("canonical json: invalid op %q", string(c.Op))
 	}
@@ -58,6 +62,12 @@ func AppendEnvelope(dst []byte, c *Change, id string) ([]byte, error) {
 	if dst, err = appendString(dst, c.ChangeKey); err != nil {
 		return orig, fmt.Errorf("encode change_key: %w", err)
 	}
+	if c.DDL != nil {
+		dst = append(dst, `,"ddl":`...)
+		if dst, err = AppendJSON(dst, c.DDL.doc()); err != nil {
+			return orig, fmt.Errorf("encode ddl: %w", err)
+		}
+	}
 	if id != "" {
 		dst = append(dst, `,"id":`...)
 		if dst, err = appendString(dst, id); err != nil {
@@ -69,9 +79,12 @@ func AppendEnvelope(dst []byte, c *Change, id string) ([]byte, error) {
 		return orig, fmt.Errorf("encode key: %w", err)
 	}
 	dst = append(dst, `,"op":"`...)
-	if c.Op == OpTransaction {
+	switch c.Op {
+	case OpTransaction:
 		dst = append(dst, TransactionOpName...)
-	} else {
+	case OpDDL:
+		dst = append(dst, DDLOpName...)
+	default:
 		dst = append(dst, c.Op...)
 	}
 	s := &c.Source

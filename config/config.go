@@ -146,6 +146,10 @@ type Sink struct {
 	// Transactions adds BEGIN/END records around each source transaction
 	// that touched the sink's tables, and source.tx to its changes.
 	Transactions bool `yaml:"transactions"`
+	// DDL sends the sink a schema-change record ("ddl") for every CREATE,
+	// ALTER, RENAME, DROP and TRUNCATE of a table it captures, in order
+	// with the table's rows.
+	DDL bool `yaml:"ddl"`
 
 	Kafka *KafkaOptions `yaml:"kafka"`
 	NATS  *NATSOptions  `yaml:"nats"`

@@ -261,9 +261,9 @@ func (s *Sink) validate(errs *Errors, at string, claimLease time.Duration) {
 	scheme := schemeOf(s.URL)
 	s.validateURL(errs, at, scheme)
 	switch s.Format {
-	case "debezium", "cloudevents", "maxwell":
+	case "debezium", "cloudevents", "maxwell", "native":
 	default:
-		errs.add(at+".format", "%q is not debezium, cloudevents or maxwell", s.Format)
+		errs.add(at+".format", "%q is not debezium, cloudevents, maxwell or native", s.Format)
 	}
 	for i, p := range s.Tables.Include {
 		if err := checkTablePattern(p); err != nil {

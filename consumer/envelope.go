@@ -14,7 +14,10 @@ type Change struct {
 	// webhook-id / ce-id): the same on every redelivery. A maxwell body
 	// has none; Handler takes it from the webhook-id header.
 	ID string
-	// Op is "c" (insert), "u" (update), "d" (delete) or "r" (backfill).
+	// Op is "c" (insert), "u" (update), "d" (delete) or "r" (backfill);
+	// "ddl" for a schema change, "tx" for a transaction's BEGIN or END,
+	// "hb" for a heartbeat (their details are in Body; docs/formats.md).
+	// Debezium's form of a TRUNCATE is op "t".
 	Op    string
 	DB    string
 	Table string
@@ -28,7 +31,8 @@ type Change struct {
 	GTID string
 	// CommitTime is the source commit time (zero if unknown).
 	CommitTime time.Time
-	// Format is "debezium", "cloudevents" or "maxwell".
+	// Format is "debezium" (the native format too: row changes are the
+	// same envelope), "cloudevents" or "maxwell".
 	Format string
 	// Body is the record as it was sent.
 	Body json.RawMessage
@@ -65,7 +69,9 @@ type maxwellRow struct {
 	GTID     string          `json:"gtid"`
 }
 
-var maxwellOps = map[string]string{"insert": "c", "update": "u", "delete": "d", "bootstrap-insert": "r"}
+var maxwellOps = map[string]string{"insert": "c", "update": "u", "delete": "d", "bootstrap-insert": "r",
+	"table-create": "ddl", "table-alter": "ddl", "table-drop": "ddl", "table-truncate": "ddl",
+	"transaction": "tx", "heartbeat": "hb"}
 
 // Decode parses a webhook body: one record, or a JSON array of records
 // (a sink with http: {batch: true}), in any of the three formats, told

@@ -111,6 +111,9 @@ func (q *enqueuer) handle(ctx context.Context, ev binlog.Event) error {
 }
 
 func (q *enqueuer) handleChange(ctx context.Context, ch *canonical.Change) error {
+	if ch.Op == canonical.OpDDL {
+		return q.handleDDL(ch)
+	}
 	if ch.Source.Row <= q.lastRow {
 		// The stream replays a transaction cut off by a reconnect from its
 		// first row: forget the unkeyed rows of the first reading. Rows
@@ -253,8 +256,8 @@ func (q *enqueuer) keyOpen() error {
 		ch := o.ch
 		digest := canonical.DigestChange(o.pipe, ch)
 		var key, unit string
-		if ch.Op == canonical.OpTransaction {
-			key = ch.ChangeKey // txRecord: deterministic in either mode
+		if ch.Op == canonical.OpTransaction || ch.Op == canonical.OpDDL {
+			key = ch.ChangeKey // txRecord, ddlRecords: deterministic in either mode
 		} else if q.digestMode {
 			n := q.counter.Next(digest, time.UnixMilli(ch.Source.TsMs))
 			key = dedup.DigestKey(digest, n)

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -107,12 +108,20 @@ func (h *handoff) handle(_ context.Context, ev binlog.Event) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if ch := ev.Change; ch != nil {
-		if ch.Source.Row <= h.lastRow {
+		replay := ch.Source.Row <= h.lastRow
+		if ch.Op == canonical.OpDDL {
+			// A schema-change record comes before its transaction's rows
+			// (CREATE … SELECT) and has no ordinal of its own.
+			replay = h.lastRow >= 0 || slices.ContainsFunc(h.open, func(o *canonical.Change) bool { return o.ChangeKey == ch.ChangeKey })
+		}
+		if replay {
 			// A transaction replayed from its first row after a reconnect.
 			clear(h.open)
-			h.open, h.openDropped = h.open[:0], false
+			h.open, h.openDropped, h.lastRow = h.open[:0], false, -1
 		}
-		h.lastRow = ch.Source.Row
+		if ch.Op != canonical.OpDDL {
+			h.lastRow = ch.Source.Row
+		}
 		if h.openDropped {
 			return nil
 		}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	mrand "math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -126,6 +127,7 @@ func (e *Engine) streamConfig(resume *binlog.Position) binlog.Config {
 		Version:      buildinfo.Version(),
 		Logger:       e.log,
 		OnTableDDL:   func(d binlog.TableDDL) { e.metrics.ObserveTableDDL(d.DB+"."+d.Table, d.Statement) },
+		DDLRecords:   slices.ContainsFunc(cfg.Sinks, func(s config.Sink) bool { return s.DDL }),
 	}
 }
 

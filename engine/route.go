@@ -20,6 +20,8 @@ type route struct {
 	countFiltered func(sink, result string)
 	// transactions: the sink wants transaction metadata (txmeta.go).
 	transactions bool
+	// ddl: the sink wants schema-change records (ddl.go).
+	ddl bool
 }
 
 func newRoute(s config.Sink) (*route, error) {
@@ -27,7 +29,7 @@ func newRoute(s config.Sink) (*route, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &route{sink: s.Name, filter: s.Tables, rowFilter: f, transactions: s.Transactions}
+	r := &route{sink: s.Name, filter: s.Tables, rowFilter: f, transactions: s.Transactions, ddl: s.DDL}
 	if len(s.Ops) > 0 {
 		r.ops = map[canonical.Op]bool{}
 		for _, op := range s.Ops {
@@ -45,6 +47,9 @@ func newRoute(s config.Sink) (*route, error) {
 }
 
 func (r *route) matches(ch *canonical.Change) bool {
+	if ch.Op == canonical.OpDDL {
+		return false // routed by ddlPlace
+	}
 	if r.ops != nil && !r.ops[ch.Op] {
 		return false
 	}

@@ -29,10 +29,13 @@ const (
 	Debezium    = "debezium"
 	CloudEvents = "cloudevents"
 	Maxwell     = "maxwell"
+	// Native is the stored envelope as is, for every record: the same as
+	// debezium except for schema-change records.
+	Native = "native"
 )
 
 // Names lists the accepted format names, for config validation messages.
-var Names = []string{Debezium, CloudEvents, Maxwell}
+var Names = []string{Debezium, CloudEvents, Maxwell, Native}
 
 // New returns the format called name; "" means debezium.
 func New(name string) (Format, error) {
@@ -43,6 +46,8 @@ func New(name string) (Format, error) {
 		return cloudEventsFormat{}, nil
 	case Maxwell:
 		return maxwellFormat{}, nil
+	case Native:
+		return nativeFormat{}, nil
 	default:
 		return nil, fmt.Errorf("unknown format %q (want one of %s)", name, strings.Join(Names, ", "))
 	}
@@ -52,12 +57,26 @@ func New(name string) (Format, error) {
 // the same canonical encoder as the envelopes they embed.
 var marshal = canonical.Marshal
 
-// debeziumFormat sends the stored envelope untouched: it is already
-// canonical JSON with "id" = the deliveryKey.
+// debeziumFormat sends the stored envelope untouched (it is already
+// canonical JSON with "id" = the deliveryKey), except a schema-change
+// record, which takes Debezium's schema-change form (debeziumDDL).
 type debeziumFormat struct{}
 
-func (debeziumFormat) Encode(rec outbox.Record) ([]byte, error) { return rec.Payload, nil }
-func (debeziumFormat) ContentType() string                      { return "application/json" }
+func (debeziumFormat) Encode(rec outbox.Record) ([]byte, error) {
+	if rec.Op == canonical.OpDDL {
+		return debeziumDDL(rec)
+	}
+	return rec.Payload, nil
+}
+
+func (debeziumFormat) ContentType() string { return "application/json" }
+
+// nativeFormat sends the stored envelope untouched, schema-change records
+// included (op "ddl" with the "ddl" object, docs/formats.md).
+type nativeFormat struct{}
+
+func (nativeFormat) Encode(rec outbox.Record) ([]byte, error) { return rec.Payload, nil }
+func (nativeFormat) ContentType() string                      { return "application/json" }
 
 // Instance returns the cdcout instance a record belongs to: the first
 // segment of its pipe ("<instance>:<db.table>:<sink>").
@@ -74,8 +93,8 @@ const CESpecVersion = "1.0"
 
 // CEType is the CloudEvents type of a record: "cdcout.change.<op>" with op
 // the envelope's op letter (c, u, d, r); "cdcout.heartbeat" for a
-// heartbeat and "cdcout.transaction" for a transaction's BEGIN or END,
-// which are no changes.
+// heartbeat, "cdcout.transaction" for a transaction's BEGIN or END and
+// "cdcout.ddl" for a schema change, which are no row changes.
 func CEType(rec outbox.Record) string {
 	var b [32]byte
 	return string(AppendCEType(b[:0], rec))
@@ -88,6 +107,8 @@ func AppendCEType(dst []byte, rec outbox.Record) []byte {
 		return append(dst, "cdcout.heartbeat"...)
 	case canonical.OpTransaction:
 		return append(dst, "cdcout.transaction"...)
+	case canonical.OpDDL:
+		return append(dst, "cdcout.ddl"...)
 	}
 	return append(append(dst, "cdcout.change."...), rec.Op...)
 }

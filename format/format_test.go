@@ -36,8 +36,11 @@ func record(t *testing.T, name string) outbox.Record {
 	if err := json.Unmarshal(payload, &env); err != nil {
 		t.Fatalf("%s: %v", name, err)
 	}
-	if env.Op == canonical.TransactionOpName {
-		env.Op = canonical.OpTransaction // as stored (one letter)
+	switch env.Op { // as stored (one letter)
+	case canonical.TransactionOpName:
+		env.Op = canonical.OpTransaction
+	case canonical.DDLOpName:
+		env.Op = canonical.OpDDL
 	}
 	return outbox.Record{
 		ID:         env.ID,
@@ -59,7 +62,8 @@ func TestGolden(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, c := range []string{"insert", "update", "delete", "read", "heartbeat", "tx-begin", "tx-end"} {
+		for _, c := range []string{"insert", "update", "delete", "read", "heartbeat", "tx-begin", "tx-end",
+			"ddl-create", "ddl-alter", "ddl-rename", "ddl-truncate", "ddl-drop"} {
 			t.Run(fname+"/"+c, func(t *testing.T) {
 				rec := record(t, c)
 				got, err := f.Encode(rec)
@@ -202,7 +206,8 @@ func BenchmarkEncode(b *testing.B) {
 }
 
 func FuzzEncode(f *testing.F) {
-	for _, c := range []string{"insert", "update", "delete", "read", "heartbeat", "tx-begin", "tx-end"} {
+	for _, c := range []string{"insert", "update", "delete", "read", "heartbeat", "tx-begin", "tx-end",
+			"ddl-create", "ddl-alter", "ddl-rename", "ddl-truncate", "ddl-drop"} {
 		b, err := os.ReadFile(filepath.Join("testdata", c+".envelope.json"))
 		if err != nil {
 			f.Fatal(err)

@@ -53,6 +53,9 @@ var maxwellTypes = map[canonical.Op]string{
 }
 
 func (maxwellFormat) Encode(rec outbox.Record) ([]byte, error) {
+	if rec.Op == canonical.OpDDL {
+		return maxwellDDL(rec)
+	}
 	var env envelope
 	if err := json.Unmarshal(rec.Payload, &env); err != nil {
 		return nil, fmt.Errorf("encode maxwell %s: parse envelope: %w", rec.ID, err)

@@ -563,13 +563,19 @@ func (s *Store) insertSegments(ctx context.Context, tx *sql.Tx, ours []*pendingR
 			}
 			r := &segRecord{id: it.id, changeKey: it.ChangeKey, db: it.change.Source.DB, tbl: it.change.Source.Table,
 				op: string(it.change.Op), rowKey: it.rowKey, keyHash: it.keyHash, commitTS: it.commitTS, payload: payload}
-			if len(recs) > 0 && (len(recs) >= maxSegmentRecords || size+r.size() > maxSegmentBytes) {
+			if len(recs) > 0 && (len(recs) >= maxSegmentRecords || size+r.size() > maxSegmentBytes || isBarrier(r.op)) {
 				if err := flush(pipe, sink); err != nil {
 					return err
 				}
 			}
 			recs = append(recs, r)
 			size += r.size()
+			if isBarrier(r.op) {
+				// Alone in its segment (barrier.go).
+				if err := flush(pipe, sink); err != nil {
+					return err
+				}
+			}
 		}
 		if err := flush(pipe, sink); err != nil {
 			return err

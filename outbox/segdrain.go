@@ -106,6 +106,15 @@ func (p *pipeDrainer) drainSegment(ctx context.Context) (int, error) {
 	// From the claim on, the segment is finished even during a stop: what
 	// is not delivered by then leaves it as outbox rows.
 	wctx := context.WithoutCancel(ctx)
+	if seg.barrier() {
+		wait, err := p.barrierWait(wctx, seg)
+		if err != nil || wait {
+			// Untouched: given back with its attempt, looked at again soon.
+			p.releaseSegment(wctx, seg.id)
+			p.retryDueIn(barrierPoll)
+			return 0, err
+		}
+	}
 	blocked, err := p.openKeys(wctx)
 	if err != nil {
 		p.releaseSegment(wctx, seg.id)
@@ -119,6 +128,15 @@ func (p *pipeDrainer) drainSegment(ctx context.Context) (int, error) {
 			return len(seg.recs), err
 		}
 		return len(seg.recs), nil
+	}
+	if seg.barrier() && len(left) == 1 && left[0].status == StatusPending {
+		// A barrier never becomes a pending row (newer segments would pass
+		// it): not sent, it is given back; failed, it waits whole.
+		if left[0].errText == "" {
+			p.releaseSegment(wctx, seg.id)
+			return 0, nil
+		}
+		return len(seg.recs), p.holdSegment(wctx, seg, &segmentHold{tried: 1, delay: left[0].delay, errText: left[0].errText, overload: left[0].overload})
 	}
 	recorded := false
 	defer func() { p.finishDetached(wctx, left, recorded) }()

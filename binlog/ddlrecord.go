@@ -1,0 +1,315 @@
+package binlog
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-mysql-org/go-mysql/replication"
+
+	"github.com/cdcout/cdcout/canonical"
+)
+
+// ddlTarget is one table a DDL statement changes.
+type ddlTarget struct {
+	kind            string // canonical.DDL*
+	db, table       string
+	oldDB, oldTable string // RENAME: the name before
+}
+
+// ddlTargets parses the tables a DDL statement creates, alters, renames,
+// drops or truncates (defaultDB for unqualified names):
+//
+//	CREATE [OR REPLACE] TABLE [IF NOT EXISTS] t …
+//	CREATE [OR REPLACE] [UNIQUE|FULLTEXT|SPATIAL] INDEX [IF NOT EXISTS] i … ON t …   (ALTER of t)
+//	ALTER [ONLINE] [IGNORE] TABLE [IF EXISTS] t … [RENAME [TO|AS] t2]
+//	RENAME TABLE a TO b [, c TO d …]
+//	DROP TABLE [IF EXISTS] t1 [, t2 …]
+//	DROP INDEX [IF EXISTS] i ON t                                            (ALTER of t)
+//	TRUNCATE [TABLE] t
+//
+// TEMPORARY tables, views and every other statement give nothing. Names
+// are plain or backquoted, optionally db-qualified.
+func ddlTargets(q, defaultDB string) []ddlTarget {
+	p := &ddlParser{toks: ddlTokens(q), defaultDB: defaultDB}
+	switch p.word() {
+	case "CREATE":
+		p.skip("OR", "REPLACE")
+		switch p.word() {
+		case "TABLE":
+			p.skip("IF", "NOT", "EXISTS")
+			if db, t, ok := p.name(); ok {
+				return []ddlTarget{{kind: canonical.DDLCreate, db: db, table: t}}
+			}
+		case "UNIQUE", "FULLTEXT", "SPATIAL":
+			if p.word() == "INDEX" {
+				return p.indexTarget()
+			}
+		case "INDEX":
+			return p.indexTarget()
+		}
+	case "DROP":
+		switch p.word() {
+		case "TABLE":
+			p.skip("IF", "EXISTS")
+			var out []ddlTarget
+			for {
+				db, t, ok := p.name()
+				if !ok {
+					return out
+				}
+				out = append(out, ddlTarget{kind: canonical.DDLDrop, db: db, table: t})
+				if !p.punct(",") {
+					return out
+				}
+			}
+		case "INDEX":
+			return p.indexTarget()
+		}
+	case "TRUNCATE":
+		p.skip("TABLE")
+		if db, t, ok := p.name(); ok {
+			return []ddlTarget{{kind: canonical.DDLTruncate, db: db, table: t}}
+		}
+	case "ALTER":
+		p.skip("ONLINE")
+		p.skip("IGNORE")
+		if p.word() != "TABLE" {
+			return nil
+		}
+		p.skip("IF", "EXISTS")
+		db, t, ok := p.name()
+		if !ok {
+			return nil
+		}
+		tg := ddlTarget{kind: canonical.DDLAlter, db: db, table: t}
+		if ndb, nt, ok := p.alterRename(); ok {
+			tg = ddlTarget{kind: canonical.DDLRename, db: ndb, table: nt, oldDB: db, oldTable: t}
+		}
+		return []ddlTarget{tg}
+	case "RENAME":
+		if p.word() != "TABLE" {
+			return nil
+		}
+		var out []ddlTarget
+		for {
+			odb, ot, ok := p.name()
+			if !ok || p.word() != "TO" {
+				return out
+			}
+			db, t, ok := p.name()
+			if !ok {
+				return out
+			}
+			out = append(out, ddlTarget{kind: canonical.DDLRename, db: db, table: t, oldDB: odb, oldTable: ot})
+			if !p.punct(",") {
+				return out
+			}
+		}
+	}
+	return nil
+}
+
+type ddlParser struct {
+	toks      []ddlToken
+	i         int
+	defaultDB string
+}
+
+// word returns the next token upper-cased if it is an unquoted word, and
+// moves past it; "" (not moving) otherwise.
+func (p *ddlParser) word() string {
+	if p.i < len(p.toks) && !p.toks[p.i].quoted && isIdent(p.toks[p.i].s) {
+		p.i++
+		return strings.ToUpper(p.toks[p.i-1].s)
+	}
+	return ""
+}
+
+// skip moves past words when all of them come next.
+func (p *ddlParser) skip(words ...string) {
+	for k, w := range words {
+		t := p.i + k
+		if t >= len(p.toks) || p.toks[t].quoted || !strings.EqualFold(p.toks[t].s, w) {
+			return
+		}
+	}
+	p.i += len(words)
+}
+
+func (p *ddlParser) punct(s string) bool {
+	if p.i < len(p.toks) && !p.toks[p.i].quoted && p.toks[p.i].s == s {
+		p.i++
+		return true
+	}
+	return false
+}
+
+// name reads [db.]name.
+func (p *ddlParser) name() (db, name string, ok bool) {
+	if p.i >= len(p.toks) {
+		return "", "", false
+	}
+	t := p.toks[p.i]
+	if !t.quoted && !isIdent(t.s) {
+		return "", "", false
+	}
+	p.i++
+	if p.punct(".") {
+		if p.i >= len(p.toks) {
+			return "", "", false
+		}
+		n := p.toks[p.i]
+		p.i++
+		return t.s, n.s, true
+	}
+	return p.defaultDB, t.s, true
+}
+
+// indexTarget reads "[IF [NOT] EXISTS] index ON table" of CREATE/DROP
+// INDEX: an ALTER of the table.
+func (p *ddlParser) indexTarget() []ddlTarget {
+	p.skip("IF", "NOT", "EXISTS")
+	p.skip("IF", "EXISTS")
+	if p.i >= len(p.toks) {
+		return nil
+	}
+	p.i++ // the index name
+	if p.word() != "ON" {
+		return nil
+	}
+	if db, t, ok := p.name(); ok {
+		return []ddlTarget{{kind: canonical.DDLAlter, db: db, table: t}}
+	}
+	return nil
+}
+
+// alterRename finds an ALTER TABLE's table rename among its clauses:
+// RENAME [TO|AS] name at the top level (not RENAME COLUMN/INDEX/KEY).
+func (p *ddlParser) alterRename() (db, name string, ok bool) {
+	depth := 0
+	for p.i < len(p.toks) {
+		t := p.toks[p.i]
+		switch {
+		case t.quoted:
+		case t.s == "(":
+			depth++
+		case t.s == ")":
+			depth--
+		case depth == 0 && strings.EqualFold(t.s, "RENAME"):
+			p.i++
+			switch p.word() {
+			case "COLUMN", "INDEX", "KEY":
+				continue
+			case "TO", "AS", "":
+			default:
+				p.i-- // the word was the new name
+			}
+			return p.name()
+		}
+		p.i++
+	}
+	return "", "", false
+}
+
+// ddlRecords emits a schema-change record (canonical.OpDDL) per captured
+// table the statement changes (Config.DDLRecords), before the statement's
+// Commit, so they sit in the stream between the rows before and after it.
+// The column list after it is information_schema's when the statement is
+// read: exact for a reader that is caught up; one that lags behind a later
+// DDL of the same table gets that later definition (docs/ARCHITECTURE.md,
+// "Schema-change records"). The list before is the one the cache last saw.
+func (r *reader) ddlRecords(ctx context.Context, q []byte, defaultDB string, hdr, outer *replication.EventHeader) error {
+	targets := ddlTargets(string(q), defaultDB)
+	if len(targets) == 0 {
+		return nil
+	}
+	pos := outer.LogPos - outer.EventSize
+	if outer.LogPos < outer.EventSize {
+		pos = outer.LogPos
+	}
+	id := r.tx.gtid
+	if id == "" {
+		id = r.file + ":" + strconv.FormatUint(uint64(pos), 10)
+	}
+	for n, tg := range targets {
+		captured := r.s.filter.match(tg.db, tg.table)
+		if tg.kind == canonical.DDLRename && !captured && !r.s.filter.match(tg.oldDB, tg.oldTable) {
+			continue
+		}
+		if !captured && tg.kind != canonical.DDLRename {
+			continue
+		}
+		d := &canonical.DDL{Kind: tg.kind, Statement: string(q), DB: tg.db, Table: tg.table, OldDB: tg.oldDB, OldTable: tg.oldTable}
+		cols, err := r.s.schema.ddlColumns(ctx, tg)
+		if err != nil {
+			return fmt.Errorf("read the columns of %s.%s after %s at %s:%d: %w", tg.db, tg.table, tg.kind, r.file, pos, err)
+		}
+		d.Columns, d.ColumnsBefore = cols.after, cols.before
+		ch := &canonical.Change{
+			Op:  canonical.OpDDL,
+			Key: canonical.DDLKey(tg.db, tg.table),
+			Source: canonical.Source{Connector: "cdcout", Version: r.s.cfg.Version, Instance: r.s.cfg.Instance,
+				DB: tg.db, Table: tg.table, ServerID: hdr.ServerID, GTID: r.tx.gtid, File: r.file, Pos: pos,
+				Row: r.tx.ordinal, TsMs: int64(hdr.Timestamp) * 1000},
+			TsMs:      time.Now().UnixMilli(),
+			ChangeKey: "s:" + id + ":" + strconv.Itoa(n),
+			DDL:       d,
+		}
+		if err := r.h(ctx, Event{Change: ch}); err != nil {
+			return &handlerError{err}
+		}
+	}
+	return nil
+}
+
+// ddlCols are a schema change's column lists.
+type ddlCols struct{ before, after []canonical.DDLColumn }
+
+// ddlColumns returns the column lists of a schema change and remembers
+// the list after it as the table's, for the next change's list before.
+func (c *schemaCache) ddlColumns(ctx context.Context, tg ddlTarget) (ddlCols, error) {
+	old := tg.db + "." + tg.table
+	if tg.kind == canonical.DDLRename {
+		old = tg.oldDB + "." + tg.oldTable
+	}
+	out := ddlCols{before: c.cols[old]}
+	if tg.kind == canonical.DDLDrop {
+		delete(c.cols, old)
+		return out, nil
+	}
+	after, err := c.columnsNow(ctx, tg.db, tg.table)
+	if err != nil {
+		return out, err
+	}
+	out.after = after
+	delete(c.cols, old)
+	if after != nil {
+		c.cols[tg.db+"."+tg.table] = after
+	}
+	return out, nil
+}
+
+// columnsNow reads a table's columns from information_schema; nil when
+// the table does not exist (any more).
+func (c *schemaCache) columnsNow(ctx context.Context, db, table string) ([]canonical.DDLColumn, error) {
+	rows, err := c.db.QueryContext(ctx, `SELECT COLUMN_NAME, COLUMN_TYPE, IS_NULLABLE, COLUMN_KEY
+		FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? ORDER BY ORDINAL_POSITION`, db, table)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []canonical.DDLColumn
+	for rows.Next() {
+		var col canonical.DDLColumn
+		var nullable string
+		if err := rows.Scan(&col.Name, &col.Type, &nullable, &col.Key); err != nil {
+			return nil, err
+		}
+		col.Nullable = nullable == "YES"
+		out = append(out, col)
+	}
+	return out, rows.Err()
+}
