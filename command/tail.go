@@ -22,16 +22,18 @@ var errLimitReached = errors.New("limit reached")
 func tailCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "tail",
-		Usage: "print row changes as canonical JSON envelopes, one per line",
+		Usage: "print row changes and schema changes as canonical JSON envelopes, one per line",
 		Description: "Reads the binary log of a MySQL/MariaDB server as a replica and prints each row change\n" +
-			"as a Debezium-style envelope on stdout (logs go to stderr) until interrupted or --limit is reached.",
+			"as a Debezium-style envelope on stdout (logs go to stderr) until interrupted or --limit is reached;\n" +
+			"a CREATE, ALTER, RENAME, DROP or TRUNCATE of a captured table prints as an op \"ddl\" record\n" +
+			"(statement and column lists, docs/formats.md) where it happened among the rows.",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "dsn", Required: true, EnvVars: []string{"CDCOUT_DSN"},
 				Usage: "go-sql-driver DSN of the source, e.g. user:pass@tcp(host:3306)/?tls=true"},
 			&cli.StringFlag{Name: "tables", Usage: "comma-separated table patterns: db.tbl, db.*, *.tbl (default all)"},
 			&cli.StringFlag{Name: "from", Value: "now", Usage: "start position: now, start, a GTID set, or file:pos"},
 			&cli.UintFlag{Name: "server-id", DefaultText: "random", Usage: "replica server id, unique in the topology"},
-			&cli.IntFlag{Name: "limit", DefaultText: "none", Usage: "stop after N changes"},
+			&cli.IntFlag{Name: "limit", DefaultText: "none", Usage: "stop after N records (changes and schema changes)"},
 			&cli.StringFlag{Name: "instance", Usage: "instance name for the envelope's source block"},
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error"},
 			&cli.StringFlag{Name: "log-format", Usage: "json or console (default: console on a terminal)"},
@@ -85,6 +87,8 @@ func runTail(c *cli.Context) error {
 		Instance: c.String("instance"),
 		Version:  buildinfo.Version(),
 		Logger:   logger,
+		// tail has no sinks to opt in: schema changes are always shown.
+		DDLRecords: true,
 	})
 	if err != nil {
 		return err

@@ -3,6 +3,7 @@ package command
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"strings"
 	"sync"
 	"testing"
@@ -50,27 +51,56 @@ func TestTail(t *testing.T) {
 		"INSERT INTO `"+db+"`.other VALUES (1)",
 		"UPDATE `"+db+"`.t SET v = 'c' WHERE id = 2",
 		"DELETE FROM `"+db+"`.t WHERE id = 1",
+		"ALTER TABLE `"+db+"`.t ADD COLUMN w INT",
 	)
 
 	t.Run("limit", func(t *testing.T) {
 		code, out, errOut := runCmd(t, "tail", "--dsn", srv.DSN, "--from", "start", "--tables", db+".t",
-			"--limit", "4", "--server-id", "7001", "--log-format", "json")
+			"--limit", "6", "--server-id", "7001", "--log-format", "json")
 		if code != ExitOK {
 			t.Fatalf("exit %d, stderr:\n%s", code, errOut)
 		}
 		lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
 		var got []string
 		for _, l := range lines {
-			ch, _, err := canonical.UnmarshalEnvelope([]byte(l))
-			if err != nil {
+			var env struct {
+				Op        string
+				ChangeKey string `json:"change_key"`
+				Key       json.RawMessage
+				Source    struct{ Table string }
+				DDL       *struct {
+					Kind    string
+					Columns []struct{ Name, Type, Key string }
+				}
+			}
+			if err := json.Unmarshal([]byte(l), &env); err != nil {
 				t.Fatalf("line %q: %v", l, err)
 			}
-			got = append(got, string(ch.Op)+" "+ch.Source.Table+" "+canonical.KeyJSON(ch.Key))
-			if !strings.HasPrefix(ch.ChangeKey, "g:") {
-				t.Errorf("change key %q", ch.ChangeKey)
+			if env.DDL != nil {
+				var cols []string
+				for _, c := range env.DDL.Columns {
+					// MariaDB and MySQL before 8.0.19 show int's display width.
+					cols = append(cols, c.Name+" "+strings.Replace(c.Type, "int(11)", "int", 1)+" "+c.Key)
+				}
+				got = append(got, env.Op+" "+env.Source.Table+" "+env.DDL.Kind+" "+strings.Join(cols, ", "))
+				continue
+			}
+			if _, _, err := canonical.UnmarshalEnvelope([]byte(l)); err != nil {
+				t.Fatalf("line %q: %v", l, err)
+			}
+			got = append(got, env.Op+" "+env.Source.Table+" "+string(env.Key))
+			if !strings.HasPrefix(env.ChangeKey, "g:") {
+				t.Errorf("change key %q", env.ChangeKey)
 			}
 		}
-		want := []string{`c t {"id":1}`, `c t {"id":2}`, `u t {"id":2}`, `d t {"id":1}`}
+		// The CREATE and ALTER of the captured table are records too (the
+		// other table's are not) in their place among the rows. Their
+		// columns are information_schema's when the statement is read:
+		// this tail starts after the ALTER ran, so the CREATE already
+		// shows w — the documented limit of a reader that lags behind a
+		// later DDL of the same table (docs/ARCHITECTURE.md).
+		want := []string{`ddl t CREATE id int PRI, v varchar(10) , w int `, `c t {"id":1}`, `c t {"id":2}`, `u t {"id":2}`, `d t {"id":1}`,
+			`ddl t ALTER id int PRI, v varchar(10) , w int `}
 		if strings.Join(got, "\n") != strings.Join(want, "\n") {
 			t.Fatalf("envelopes:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 		}
