@@ -100,8 +100,9 @@ type ddlToken struct {
 	quoted bool
 }
 
-// ddlTokens splits a statement into words, backquoted names and single
-// punctuation characters, skipping /* */ and -- comments.
+// ddlTokens splits a statement into words, backquoted names, string
+// literals and single punctuation characters, skipping /* */ and --
+// comments.
 func ddlTokens(q string) []ddlToken {
 	var toks []ddlToken
 	for i := 0; i < len(q); {
@@ -137,6 +138,18 @@ func ddlTokens(q string) []ddlToken {
 				j++
 			}
 			toks = append(toks, ddlToken{s: b.String(), quoted: true})
+			i = j + 1
+		case c == '\'' || c == '"':
+			// A string literal (a COMMENT, a DEFAULT): one token, never a
+			// name or a keyword.
+			j := i + 1
+			for j < len(q) && q[j] != c {
+				if q[j] == '\\' {
+					j++
+				}
+				j++
+			}
+			toks = append(toks, ddlToken{s: q[i:min(j+1, len(q))]})
 			i = j + 1
 		case isIdentByte(c):
 			j := i

@@ -1,0 +1,136 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/cdcout/cdcout/canonical"
+)
+
+// ddlItem is a schema-change record for pipe (a RENAME from oldTable when
+// set).
+func ddlItem(pipe string, txn int, oldTable string) Pending {
+	d := &canonical.DDL{Kind: canonical.DDLAlter, Statement: "ALTER TABLE users ADD c INT", DB: "app", Table: "users",
+		Columns: []canonical.DDLColumn{{Name: "id", Type: "int", Key: "PRI"}, {Name: "c", Type: "int", Nullable: true}}}
+	if oldTable != "" {
+		d.Kind, d.Statement, d.OldDB, d.OldTable = canonical.DDLRename, "RENAME TABLE "+oldTable+" TO users", "app", oldTable
+	}
+	c := &canonical.Change{Op: canonical.OpDDL, Key: canonical.DDLKey("app", "users"), DDL: d, TsMs: 1_700_000_000_456,
+		Source: canonical.Source{Connector: "cdcout", DB: "app", Table: "users", GTID: fmt.Sprint("0-1-", txn), TsMs: 1_700_000_000_123}}
+	return Pending{Pipe: pipe, Sink: sinkOf(pipe), Change: c, ChangeKey: fmt.Sprintf("s:0-1-%d:0", txn), Digest: canonical.DigestChange(pipe, c)}
+}
+
+// TestBarrierOrdersWholePipe: a schema-change record reaches the sink
+// after every record enqueued before it and before every record after it,
+// whatever their keys — while one key's record before it is retried as an
+// outbox row, the barrier itself fails twice (held whole, not left as a
+// row that later segments pass), and, for a RENAME, the old name's pipe
+// still retries a record older than it. Every record is delivered once.
+func TestBarrierOrdersWholePipe(t *testing.T) {
+	st := newTestState(t)
+	const pipe, oldPipe = "a:app.users:seg", "a:app.old:seg"
+	s := NewStore(st.db, st.schema, zaptest.NewLogger(t))
+	ctx := context.Background()
+	var items []Pending
+	for i := range 10 {
+		items = append(items, gtidItem(pipe, 1, i))
+	}
+	oldItem := gtidItem(oldPipe, 1, 20) // of the table before its rename
+	items = append(items, oldItem, ddlItem(pipe, 2, ""))
+	for i := range 10 {
+		items = append(items, gtidItem(pipe, 3, i))
+	}
+	// One Enqueue: the barrier must still get a segment of its own.
+	if _, err := s.Enqueue(ctx, "r1", Fence{}, items, nil); err != nil {
+		t.Fatal(err)
+	}
+	items = []Pending{ddlItem(pipe, 4, "old")}
+	for i := range 5 {
+		items = append(items, gtidItem(pipe, 5, i))
+	}
+	if _, err := s.Enqueue(ctx, "r1", Fence{}, items, nil); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, st.db, "SELECT COUNT(*) FROM `"+st.schema+"`.segments WHERE pipe = ? AND records = 1", pipe); n != 2 {
+		t.Fatalf("%d one-record segments in %s, want one per schema-change record (2)", n, pipe)
+	}
+
+	var (
+		mu       sync.Mutex
+		order    []string // change keys as delivered, over both pipes
+		attempts = map[string]int{}
+	)
+	changeKey := map[string]string{}
+	for _, r := range records(t, st.db, st.schema) {
+		changeKey[r.ID] = r.ChangeKey
+	}
+	sink := fakeSink{fn: func(_ context.Context, recs []Record) []error {
+		mu.Lock()
+		defer mu.Unlock()
+		errs := make([]error, len(recs))
+		for i, r := range recs {
+			ck := changeKey[r.ID]
+			attempts[ck]++
+			switch {
+			case ck == "g:0-1-1:3" && attempts[ck] <= 3,
+				ck == "s:0-1-2:0" && attempts[ck] <= 2,
+				ck == oldItem.ChangeKey && attempts[ck] <= 4:
+				errs[i] = errors.New("503 from the receiver")
+				continue
+			}
+			order = append(order, ck)
+		}
+		return errs
+	}}
+	d := st.drainer(t, "d1", map[string]PipeConfig{pipe: {Sink: sink, Concurrency: 4, BatchSize: 3}, oldPipe: {Sink: sink}}, nil)
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { d.Run(runCtx); close(done) }()
+	waitFor(t, "every record delivered", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(order) == 28
+	})
+	cancel()
+	<-done
+
+	mu.Lock()
+	defer mu.Unlock()
+	pos := map[string]int{}
+	for i, ck := range order {
+		if _, dup := pos[ck]; dup {
+			t.Errorf("%s delivered twice", ck)
+		}
+		pos[ck] = i
+	}
+	for ck, i := range pos {
+		var txn, row int
+		if _, err := fmt.Sscanf(ck, "g:0-1-%d:%d", &txn, &row); err != nil || row == 20 {
+			continue
+		}
+		if txn == 1 && i > pos["s:0-1-2:0"] || txn == 3 && i < pos["s:0-1-2:0"] {
+			t.Errorf("%s delivered at %d, the ALTER at %d: not in order with it", ck, i, pos["s:0-1-2:0"])
+		}
+		if txn < 5 && i > pos["s:0-1-4:0"] || txn == 5 && i < pos["s:0-1-4:0"] {
+			t.Errorf("%s delivered at %d, the RENAME at %d: not in order with it", ck, i, pos["s:0-1-4:0"])
+		}
+	}
+	if pos[oldItem.ChangeKey] > pos["s:0-1-4:0"] {
+		t.Errorf("the old table's record went at %d, after the RENAME at %d", pos[oldItem.ChangeKey], pos["s:0-1-4:0"])
+	}
+	if got := attempts["s:0-1-2:0"]; got != 3 {
+		t.Errorf("the ALTER was tried %d times, want 3 (two failures)", got)
+	}
+	if n := count(t, st.db, "SELECT COUNT(*) FROM `"+st.schema+"`.outbox WHERE op = 's'"); n != 0 {
+		t.Errorf("%d schema-change records left their segments as rows; a barrier must wait whole", n)
+	}
+	if !slices.Contains(order, "g:0-1-1:3") {
+		t.Error("the retried row was never delivered")
+	}
+}
