@@ -207,7 +207,7 @@ func BenchmarkEncode(b *testing.B) {
 
 func FuzzEncode(f *testing.F) {
 	for _, c := range []string{"insert", "update", "delete", "read", "heartbeat", "tx-begin", "tx-end",
-			"ddl-create", "ddl-alter", "ddl-rename", "ddl-truncate", "ddl-drop"} {
+		"ddl-create", "ddl-alter", "ddl-rename", "ddl-truncate", "ddl-drop"} {
 		b, err := os.ReadFile(filepath.Join("testdata", c+".envelope.json"))
 		if err != nil {
 			f.Fatal(err)
