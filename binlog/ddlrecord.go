@@ -276,6 +276,13 @@ func (c *schemaCache) ddlColumns(ctx context.Context, tg ddlTarget) (ddlCols, er
 		old = tg.oldDB + "." + tg.oldTable
 	}
 	out := ddlCols{before: c.cols[old]}
+	if m := c.mapped[old]; m != nil && !describes(out.before, m) {
+		// The list came from information_schema after the statement had
+		// run (a reader behind it): the binlog's own table map since the
+		// last DDL says otherwise, so the list before is not known.
+		out.before = nil
+	}
+	delete(c.mapped, old)
 	if tg.kind == canonical.DDLDrop {
 		delete(c.cols, old)
 		return out, nil
@@ -312,4 +319,20 @@ func (c *schemaCache) columnsNow(ctx context.Context, db, table string) ([]canon
 		out = append(out, col)
 	}
 	return out, rows.Err()
+}
+
+// describes reports whether cols (information_schema's) describe the
+// table t was decoded as: the same columns, names, types and nullability
+// in the same order.
+func describes(cols []canonical.DDLColumn, t *Table) bool {
+	if len(cols) != len(t.Columns) {
+		return false
+	}
+	for i, c := range cols {
+		tc := &t.Columns[i]
+		if !strings.EqualFold(c.Name, tc.Name) || c.Nullable != tc.Nullable || !compatible(c.DataType(), tc.Type) {
+			return false
+		}
+	}
+	return true
 }

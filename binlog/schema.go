@@ -44,7 +44,10 @@ type schemaCache struct {
 	info map[string]*tableInfo // "db.tbl" → information_schema description
 	// cols is the column list last seen per table ("db.tbl"), kept across
 	// DDL: a schema-change record's list before (ddlrecord.go).
-	cols    map[string][]canonical.DDLColumn
+	cols map[string][]canonical.DDLColumn
+	// mapped is the table last decoded from a table map per table, since
+	// its last DDL: what the binlog itself says the table was.
+	mapped  map[string]*Table
 	byID    map[uint64]*mappedTable
 	keyless map[string]bool // tables already reported as keyless
 }
@@ -75,7 +78,7 @@ func newSchemaCache(db *sql.DB, log *zap.Logger, mariadb, fullMeta bool, collati
 	return &schemaCache{
 		db: db, log: log, mariadb: mariadb, fullMeta: fullMeta, collations: collations,
 		info: map[string]*tableInfo{}, byID: map[uint64]*mappedTable{}, keyless: map[string]bool{},
-		cols: map[string][]canonical.DDLColumn{},
+		cols: map[string][]canonical.DDLColumn{}, mapped: map[string]*Table{},
 	}
 }
 
@@ -172,6 +175,7 @@ func (c *schemaCache) table(ctx context.Context, tm *replication.TableMapEvent) 
 		}
 	}
 	c.byID[tm.TableID] = &mappedTable{tm: tm, table: t}
+	c.mapped[t.DB+"."+t.Name] = t
 	return t, nil
 }
 

@@ -112,7 +112,8 @@ type Sink struct {
 	// URL selects the sink type by scheme: stdout:, file:///path,
 	// http(s)://…, kafka://…, nats://…, redis(s)://…, pubsub://….
 	URL string `yaml:"url"`
-	// Format of the payload: debezium (default), cloudevents or maxwell.
+	// Format of the payload: debezium (default), cloudevents, maxwell or
+	// native (the stored envelope as is; format.Native).
 	Format string      `yaml:"format"`
 	Tables TableFilter `yaml:"tables"`
 	// Ops limits the change kinds: insert, update, delete. Empty means all.

@@ -1,0 +1,367 @@
+package engine
+
+import (
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/cdcout/cdcout/config"
+)
+
+// ddlRecord is what TestDDLRecordsUnderWrites reads of each delivery
+// (native format).
+type ddlRecord struct {
+	ID     string                     `json:"id"`
+	Op     string                     `json:"op"`
+	After  map[string]json.RawMessage `json:"after"`
+	Before map[string]json.RawMessage `json:"before"`
+	Source struct {
+		Table string `json:"table"`
+		File  string `json:"file"`
+		Pos   uint32 `json:"pos"`
+	} `json:"source"`
+	DDL *struct {
+		Kind          string   `json:"kind"`
+		Table         string   `json:"table"`
+		OldTable      string   `json:"old_table"`
+		Columns       []ddlCol `json:"columns"`
+		ColumnsBefore []ddlCol `json:"columns_before"`
+		Statement     string   `json:"statement"`
+	} `json:"ddl"`
+}
+
+type ddlCol struct {
+	Name     string `json:"name"`
+	Type     string `json:"type"`
+	Nullable bool   `json:"nullable"`
+	Key      string `json:"key"`
+}
+
+// String is "name type [null] [key]", display widths dropped (MariaDB
+// and MySQL before 8.0.19 print int(11)).
+func (c ddlCol) String() string {
+	s := c.Name + " " + strings.NewReplacer("int(11)", "int", "bigint(20)", "bigint").Replace(c.Type)
+	if c.Nullable {
+		s += " null"
+	}
+	if c.Key != "" {
+		s += " " + c.Key
+	}
+	return s
+}
+
+func colsString(cols []ddlCol) string {
+	if cols == nil {
+		return "<none>"
+	}
+	s := make([]string, len(cols))
+	for i, c := range cols {
+		s[i] = c.String()
+	}
+	return strings.Join(s, ", ")
+}
+
+// TestDDLRecordsUnderWrites: a webhook sink with ddl: true (native
+// format) while transactions keep writing between ADD, MODIFY and DROP
+// COLUMN, TRUNCATE, RENAME, CREATE and DROP TABLE, the receiver failing
+// 5 % of first attempts. Each statement is one record with the right
+// column lists after and before it, received after every row change of
+// its table committed before it and before every one committed after it
+// (binlog positions against arrival order); a consumer applying the
+// records in arrival order ends with exactly the source's tables and
+// rows, the truncated rows gone. A sink without ddl: gets no such record.
+func TestDDLRecordsUnderWrites(t *testing.T) {
+	var (
+		mu       sync.Mutex
+		received []ddlRecord
+		seen     = map[string]bool{}
+	)
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		var rec ddlRecord
+		if err := json.Unmarshal(b, &rec); err != nil {
+			t.Errorf("body %s: %v", b, err)
+			w.WriteHeader(400)
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if seen[rec.ID] {
+			return // a redelivery
+		}
+		if rand.IntN(100) < 5 {
+			w.WriteHeader(500)
+			return
+		}
+		seen[rec.ID] = true
+		received = append(received, rec)
+	}))
+	t.Cleanup(hook.Close)
+	plainFile := filepath.Join(t.TempDir(), "plain.jsonl")
+	s := newSource(t, "ddlrec", "id INT PRIMARY KEY, v INT", func(cfg *config.Config) {
+		cfg.Sinks = []config.Sink{
+			{Name: "ddl", URL: hook.URL, DDL: true, Format: "native", MaxAttempts: 1000, Concurrency: 4, BatchSize: 8},
+			{Name: "plain", URL: "file://" + plainFile},
+		}
+		cfg.EnqueueFlushInterval = 10 * time.Millisecond
+	})
+	runEngine(t, s.cfg, zaptest.NewLogger(t))
+	q := func(name string) string { return "`" + s.src + "`." + name }
+
+	ddls := func() []ddlRecord {
+		mu.Lock()
+		defer mu.Unlock()
+		var out []ddlRecord
+		for _, r := range received {
+			if r.DDL != nil {
+				out = append(out, r)
+			}
+		}
+		return out
+	}
+	writes := func(table, cols string, n int) {
+		for range n {
+			tx, err := s.db.Begin()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for range 1 + rand.IntN(3) {
+				id := 1 + rand.IntN(25)
+				var stmt string
+				var args []any
+				switch {
+				case rand.IntN(5) == 0:
+					stmt, args = "DELETE FROM "+q(table)+" WHERE id = ?", []any{id}
+				case cols == "id, v, w":
+					stmt, args = "INSERT INTO "+q(table)+" (id, v, w) VALUES (?, ?, ?) ON DUPLICATE KEY UPDATE v = VALUES(v), w = VALUES(w)",
+						[]any{id, rand.IntN(1000), fmt.Sprint("w", rand.IntN(100))}
+				case cols == "id, name":
+					stmt, args = "INSERT INTO "+q(table)+" (id, name) VALUES (?, ?) ON DUPLICATE KEY UPDATE name = VALUES(name)",
+						[]any{id, fmt.Sprint("n", id, "-", rand.IntN(100))}
+				default:
+					stmt, args = "INSERT INTO "+q(table)+" (id, v) VALUES (?, ?) ON DUPLICATE KEY UPDATE v = VALUES(v)", []any{id, rand.IntN(1000)}
+				}
+				if _, err := tx.Exec(stmt, args...); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := tx.Commit(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// Each statement, then writes while cdcout reads it; the next
+	// statement only once its record arrived, so information_schema still
+	// describes the table as the statement left it when cdcout reads it
+	// (the documented limit: a reader behind a later DDL of the table gets
+	// the later definition).
+	steps := []struct {
+		stmt, table, cols string // the writes after it
+	}{
+		{"ALTER TABLE " + q("t") + " ADD COLUMN w VARCHAR(20) NULL", "t", "id, v, w"},
+		{"ALTER TABLE " + q("t") + " MODIFY COLUMN v BIGINT NOT NULL", "t", "id, v, w"},
+		{"ALTER TABLE " + q("t") + " DROP COLUMN w", "t", "id, v"},
+		{"TRUNCATE TABLE " + q("t"), "t", "id, v"},
+		{"RENAME TABLE " + q("t") + " TO " + q("t2"), "t2", "id, v"},
+		{"CREATE TABLE " + q("t3") + " (id INT PRIMARY KEY, name VARCHAR(10) NOT NULL, UNIQUE KEY (name))", "t3", "id, name"},
+		{"DROP TABLE " + q("t3"), "t2", "id, v"},
+	}
+	writes("t", "id, v", 40)
+	for i, st := range steps {
+		s.srv.Exec(t, st.stmt)
+		writes(st.table, st.cols, 30)
+		waitFor(t, fmt.Sprintf("the record of %q", st.stmt), 30*time.Second, func() bool { return len(ddls()) > i })
+	}
+	if _, err := s.db.Exec("INSERT INTO " + q("t2") + " (id, v) VALUES (999, 1)"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the last insert, and every record of the sink delivered", 30*time.Second, func() bool {
+		mu.Lock()
+		last := slices.ContainsFunc(received, func(r ddlRecord) bool { return r.Op == "c" && string(r.After["id"]) == "999" })
+		mu.Unlock()
+		if !last {
+			return false
+		}
+		for _, r := range records(t, s.db, s.stateDB, "%:ddl") {
+			if r.Status != "delivered" {
+				return false
+			}
+		}
+		return true
+	})
+
+	mu.Lock()
+	recs := slices.Clone(received)
+	mu.Unlock()
+
+	// Column lists.
+	want := []struct{ kind, table, old, after, before string }{
+		{"ALTER", "t", "", "id int PRI, v int null, w varchar(20) null", "id int PRI, v int null"},
+		{"ALTER", "t", "", "id int PRI, v bigint, w varchar(20) null", "id int PRI, v int null, w varchar(20) null"},
+		{"ALTER", "t", "", "id int PRI, v bigint", "id int PRI, v bigint, w varchar(20) null"},
+		{"TRUNCATE", "t", "", "id int PRI, v bigint", "id int PRI, v bigint"},
+		{"RENAME", "t2", "t", "id int PRI, v bigint", "id int PRI, v bigint"},
+		{"CREATE", "t3", "", "id int PRI, name varchar(10) UNI", "<none>"},
+		{"DROP", "t3", "", "<none>", "id int PRI, name varchar(10) UNI"},
+	}
+	got := ddls()
+	if len(got) != len(want) {
+		t.Fatalf("%d schema-change records, want %d", len(got), len(want))
+	}
+	for i, w := range want {
+		d := got[i].DDL
+		before := colsString(d.ColumnsBefore)
+		if i == 0 && before == "<none>" {
+			before = w.before // not known yet: t's definition was never read (MySQL, a primary key)
+		}
+		if d.Kind != w.kind || d.Table != w.table || d.OldTable != w.old || colsString(d.Columns) != w.after || before != w.before {
+			t.Errorf("record %d (%s): %s %s (from %q)\n  columns %s\n  before  %s\nwant %s %s (from %q)\n  columns %s\n  before  %s",
+				i, d.Statement, d.Kind, d.Table, d.OldTable, colsString(d.Columns), before, w.kind, w.table, w.old, w.after, w.before)
+		}
+	}
+
+	// Order: every row change of a table committed before a statement on
+	// it arrived before the statement's record, every later one after.
+	type at struct {
+		file string
+		pos  uint32
+	}
+	less := func(a, b at) bool { return a.file < b.file || a.file == b.file && a.pos < b.pos }
+	for i, d := range recs {
+		if d.DDL == nil {
+			continue
+		}
+		tables := []string{d.DDL.Table, d.DDL.OldTable}
+		dpos := at{d.Source.File, d.Source.Pos}
+		for j, r := range recs {
+			if r.DDL != nil || !slices.Contains(tables, r.Source.Table) {
+				continue
+			}
+			if before := less(at{r.Source.File, r.Source.Pos}, dpos); before != (j < i) {
+				t.Errorf("%s of %s at %s:%d arrived %d, the %s at %s:%d arrived %d: out of order",
+					r.Op, r.Source.Table, r.Source.File, r.Source.Pos, j, d.DDL.Kind, dpos.file, dpos.pos, i)
+			}
+		}
+	}
+
+	// A consumer applying the records in order.
+	type table struct {
+		cols []string
+		rows map[string]map[string]json.RawMessage
+	}
+	model := map[string]*table{"t": {cols: []string{"id", "v"}, rows: map[string]map[string]json.RawMessage{}}}
+	for _, r := range recs {
+		if d := r.DDL; d != nil {
+			var names []string
+			for _, c := range d.Columns {
+				names = append(names, c.Name)
+			}
+			switch d.Kind {
+			case "CREATE":
+				model[d.Table] = &table{cols: names, rows: map[string]map[string]json.RawMessage{}}
+			case "DROP":
+				delete(model, d.Table)
+			case "RENAME":
+				model[d.Table] = model[d.OldTable]
+				delete(model, d.OldTable)
+			case "TRUNCATE":
+				clear(model[d.Table].rows)
+			case "ALTER":
+				tb := model[d.Table]
+				tb.cols = names
+				for _, row := range tb.rows { // the consumer's own ALTER
+					for c := range row {
+						if !slices.Contains(names, c) {
+							delete(row, c)
+						}
+					}
+				}
+			}
+			continue
+		}
+		tb := model[r.Source.Table]
+		if tb == nil {
+			t.Fatalf("%s of %s arrived while the consumer has no such table", r.Op, r.Source.Table)
+		}
+		img := r.After
+		if r.Op == "d" {
+			img = r.Before
+		}
+		var cols []string
+		for c := range img {
+			cols = append(cols, c)
+		}
+		slices.Sort(cols)
+		if want := slices.Sorted(slices.Values(tb.cols)); !slices.Equal(cols, want) {
+			t.Errorf("%s of %s has columns %v, the last schema-change record says %v", r.Op, r.Source.Table, cols, want)
+		}
+		id := string(img["id"])
+		if r.Op == "d" {
+			delete(tb.rows, id)
+		} else {
+			tb.rows[id] = img
+		}
+	}
+	if names := slices.Sorted(func(yield func(string) bool) {
+		for n := range model {
+			if !yield(n) {
+				return
+			}
+		}
+	}); !slices.Equal(names, []string{"t2"}) {
+		t.Fatalf("the consumer ends with tables %v, the source has [t2]", names)
+	}
+	source := readTable(t, s.db, q("t2"))
+	if len(source) != len(model["t2"].rows) {
+		t.Errorf("the consumer has %d rows of t2, the source %d", len(model["t2"].rows), len(source))
+	}
+	for id, v := range source {
+		if row := model["t2"].rows[id]; row == nil || string(row["v"]) != v {
+			t.Errorf("t2 row %s: consumer %v, source v=%s", id, row, v)
+		}
+	}
+
+	b, err := os.ReadFile(plainFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(b), `"op":"ddl"`) {
+		t.Error("the sink without ddl: true got schema-change records")
+	}
+	t.Logf("%d records, %d schema changes, %d rows of t2 at the end", len(recs), len(got), len(source))
+}
+
+// readTable returns a table's v by id, as canonical JSON text.
+func readTable(t *testing.T, db *sql.DB, name string) map[string]string {
+	t.Helper()
+	rows, err := db.Query("SELECT id, v FROM " + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string]string{}
+	for rows.Next() {
+		var id, v int64
+		if err := rows.Scan(&id, &v); err != nil {
+			t.Fatal(err)
+		}
+		out[fmt.Sprint(id)] = fmt.Sprint(v)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
