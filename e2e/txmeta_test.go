@@ -16,6 +16,7 @@ import (
 
 // txLine is what TestTransactionRecords reads of each record.
 type txLine struct {
+	line      int    // of the id's first appearance in the file
 	ID        string `json:"id"`
 	ChangeKey string `json:"change_key"`
 	Op        string `json:"op"`
@@ -43,7 +44,8 @@ type txLine struct {
 // random transactions over two tables (some of 30 changes, written in
 // parts), `cdcout run` SIGKILLed five times meanwhile. Every transaction
 // gets exactly one BEGIN and one END record (one id each: no duplicate
-// records, however often the file got them), END's counts equal the
+// records, however often the file got them), the END first written after
+// every change of its transaction was, END's counts equal the
 // changes carrying the transaction's id in source.tx, whose total_order
 // and table_order number them 1…n without gaps, and the transactions and
 // changes are exactly those the writer committed. In both identity modes:
@@ -188,6 +190,13 @@ sinks:
 			orders = append(orders, c.Source.Tx.TotalOrder)
 			perTable[src+"."+c.Source.Table] = append(perTable[src+"."+c.Source.Table], c.Source.Tx.TableOrder)
 		}
+		last := 0
+		for _, c := range v.changes {
+			last = max(last, c.line)
+		}
+		if v.ends[0].line < last {
+			t.Errorf("transaction %s: END at line %d, before its change at line %d", id, v.ends[0].line, last)
+		}
 		if end.EventCount != len(v.changes) || !isOneToN(orders) {
 			t.Errorf("transaction %s: END counts %d, %d changes carry its id with total_order %v", id, end.EventCount, len(v.changes), orders)
 		}
@@ -219,10 +228,12 @@ func isOneToN(ns []int) bool {
 }
 
 // readTxLines reads the file sink's records by id (a redelivery repeats
-// an id; it is counted once) and counts the lines a SIGKILL tore.
+// an id; it is counted once, at its first line) and counts the lines a
+// SIGKILL tore.
 func readTxLines(t *testing.T, path string) (out map[string]txLine, torn int) {
 	t.Helper()
 	out = map[string]txLine{}
+	n := 0
 	f, err := os.Open(path)
 	if os.IsNotExist(err) {
 		return out, 0
@@ -239,7 +250,11 @@ func readTxLines(t *testing.T, path string) (out map[string]txLine, torn int) {
 			torn++
 			continue
 		}
-		out[l.ID] = l
+		n++
+		if _, again := out[l.ID]; !again {
+			l.line = n
+			out[l.ID] = l
+		}
 	}
 	if err := sc.Err(); err != nil {
 		t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cdcout/cdcout/canonical"
+	"github.com/cdcout/cdcout/state"
 )
 
 // Barrier records: a schema-change record (canonical.OpDDL) is delivered
@@ -28,7 +29,7 @@ import (
 //     segments: retries, records queued behind them, stalled calls), and,
 //     for a RENAME, when the old name's pipe has no pending segment or
 //     row older than it. Until then it is given back untouched and looked
-//     at again shortly (barrierWait).
+//     at again shortly (fenceWait).
 //   - Its delivery never leaves it behind as a pending row, which would
 //     let newer segments pass it: a failure holds the segment whole with
 //     its backoff (even for the one record), a stop gives it back, and
@@ -39,7 +40,8 @@ import (
 // barrier is sent, and every record after it is sent after the barrier
 // was acknowledged.
 
-// barrierPoll is how soon a barrier that had to wait is looked at again.
+// barrierPoll is how soon a fenced segment that had to wait is looked at
+// again.
 const barrierPoll = 50 * time.Millisecond
 
 // isBarrier reports whether a record must be delivered in order with its
@@ -49,10 +51,28 @@ func isBarrier(op string) bool { return op == string(canonical.OpDDL) }
 // barrier reports whether seg is a barrier record's segment.
 func (seg *segment) barrier() bool { return len(seg.recs) == 1 && isBarrier(seg.recs[0].op) }
 
-// barrierWait reports whether the barrier segment seg must wait for
-// earlier records: pending outbox rows of its pipe, or, for a RENAME,
-// pending segments and rows of the old name's pipe older than it.
-func (p *pipeDrainer) barrierWait(ctx context.Context, seg *segment) (bool, error) {
+// txRecords reports whether seg holds transaction records (the pipe of a
+// sink's BEGIN and END records).
+func (seg *segment) txRecords() bool {
+	return len(seg.recs) > 0 && seg.recs[0].op == string(canonical.OpTransaction)
+}
+
+// fenced reports whether seg waits for records of other pipes or of its
+// whole pipe before it is delivered, and is held whole rather than left
+// in part as rows.
+func (seg *segment) fenced() bool { return seg.barrier() || seg.txRecords() }
+
+// fenceWait reports whether the fenced segment seg must wait for earlier
+// records. A barrier waits for pending outbox rows of its pipe, and, for
+// a RENAME, pending segments and rows of the old name's pipe older than
+// it. Transaction records wait for every record of the sink's other pipes
+// older than the segment's last one: an END reaches the sink after every
+// change of its transaction (docs/ARCHITECTURE.md, "Transaction
+// metadata").
+func (p *pipeDrainer) fenceWait(ctx context.Context, seg *segment) (bool, error) {
+	if seg.txRecords() {
+		return p.d.sinkPendingBefore(ctx, p.name, seg.recs[len(seg.recs)-1].id)
+	}
 	if wait, err := p.d.pendingBefore(ctx, p.name, ""); wait || err != nil {
 		return wait, err
 	}
@@ -61,6 +81,40 @@ func (p *pipeDrainer) barrierWait(ctx context.Context, seg *segment) (bool, erro
 		return false, err
 	}
 	return p.d.pendingBefore(ctx, old, seg.id)
+}
+
+// sinkPendingBefore reports whether any other pipe of pipe's instance and
+// sink has a pending segment or row older than before. The pipes are read
+// each time (a pipe first written by the transaction itself must count):
+// the distinct pipes of segments and of pending rows, each a loose scan
+// of an index's first column.
+func (d *Drainer) sinkPendingBefore(ctx context.Context, pipe, before string) (bool, error) {
+	instance, _, sink, ok := SplitPipe(pipe)
+	if !ok {
+		return false, nil
+	}
+	segPipes, err := state.Strings(ctx, d.cfg.DB, `SELECT DISTINCT pipe FROM `+d.segments)
+	if err != nil {
+		return false, fmt.Errorf("pipes of %s: %w", sink, err)
+	}
+	rowPipes, err := state.Strings(ctx, d.cfg.DB, `SELECT DISTINCT pipe FROM `+d.outbox+` FORCE INDEX (due) WHERE status = 'pending'`)
+	if err != nil {
+		return false, fmt.Errorf("pipes of %s: %w", sink, err)
+	}
+	seen := map[string]bool{pipe: true}
+	for _, p := range append(segPipes, rowPipes...) {
+		if seen[p] {
+			continue
+		}
+		seen[p] = true
+		if in, _, s, ok := SplitPipe(p); !ok || in != instance || s != sink {
+			continue
+		}
+		if wait, err := d.pendingBefore(ctx, p, before); wait || err != nil {
+			return wait, err
+		}
+	}
+	return false, nil
 }
 
 // pendingBefore reports whether pipe has a pending outbox row (with an id

@@ -60,7 +60,7 @@ func (p *pipeDrainer) deliverSegment(stop context.Context, seg *segment, blocked
 			}
 		}
 		order = next
-		errs, calls := p.deliverConcurrently(stop, seg.claimedAt, batch, !seg.barrier())
+		errs, calls := p.deliverConcurrently(stop, seg.claimedAt, batch, !seg.fenced())
 		if stop.Err() != nil || !p.leaseHeld() {
 			// Overloaded answers of a delivery that is stopping are
 			// records not sent.

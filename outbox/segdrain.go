@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"go.uber.org/zap"
@@ -106,8 +107,8 @@ func (p *pipeDrainer) drainSegment(ctx context.Context) (int, error) {
 	// From the claim on, the segment is finished even during a stop: what
 	// is not delivered by then leaves it as outbox rows.
 	wctx := context.WithoutCancel(ctx)
-	if seg.barrier() {
-		wait, err := p.barrierWait(wctx, seg)
+	if seg.fenced() {
+		wait, err := p.fenceWait(wctx, seg)
 		if err != nil || wait {
 			// Untouched: given back with its attempt, looked at again soon.
 			p.releaseSegment(wctx, seg.id)
@@ -129,14 +130,18 @@ func (p *pipeDrainer) drainSegment(ctx context.Context) (int, error) {
 		}
 		return len(seg.recs), nil
 	}
-	if seg.barrier() && len(left) == 1 && left[0].status == StatusPending {
-		// A barrier never becomes a pending row (newer segments would pass
-		// it): not sent, it is given back; failed, it waits whole.
-		if left[0].errText == "" {
+	if seg.fenced() {
+		// A fenced segment never leaves a pending row (newer segments
+		// would pass it): not sent, it is given back; failed, it waits
+		// whole (its records delivered before the failure go again, under
+		// their ids).
+		if i := slices.IndexFunc(left, func(l leftRecord) bool { return l.status == StatusPending && l.errText != "" }); i >= 0 {
+			return len(seg.recs), p.holdSegment(wctx, seg, &segmentHold{tried: 1, delay: left[i].delay, errText: left[i].errText, overload: left[i].overload})
+		}
+		if slices.ContainsFunc(left, func(l leftRecord) bool { return l.status == StatusPending }) {
 			p.releaseSegment(wctx, seg.id)
 			return 0, nil
 		}
-		return len(seg.recs), p.holdSegment(wctx, seg, &segmentHold{tried: 1, delay: left[0].delay, errText: left[0].errText, overload: left[0].overload})
 	}
 	recorded := false
 	defer func() { p.finishDetached(wctx, left, recorded) }()
