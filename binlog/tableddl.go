@@ -31,7 +31,11 @@ func (r *reader) tableDDL(q []byte, defaultDB string, pos uint32) {
 			continue
 		}
 		d := TableDDL{Statement: stmt, DB: t[0], Table: t[1], GTID: r.tx.gtid, File: r.file, Pos: pos}
-		r.s.log.Warn(stmt+" of a captured table: no change records are written for it, consumers keep the rows it removed",
+		msg := stmt + " of a captured table: no change records are written for it, consumers keep the rows it removed"
+		if r.s.cfg.DDLRecords {
+			msg = stmt + " of a captured table: consumers of sinks without ddl: true keep the rows it removed"
+		}
+		r.s.log.Warn(msg,
 			zap.String("table", d.DB+"."+d.Table), zap.String("gtid", d.GTID), zap.String("file", d.File), zap.Uint32("pos", d.Pos))
 		if r.s.cfg.OnTableDDL != nil {
 			r.s.cfg.OnTableDDL(d)
