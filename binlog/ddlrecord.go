@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-mysql-org/go-mysql/replication"
+	"go.uber.org/zap"
 
 	"github.com/cdcout/cdcout/canonical"
 )
@@ -295,6 +296,7 @@ func (c *schemaCache) ddlColumns(ctx context.Context, tg ddlTarget) (ddlCols, er
 	delete(c.cols, old)
 	if after != nil {
 		c.cols[tg.db+"."+tg.table] = after
+		c.ddlAfter[tg.db+"."+tg.table] = ddlAfter{list: after, statement: tg.kind}
 	}
 	return out, nil
 }
@@ -335,4 +337,34 @@ func describes(cols []canonical.DDLColumn, t *Table) bool {
 		}
 	}
 	return true
+}
+
+// ddlAfter is a schema-change record's list after, kept until the
+// table's next table map can check it (checkDDLAfter).
+type ddlAfter struct {
+	list      []canonical.DDLColumn
+	statement string
+}
+
+// checkDDLAfter compares the last schema-change record's list after of
+// t's table with the binary log's own table map that follows it. They
+// differ when information_schema had already moved on to a later DDL when
+// the statement was read (a reader behind it): the record went out with
+// that later list, which is logged, since it cannot be taken back.
+func (c *schemaCache) checkDDLAfter(t *Table) {
+	name := t.DB + "." + t.Name
+	a, ok := c.ddlAfter[name]
+	if !ok {
+		return
+	}
+	delete(c.ddlAfter, name)
+	if !describes(a.list, t) {
+		names := make([]string, len(t.Columns))
+		for i := range t.Columns {
+			names[i] = t.Columns[i].Name
+		}
+		c.log.Warn("the column list of a schema-change record was information_schema's after a later DDL of the table "+
+			"(cdcout read the statement late); the binary log's rows after it have other columns",
+			zap.String("table", name), zap.String("kind", a.statement), zap.Strings("columns_in_binlog", names))
+	}
 }

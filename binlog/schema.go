@@ -47,9 +47,12 @@ type schemaCache struct {
 	cols map[string][]canonical.DDLColumn
 	// mapped is the table last decoded from a table map per table, since
 	// its last DDL: what the binlog itself says the table was.
-	mapped  map[string]*Table
-	byID    map[uint64]*mappedTable
-	keyless map[string]bool // tables already reported as keyless
+	mapped map[string]*Table
+	// ddlAfter: schema-change records' lists after, to check against the
+	// next table map (ddlrecord.go).
+	ddlAfter map[string]ddlAfter
+	byID     map[uint64]*mappedTable
+	keyless  map[string]bool // tables already reported as keyless
 }
 
 // mappedTable is a decoded table map, reused while the server keeps sending
@@ -79,6 +82,7 @@ func newSchemaCache(db *sql.DB, log *zap.Logger, mariadb, fullMeta bool, collati
 		db: db, log: log, mariadb: mariadb, fullMeta: fullMeta, collations: collations,
 		info: map[string]*tableInfo{}, byID: map[uint64]*mappedTable{}, keyless: map[string]bool{},
 		cols: map[string][]canonical.DDLColumn{}, mapped: map[string]*Table{},
+		ddlAfter: map[string]ddlAfter{},
 	}
 }
 
@@ -176,6 +180,7 @@ func (c *schemaCache) table(ctx context.Context, tm *replication.TableMapEvent) 
 	}
 	c.byID[tm.TableID] = &mappedTable{tm: tm, table: t}
 	c.mapped[t.DB+"."+t.Name] = t
+	c.checkDDLAfter(t)
 	return t, nil
 }
 

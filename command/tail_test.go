@@ -104,6 +104,11 @@ func TestTail(t *testing.T) {
 		if strings.Join(got, "\n") != strings.Join(want, "\n") {
 			t.Fatalf("envelopes:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 		}
+		// The rows after the CREATE tell, from the binlog's own table map,
+		// that its list was a later one: said in the log.
+		if !strings.Contains(errOut, "the column list of a schema-change record was information_schema's after a later DDL") {
+			t.Errorf("stderr does not report the CREATE's late column list:\n%s", errOut)
+		}
 		if !strings.Contains(errOut, `"metadata mode":"binlog"`) {
 			t.Errorf("stderr does not log the metadata mode:\n%s", errOut)
 		}
