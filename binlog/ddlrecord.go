@@ -301,10 +301,31 @@ func (c *schemaCache) ddlColumns(ctx context.Context, tg ddlTarget) (ddlCols, er
 	return out, nil
 }
 
+// ddlSettleTimeout bounds how long columnsNow waits for the statement's
+// metadata lock.
+const ddlSettleTimeout = 10 * time.Second
+
 // columnsNow reads a table's columns from information_schema; nil when
 // the table does not exist (any more).
+//
+// The server sends a statement's binlog event once it is written, which
+// can be before the statement has committed its new definition (seen on
+// MySQL 8: an information_schema read right after a DROP COLUMN event
+// still listed the column). The statement holds an exclusive metadata
+// lock on the table until it is done, so a SELECT … LIMIT 0 of the table
+// first waits for it; its error (no such table, no SELECT grant) only
+// means there is nothing to wait for, or no way to.
 func (c *schemaCache) columnsNow(ctx context.Context, db, table string) ([]canonical.DDLColumn, error) {
-	rows, err := c.db.QueryContext(ctx, `SELECT COLUMN_NAME, COLUMN_TYPE, IS_NULLABLE, COLUMN_KEY
+	wctx, cancel := context.WithTimeout(ctx, ddlSettleTimeout)
+	rows, err := c.db.QueryContext(wctx, "SELECT 1 FROM "+quoteName(db)+"."+quoteName(table)+" LIMIT 0")
+	if err == nil {
+		rows.Close()
+	} else if wctx.Err() != nil && ctx.Err() == nil {
+		c.log.Warn("the table stayed locked after its DDL; its column list is read anyway",
+			zap.String("table", db+"."+table), zap.Duration("waited", ddlSettleTimeout))
+	}
+	cancel()
+	rows, err = c.db.QueryContext(ctx, `SELECT COLUMN_NAME, COLUMN_TYPE, IS_NULLABLE, COLUMN_KEY
 		FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? ORDER BY ORDINAL_POSITION`, db, table)
 	if err != nil {
 		return nil, err
@@ -368,3 +389,6 @@ func (c *schemaCache) checkDDLAfter(t *Table) {
 			zap.String("table", name), zap.String("kind", a.statement), zap.Strings("columns_in_binlog", names))
 	}
 }
+
+// quoteName is a backquoted identifier.
+func quoteName(s string) string { return "`" + strings.ReplaceAll(s, "`", "``") + "`" }
