@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -74,6 +75,93 @@ func colsString(cols []ddlCol) string {
 	return strings.Join(s, ", ")
 }
 
+// ddlReceiver is a webhook receiver keeping the first receipt of every
+// record in arrival order, failing 5 % of attempts with a 500.
+type ddlReceiver struct {
+	srv      *httptest.Server
+	mu       sync.Mutex
+	received []ddlRecord
+	seen     map[string]bool
+}
+
+func newDDLReceiver(t *testing.T) *ddlReceiver {
+	r := &ddlReceiver{seen: map[string]bool{}}
+	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		b, _ := io.ReadAll(req.Body)
+		var rec ddlRecord
+		if err := json.Unmarshal(b, &rec); err != nil {
+			t.Errorf("body %s: %v", b, err)
+			w.WriteHeader(400)
+			return
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.seen[rec.ID] {
+			return // a redelivery
+		}
+		if rand.IntN(100) < 5 {
+			w.WriteHeader(500)
+			return
+		}
+		r.seen[rec.ID] = true
+		r.received = append(r.received, rec)
+	}))
+	t.Cleanup(r.srv.Close)
+	return r
+}
+
+func (r *ddlReceiver) records() []ddlRecord {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.received)
+}
+
+func schemaChanges(recs []ddlRecord) []ddlRecord {
+	var out []ddlRecord
+	for _, r := range recs {
+		if r.DDL != nil {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// ddlWrites commits n transactions of 1–3 random upserts and deletes of
+// table (cols: the columns to write) in s's source database.
+func ddlWrites(t *testing.T, s source, table, cols string, n int) {
+	t.Helper()
+	q := "`" + s.src + "`." + table
+	for range n {
+		tx, err := s.db.Begin()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 1 + rand.IntN(3) {
+			id := 1 + rand.IntN(25)
+			var stmt string
+			var args []any
+			switch {
+			case rand.IntN(5) == 0:
+				stmt, args = "DELETE FROM "+q+" WHERE id = ?", []any{id}
+			case cols == "id, v, w":
+				stmt, args = "INSERT INTO "+q+" (id, v, w) VALUES (?, ?, ?) ON DUPLICATE KEY UPDATE v = VALUES(v), w = VALUES(w)",
+					[]any{id, rand.IntN(1000), fmt.Sprint("w", rand.IntN(100))}
+			case cols == "id, name":
+				stmt, args = "INSERT INTO "+q+" (id, name) VALUES (?, ?) ON DUPLICATE KEY UPDATE name = VALUES(name)",
+					[]any{id, fmt.Sprint("n", id, "-", rand.IntN(100))}
+			default:
+				stmt, args = "INSERT INTO "+q+" (id, v) VALUES (?, ?) ON DUPLICATE KEY UPDATE v = VALUES(v)", []any{id, rand.IntN(1000)}
+			}
+			if _, err := tx.Exec(stmt, args...); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // TestDDLRecordsUnderWrites: a webhook sink with ddl: true (native
 // format) while transactions keep writing between ADD, MODIFY and DROP
 // COLUMN, TRUNCATE, RENAME, CREATE and DROP TABLE, the receiver failing
@@ -84,36 +172,11 @@ func colsString(cols []ddlCol) string {
 // records in arrival order ends with exactly the source's tables and
 // rows, the truncated rows gone. A sink without ddl: gets no such record.
 func TestDDLRecordsUnderWrites(t *testing.T) {
-	var (
-		mu       sync.Mutex
-		received []ddlRecord
-		seen     = map[string]bool{}
-	)
-	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(r.Body)
-		var rec ddlRecord
-		if err := json.Unmarshal(b, &rec); err != nil {
-			t.Errorf("body %s: %v", b, err)
-			w.WriteHeader(400)
-			return
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		if seen[rec.ID] {
-			return // a redelivery
-		}
-		if rand.IntN(100) < 5 {
-			w.WriteHeader(500)
-			return
-		}
-		seen[rec.ID] = true
-		received = append(received, rec)
-	}))
-	t.Cleanup(hook.Close)
+	rcv := newDDLReceiver(t)
 	plainFile := filepath.Join(t.TempDir(), "plain.jsonl")
 	s := newSource(t, "ddlrec", "id INT PRIMARY KEY, v INT", func(cfg *config.Config) {
 		cfg.Sinks = []config.Sink{
-			{Name: "ddl", URL: hook.URL, DDL: true, Format: "native", MaxAttempts: 1000, Concurrency: 4, BatchSize: 8},
+			{Name: "ddl", URL: rcv.srv.URL, DDL: true, Format: "native", MaxAttempts: 1000, Concurrency: 4, BatchSize: 8},
 			{Name: "plain", URL: "file://" + plainFile},
 		}
 		cfg.EnqueueFlushInterval = 10 * time.Millisecond
@@ -121,48 +184,6 @@ func TestDDLRecordsUnderWrites(t *testing.T) {
 	runEngine(t, s.cfg, zaptest.NewLogger(t))
 	q := func(name string) string { return "`" + s.src + "`." + name }
 
-	ddls := func() []ddlRecord {
-		mu.Lock()
-		defer mu.Unlock()
-		var out []ddlRecord
-		for _, r := range received {
-			if r.DDL != nil {
-				out = append(out, r)
-			}
-		}
-		return out
-	}
-	writes := func(table, cols string, n int) {
-		for range n {
-			tx, err := s.db.Begin()
-			if err != nil {
-				t.Fatal(err)
-			}
-			for range 1 + rand.IntN(3) {
-				id := 1 + rand.IntN(25)
-				var stmt string
-				var args []any
-				switch {
-				case rand.IntN(5) == 0:
-					stmt, args = "DELETE FROM "+q(table)+" WHERE id = ?", []any{id}
-				case cols == "id, v, w":
-					stmt, args = "INSERT INTO "+q(table)+" (id, v, w) VALUES (?, ?, ?) ON DUPLICATE KEY UPDATE v = VALUES(v), w = VALUES(w)",
-						[]any{id, rand.IntN(1000), fmt.Sprint("w", rand.IntN(100))}
-				case cols == "id, name":
-					stmt, args = "INSERT INTO "+q(table)+" (id, name) VALUES (?, ?) ON DUPLICATE KEY UPDATE name = VALUES(name)",
-						[]any{id, fmt.Sprint("n", id, "-", rand.IntN(100))}
-				default:
-					stmt, args = "INSERT INTO "+q(table)+" (id, v) VALUES (?, ?) ON DUPLICATE KEY UPDATE v = VALUES(v)", []any{id, rand.IntN(1000)}
-				}
-				if _, err := tx.Exec(stmt, args...); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if err := tx.Commit(); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
 	// Each statement, then writes while cdcout reads it; the next
 	// statement only once its record arrived, so information_schema still
 	// describes the table as the statement left it when cdcout reads it
@@ -179,20 +200,17 @@ func TestDDLRecordsUnderWrites(t *testing.T) {
 		{"CREATE TABLE " + q("t3") + " (id INT PRIMARY KEY, name VARCHAR(10) NOT NULL, UNIQUE KEY (name))", "t3", "id, name"},
 		{"DROP TABLE " + q("t3"), "t2", "id, v"},
 	}
-	writes("t", "id, v", 40)
+	ddlWrites(t, s, "t", "id, v", 40)
 	for i, st := range steps {
 		s.srv.Exec(t, st.stmt)
-		writes(st.table, st.cols, 30)
-		waitFor(t, fmt.Sprintf("the record of %q", st.stmt), 30*time.Second, func() bool { return len(ddls()) > i })
+		ddlWrites(t, s, st.table, st.cols, 30)
+		waitFor(t, fmt.Sprintf("the record of %q", st.stmt), 30*time.Second, func() bool { return len(schemaChanges(rcv.records())) > i })
 	}
 	if _, err := s.db.Exec("INSERT INTO " + q("t2") + " (id, v) VALUES (999, 1)"); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the last insert, and every record of the sink delivered", 30*time.Second, func() bool {
-		mu.Lock()
-		last := slices.ContainsFunc(received, func(r ddlRecord) bool { return r.Op == "c" && string(r.After["id"]) == "999" })
-		mu.Unlock()
-		if !last {
+		if !slices.ContainsFunc(rcv.records(), func(r ddlRecord) bool { return r.Op == "c" && string(r.After["id"]) == "999" }) {
 			return false
 		}
 		for _, r := range records(t, s.db, s.stateDB, "%:ddl") {
@@ -202,12 +220,37 @@ func TestDDLRecordsUnderWrites(t *testing.T) {
 		}
 		return true
 	})
+	recs := rcv.records()
 
-	mu.Lock()
-	recs := slices.Clone(received)
-	mu.Unlock()
+	checkDDLColumns(t, schemaChanges(recs))
+	checkDDLOrder(t, recs)
+	model := replayDDL(t, recs)
+	if names := slices.Sorted(maps.Keys(model)); !slices.Equal(names, []string{"t2"}) {
+		t.Fatalf("the consumer ends with tables %v, the source has [t2]", names)
+	}
+	source := readTable(t, s.db, q("t2"))
+	if len(source) != len(model["t2"].rows) {
+		t.Errorf("the consumer has %d rows of t2, the source %d", len(model["t2"].rows), len(source))
+	}
+	for id, v := range source {
+		if row := model["t2"].rows[id]; row == nil || string(row["v"]) != v {
+			t.Errorf("t2 row %s: consumer %v, source v=%s", id, row, v)
+		}
+	}
+	b, err := os.ReadFile(plainFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(b), `"op":"ddl"`) {
+		t.Error("the sink without ddl: true got schema-change records")
+	}
+	t.Logf("%d records, %d schema changes, %d rows of t2 at the end", len(recs), len(schemaChanges(recs)), len(source))
+}
 
-	// Column lists.
+// checkDDLColumns compares the statements' records with their column
+// lists after and before.
+func checkDDLColumns(t *testing.T, got []ddlRecord) {
+	t.Helper()
 	want := []struct{ kind, table, old, after, before string }{
 		{"ALTER", "t", "", "id int PRI, v int null, w varchar(20) null", "id int PRI, v int null"},
 		{"ALTER", "t", "", "id int PRI, v bigint, w varchar(20) null", "id int PRI, v int null, w varchar(20) null"},
@@ -217,7 +260,6 @@ func TestDDLRecordsUnderWrites(t *testing.T) {
 		{"CREATE", "t3", "", "id int PRI, name varchar(10) UNI", "<none>"},
 		{"DROP", "t3", "", "<none>", "id int PRI, name varchar(10) UNI"},
 	}
-	got := ddls()
 	if len(got) != len(want) {
 		t.Fatalf("%d schema-change records, want %d", len(got), len(want))
 	}
@@ -232,9 +274,13 @@ func TestDDLRecordsUnderWrites(t *testing.T) {
 				i, d.Statement, d.Kind, d.Table, d.OldTable, colsString(d.Columns), before, w.kind, w.table, w.old, w.after, w.before)
 		}
 	}
+}
 
-	// Order: every row change of a table committed before a statement on
-	// it arrived before the statement's record, every later one after.
+// checkDDLOrder: every row change of a table committed before a
+// statement on it arrived before the statement's record, every later one
+// after.
+func checkDDLOrder(t *testing.T, recs []ddlRecord) {
+	t.Helper()
 	type at struct {
 		file string
 		pos  uint32
@@ -256,13 +302,20 @@ func TestDDLRecordsUnderWrites(t *testing.T) {
 			}
 		}
 	}
+}
 
-	// A consumer applying the records in order.
-	type table struct {
-		cols []string
-		rows map[string]map[string]json.RawMessage
-	}
-	model := map[string]*table{"t": {cols: []string{"id", "v"}, rows: map[string]map[string]json.RawMessage{}}}
+// consumerTable is a table as a consumer applying the records keeps it.
+type consumerTable struct {
+	cols []string
+	rows map[string]map[string]json.RawMessage
+}
+
+// replayDDL applies the records in arrival order, as a consumer would,
+// starting from t (id, v), and checks every row change has the columns
+// the last schema-change record of its table lists.
+func replayDDL(t *testing.T, recs []ddlRecord) map[string]*consumerTable {
+	t.Helper()
+	model := map[string]*consumerTable{"t": {cols: []string{"id", "v"}, rows: map[string]map[string]json.RawMessage{}}}
 	for _, r := range recs {
 		if d := r.DDL; d != nil {
 			var names []string
@@ -271,7 +324,7 @@ func TestDDLRecordsUnderWrites(t *testing.T) {
 			}
 			switch d.Kind {
 			case "CREATE":
-				model[d.Table] = &table{cols: names, rows: map[string]map[string]json.RawMessage{}}
+				model[d.Table] = &consumerTable{cols: names, rows: map[string]map[string]json.RawMessage{}}
 			case "DROP":
 				delete(model, d.Table)
 			case "RENAME":
@@ -300,48 +353,17 @@ func TestDDLRecordsUnderWrites(t *testing.T) {
 		if r.Op == "d" {
 			img = r.Before
 		}
-		var cols []string
-		for c := range img {
-			cols = append(cols, c)
-		}
-		slices.Sort(cols)
+		cols := slices.Sorted(maps.Keys(img))
 		if want := slices.Sorted(slices.Values(tb.cols)); !slices.Equal(cols, want) {
 			t.Errorf("%s of %s has columns %v, the last schema-change record says %v", r.Op, r.Source.Table, cols, want)
 		}
-		id := string(img["id"])
-		if r.Op == "d" {
+		if id := string(img["id"]); r.Op == "d" {
 			delete(tb.rows, id)
 		} else {
 			tb.rows[id] = img
 		}
 	}
-	if names := slices.Sorted(func(yield func(string) bool) {
-		for n := range model {
-			if !yield(n) {
-				return
-			}
-		}
-	}); !slices.Equal(names, []string{"t2"}) {
-		t.Fatalf("the consumer ends with tables %v, the source has [t2]", names)
-	}
-	source := readTable(t, s.db, q("t2"))
-	if len(source) != len(model["t2"].rows) {
-		t.Errorf("the consumer has %d rows of t2, the source %d", len(model["t2"].rows), len(source))
-	}
-	for id, v := range source {
-		if row := model["t2"].rows[id]; row == nil || string(row["v"]) != v {
-			t.Errorf("t2 row %s: consumer %v, source v=%s", id, row, v)
-		}
-	}
-
-	b, err := os.ReadFile(plainFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if strings.Contains(string(b), `"op":"ddl"`) {
-		t.Error("the sink without ddl: true got schema-change records")
-	}
-	t.Logf("%d records, %d schema changes, %d rows of t2 at the end", len(recs), len(got), len(source))
+	return model
 }
 
 // readTable returns a table's v by id, as canonical JSON text.
