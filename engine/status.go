@@ -9,6 +9,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/cdcout/cdcout/binlog"
+	"github.com/cdcout/cdcout/canonical"
 	"github.com/cdcout/cdcout/config"
 	"github.com/cdcout/cdcout/fleet"
 	"github.com/cdcout/cdcout/inspect"
@@ -105,7 +106,9 @@ func (e *Engine) secrets() []string {
 // time has the binlog header's whole-second resolution).
 func (e *Engine) observeEvent(ev binlog.Event) {
 	if ch := ev.Change; ch != nil {
-		e.metrics.ObserveChange(ch.Source.DB, ch.Source.Table, string(ch.Op))
+		if ch.Op != canonical.OpDDL { // a statement, not a row change
+			e.metrics.ObserveChange(ch.Source.DB, ch.Source.Table, string(ch.Op))
+		}
 		return
 	}
 	if ev.Commit == nil || ev.Commit.Time.IsZero() {
