@@ -84,25 +84,23 @@ func (p *pipeDrainer) fenceWait(ctx context.Context, seg *segment) (bool, error)
 }
 
 // sinkPendingBefore reports whether any other pipe of pipe's instance and
-// sink has a pending segment or row older than before. The pipes are read
-// each time (a pipe first written by the transaction itself must count):
-// the distinct pipes of segments and of pending rows, each a loose scan
-// of an index's first column.
+// sink has a pending segment or row older than before. The pipes with
+// pending records are read each time (a pipe first written by the
+// transaction itself must count), then each is probed.
 func (d *Drainer) sinkPendingBefore(ctx context.Context, pipe, before string) (bool, error) {
 	instance, _, sink, ok := SplitPipe(pipe)
 	if !ok {
 		return false, nil
 	}
-	segPipes, err := state.Strings(ctx, d.cfg.DB, `SELECT DISTINCT pipe FROM `+d.segments)
-	if err != nil {
-		return false, fmt.Errorf("pipes of %s: %w", sink, err)
-	}
-	rowPipes, err := state.Strings(ctx, d.cfg.DB, `SELECT DISTINCT pipe FROM `+d.outbox+` FORCE INDEX (due) WHERE status = 'pending'`)
+	// The pipes with pending records, as PipesWithRecords reads them.
+	pipes, err := state.Strings(ctx, d.cfg.DB, `SELECT DISTINCT pipe FROM `+d.outbox+` WHERE pipe LIKE ? AND status = 'pending'`+
+		` UNION SELECT DISTINCT pipe FROM `+d.segments+` WHERE pipe LIKE ? AND status = 'pending'`,
+		state.LikePrefix(instance+":"), state.LikePrefix(instance+":"))
 	if err != nil {
 		return false, fmt.Errorf("pipes of %s: %w", sink, err)
 	}
 	seen := map[string]bool{pipe: true}
-	for _, p := range append(segPipes, rowPipes...) {
+	for _, p := range pipes {
 		if seen[p] {
 			continue
 		}
