@@ -259,6 +259,11 @@ func (r *reader) ddlRecords(ctx context.Context, q []byte, defaultDB string, hdr
 			ChangeKey: "s:" + id + ":" + strconv.Itoa(n),
 			DDL:       d,
 		}
+		// Counted as emitted, so the statement's Commit is not coalesced
+		// away: the record must be written with its own checkpoint, not
+		// held open into the next transaction, whose replay after a
+		// reconnect would drop it.
+		r.tx.emitted++
 		if err := r.h(ctx, Event{Change: ch}); err != nil {
 			return &handlerError{err}
 		}
