@@ -243,6 +243,7 @@ func (s *Server) AdminAddr() net.Addr {
 // ctx.
 func (s *Server) Run(ctx context.Context) error {
 	var servers []*http.Server
+	var listeners []net.Listener
 	errc := make(chan error, 2)
 	for _, l := range []struct {
 		addr    string
@@ -254,8 +255,11 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 		ln, err := net.Listen("tcp", l.addr)
 		if err != nil {
-			for _, srv := range servers {
+			// Close the listeners themselves: a Serve goroutine that has
+			// not started yet would close its listener only when it runs.
+			for i, srv := range servers {
 				_ = srv.Close()
+				_ = listeners[i].Close()
 			}
 			return fmt.Errorf("inspect: listen on %s: %w", l.addr, err)
 		}
@@ -268,7 +272,7 @@ func (s *Server) Run(ctx context.Context) error {
 			ReadHeaderTimeout: s.cfg.HeadersTimeout,
 			ErrorLog:          zap.NewStdLog(s.log),
 		}
-		servers = append(servers, srv)
+		servers, listeners = append(servers, srv), append(listeners, ln)
 		s.log.Info("serving", zap.String("addr", ln.Addr().String()), zap.Bool("admin", l.handler == http.Handler(s.adminMux)))
 		go func() { errc <- srv.Serve(ln) }()
 	}
