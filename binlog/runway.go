@@ -12,7 +12,8 @@ import (
 
 	gomysql "github.com/go-mysql-org/go-mysql/mysql"
 	"github.com/go-mysql-org/go-mysql/replication"
-	"github.com/go-sql-driver/mysql"
+
+	"github.com/cdcout/cdcout/state"
 )
 
 // Runway is how long the server keeps the binlog file a checkpoint is in:
@@ -121,8 +122,7 @@ func readRetention(ctx context.Context, db *sql.DB) (retention, error) {
 func rdsRetentionHours(ctx context.Context, db *sql.DB) (hours sql.NullInt64, found bool, err error) {
 	rows, err := db.QueryContext(ctx, "CALL mysql.rds_show_configuration")
 	if err != nil {
-		var me *mysql.MySQLError
-		if errors.As(err, &me) && me.Number == 1305 { // ER_SP_DOES_NOT_EXIST
+		if state.Errno(err) == state.ErrnoSPDoesNotExist {
 			return hours, false, nil
 		}
 		return hours, false, fmt.Errorf("read RDS binlog retention (CALL mysql.rds_show_configuration): %w", err)
