@@ -351,7 +351,7 @@ func LoadFile(cfg *Config, path string) error {
 		return Errors{{Path: "--config", Msg: fmt.Sprintf("read %s: %v", path, unwrapPathError(err))}}
 	}
 	cfg.File = path
-	err = Parse(cfg, data)
+	err = parseYAML(cfg, data)
 	var errs Errors
 	if errors.As(err, &errs) {
 		for i := range errs {
@@ -386,9 +386,9 @@ func unwrapPathError(err error) error {
 	return err
 }
 
-// Parse decodes YAML into cfg. Unknown keys and values of the wrong type
+// parseYAML decodes YAML into cfg. Unknown keys and values of the wrong type
 // are reported with their field path and line, all of them at once.
-func Parse(cfg *Config, data []byte) error {
+func parseYAML(cfg *Config, data []byte) error {
 	var root yaml.Node
 	if err := yaml.Unmarshal(data, &root); err != nil {
 		return Errors{{Path: fileLevel, Msg: yamlError(err)}}

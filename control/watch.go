@@ -9,12 +9,12 @@ import (
 	"go.uber.org/zap"
 )
 
-// WatchEvery is how often a Watcher reads the paused sinks: a pause or
+// watchEvery is how often a Watcher reads the paused sinks: a pause or
 // resume takes effect on every replica within about this.
-const WatchEvery = time.Second
+const watchEvery = time.Second
 
 // Watcher is one replica's view of its instance's paused sinks, read
-// from the state database every WatchEvery. A read that fails keeps the
+// from the state database every watchEvery. A read that fails keeps the
 // last state read in force.
 type Watcher struct {
 	db               *sql.DB
@@ -30,7 +30,7 @@ type Watcher struct {
 
 // Watch reads the paused sinks once — a replica that starts must not
 // deliver a paused sink's records before it has looked — and then every
-// WatchEvery until Stop. resumed (may be nil) is told each sink that
+// watchEvery until Stop. resumed (may be nil) is told each sink that
 // stopped being paused.
 func Watch(ctx context.Context, db *sql.DB, schema, instance string, log *zap.Logger, resumed func(sink string)) (*Watcher, error) {
 	w := &Watcher{db: db, schema: schema, instance: instance, log: log, resumed: resumed}
@@ -41,7 +41,7 @@ func Watch(ctx context.Context, db *sql.DB, schema, instance string, log *zap.Lo
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		t := time.NewTicker(WatchEvery)
+		t := time.NewTicker(watchEvery)
 		defer t.Stop()
 		failing := false
 		for {

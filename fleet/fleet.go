@@ -32,10 +32,10 @@ const (
 	DefaultStaleAfter = 120 * time.Second
 	// DefaultWriteEvery is the Heartbeat's write interval.
 	DefaultWriteEvery = 30 * time.Second
-	// MembershipWindow multiplies staleAfter to bound how long a replica
+	// membershipWindow multiplies staleAfter to bound how long a replica
 	// that holds no lease still counts as a member on the strength of its
 	// row alone (see Members).
-	MembershipWindow = 3
+	membershipWindow = 3
 )
 
 // KindEngine is the kind of the row a `cdcout run` replica writes.
@@ -177,7 +177,7 @@ func Forget(ctx context.Context, db *sql.DB, schema, replicaID string) (int64, e
 //     drain/<instance>:…); the replica id is the holder up to its last "/"
 //     (holders are "<replica-id>/<boot nonce>"), and
 //   - every replica whose row (of this kind, in rows) was written within
-//     staleAfter × MembershipWindow.
+//     staleAfter × membershipWindow.
 //
 // Leases are the authority on who is alive and working: a replica holding
 // one but writing no row (an older binary, a failing write) is exactly the
@@ -220,7 +220,7 @@ WHERE expires_at > NOW(6) AND holder <> '' AND (name LIKE ? OR name LIKE ?)`, "%
 		return nil, fmt.Errorf("read fleet membership: %w", err)
 	}
 	for _, r := range rows {
-		if !seen[r.ReplicaID] && r.Age <= staleAfter*MembershipWindow {
+		if !seen[r.ReplicaID] && r.Age <= staleAfter*membershipWindow {
 			seen[r.ReplicaID] = true
 			out = append(out, Member{ID: r.ReplicaID, StartedAt: r.StartedAt})
 		}

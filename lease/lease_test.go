@@ -65,7 +65,7 @@ func TestExpiryByDatabaseClock(t *testing.T) {
 	if !a.Valid(time.Now()) {
 		t.Fatal("fresh lease not valid locally")
 	}
-	if got := time.Until(a.LocalDeadline); got > time.Second-SafetyMargin(time.Second)+10*time.Millisecond {
+	if got := time.Until(a.LocalDeadline); got > time.Second-safetyMargin(time.Second)+10*time.Millisecond {
 		t.Fatalf("local deadline %v away, want at most ttl - margin", got)
 	}
 	// While live, another holder cannot take it.

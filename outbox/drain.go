@@ -20,14 +20,14 @@ import (
 // documents (config.DefaultSink…), so a Drainer built without a config
 // behaves as a configured sink that sets nothing.
 const (
-	DefaultClaimLease    = 5 * time.Minute
-	DefaultTimeout       = config.DefaultSinkTimeout
-	DefaultMaxAttempts   = config.DefaultSinkMaxAttempts
-	DefaultConcurrency   = config.DefaultSinkConcurrency
-	DefaultBatchSize     = config.DefaultSinkBatchSize
-	DefaultBackoffBase   = 200 * time.Millisecond
-	DefaultBackoffCap    = 5 * time.Minute
-	DefaultAttemptLogCap = 20
+	defaultClaimLease    = 5 * time.Minute
+	defaultTimeout       = config.DefaultSinkTimeout
+	defaultMaxAttempts   = config.DefaultSinkMaxAttempts
+	defaultConcurrency   = config.DefaultSinkConcurrency
+	defaultBatchSize     = config.DefaultSinkBatchSize
+	defaultBackoffBase   = 200 * time.Millisecond
+	defaultBackoffCap    = 5 * time.Minute
+	defaultAttemptLogCap = 20
 
 	idleMin = 50 * time.Millisecond
 	idleMax = 2 * time.Second
@@ -45,7 +45,7 @@ type PipeConfig struct {
 	// when it passes. Default 10s.
 	Timeout time.Duration
 	// MaxAttempts: a row whose attempt count reaches it is dead-lettered.
-	// Default DefaultMaxAttempts (25).
+	// Default 25 (config.DefaultSinkMaxAttempts).
 	MaxAttempts int
 	// Concurrency is how many batches of this pipe are in flight at once.
 	// Default 8.
@@ -164,11 +164,11 @@ func NewDrainer(cfg DrainerConfig) (*Drainer, error) {
 		return nil, fmt.Errorf("drainer: %w", err)
 	}
 	if cfg.ClaimLease == 0 {
-		cfg.ClaimLease = DefaultClaimLease
+		cfg.ClaimLease = defaultClaimLease
 	}
-	orDefault(&cfg.BackoffBase, DefaultBackoffBase)
-	orDefault(&cfg.BackoffCap, DefaultBackoffCap)
-	orDefault(&cfg.AttemptLogCap, DefaultAttemptLogCap)
+	orDefault(&cfg.BackoffBase, defaultBackoffBase)
+	orDefault(&cfg.BackoffCap, defaultBackoffCap)
+	orDefault(&cfg.AttemptLogCap, defaultAttemptLogCap)
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
@@ -192,10 +192,10 @@ func NewDrainer(cfg DrainerConfig) (*Drainer, error) {
 		if pc.Sink == nil {
 			return nil, fmt.Errorf("drainer: pipe %s has no sink", name)
 		}
-		orDefault(&pc.Timeout, DefaultTimeout)
-		orDefault(&pc.MaxAttempts, DefaultMaxAttempts)
-		orDefault(&pc.Concurrency, DefaultConcurrency)
-		orDefault(&pc.BatchSize, DefaultBatchSize)
+		orDefault(&pc.Timeout, defaultTimeout)
+		orDefault(&pc.MaxAttempts, defaultMaxAttempts)
+		orDefault(&pc.Concurrency, defaultConcurrency)
+		orDefault(&pc.BatchSize, defaultBatchSize)
 		if cfg.ClaimLease <= pc.Timeout {
 			return nil, fmt.Errorf("drainer: claim lease %v must exceed pipe %s's delivery timeout %v, or a slow delivery is handed to a second replica while it is still running", cfg.ClaimLease, name, pc.Timeout)
 		}

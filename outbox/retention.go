@@ -14,10 +14,10 @@ import (
 
 // Retention defaults.
 const (
-	DefaultRetention      = 72 * time.Hour
-	DefaultDedupWindow    = 60 * time.Second
-	DefaultJanitorEvery   = time.Minute
-	DefaultJanitorBatch   = 1000
+	defaultRetention      = 72 * time.Hour
+	defaultDedupWindow    = 60 * time.Second
+	defaultJanitorEvery   = time.Minute
+	defaultJanitorBatch   = 1000
 	janitorPauseOnFailure = 10 * time.Second
 )
 
@@ -70,10 +70,10 @@ func NewJanitor(cfg JanitorConfig) (*Janitor, error) {
 	if err := state.CheckName(cfg.Schema); err != nil {
 		return nil, fmt.Errorf("janitor: %w", err)
 	}
-	orDefault(&cfg.Retention, DefaultRetention)
-	orDefault(&cfg.DedupWindow, DefaultDedupWindow)
-	orDefault(&cfg.Every, DefaultJanitorEvery)
-	orDefault(&cfg.BatchSize, DefaultJanitorBatch)
+	orDefault(&cfg.Retention, defaultRetention)
+	orDefault(&cfg.DedupWindow, defaultDedupWindow)
+	orDefault(&cfg.Every, defaultJanitorEvery)
+	orDefault(&cfg.BatchSize, defaultJanitorBatch)
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}

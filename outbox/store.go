@@ -72,7 +72,7 @@ func (s *Store) RaiseIDFloor(ctx context.Context) error {
 	if !maxID.Valid {
 		return nil
 	}
-	return RaiseIDFloor(maxID.String)
+	return raiseIDFloor(maxID.String)
 }
 
 // Analyze refreshes the optimizer's statistics of the outbox and segments
