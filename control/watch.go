@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/cdcout/cdcout/internal/pause"
 )
 
 // watchEvery is how often a Watcher reads the paused sinks: a pause or
@@ -41,21 +43,15 @@ func Watch(ctx context.Context, db *sql.DB, schema, instance string, log *zap.Lo
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		t := time.NewTicker(watchEvery)
-		defer t.Stop()
 		failing := false
-		for {
-			select {
-			case <-rctx.Done():
-				return
-			case <-t.C:
-			}
+		_ = pause.Every(rctx, watchEvery, func() error {
 			err := w.refresh(rctx)
 			if err != nil && !failing && rctx.Err() == nil {
 				w.log.Warn("read paused sinks; keeping the last state read", zap.Error(err))
 			}
 			failing = err != nil
-		}
+			return nil
+		})
 	}()
 	w.stop = func() { cancel(); <-done }
 	return w, nil

@@ -28,6 +28,7 @@ import (
 
 	"github.com/cdcout/cdcout/binlog"
 	"github.com/cdcout/cdcout/config"
+	"github.com/cdcout/cdcout/internal/pause"
 	"github.com/cdcout/cdcout/metrics"
 )
 
@@ -280,16 +281,11 @@ func (s *Server) Run(ctx context.Context) error {
 	sampled := make(chan struct{})
 	go func() {
 		defer close(sampled)
-		t := time.NewTicker(historyEvery)
-		defer t.Stop()
-		for {
+		s.history.add(time.Now(), s.source())
+		_ = pause.Every(sctx, historyEvery, func() error {
 			s.history.add(time.Now(), s.source())
-			select {
-			case <-sctx.Done():
-				return
-			case <-t.C:
-			}
-		}
+			return nil
+		})
 	}()
 	defer func() { stopSampling(); <-sampled }()
 	select {

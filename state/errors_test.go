@@ -70,15 +70,7 @@ func TestErrorClassesFromRealServers(t *testing.T) {
 		}},
 		{name: "session killed", lost: true, err: func(t *testing.T) error {
 			db := open(t, cfg)
-			conn, err := db.Conn(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close()
-			var id int64
-			if err := conn.QueryRowContext(ctx, "SELECT CONNECTION_ID()").Scan(&id); err != nil {
-				t.Fatal(err)
-			}
+			conn, id := session(t, db)
 			if _, err := db.ExecContext(ctx, fmt.Sprintf("KILL %d", id)); err != nil {
 				t.Fatal(err)
 			}
@@ -87,15 +79,7 @@ func TestErrorClassesFromRealServers(t *testing.T) {
 		}},
 		{name: "session killed mid-statement", lost: true, err: func(t *testing.T) error {
 			db := open(t, cfg)
-			conn, err := db.Conn(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close()
-			var id int64
-			if err := conn.QueryRowContext(ctx, "SELECT CONNECTION_ID()").Scan(&id); err != nil {
-				t.Fatal(err)
-			}
+			conn, id := session(t, db)
 			done := make(chan error, 1)
 			go func() {
 				_, err := conn.ExecContext(ctx, "SELECT SLEEP(30)")
@@ -121,11 +105,7 @@ func TestErrorClassesFromRealServers(t *testing.T) {
 			return <-done
 		}},
 		{name: "idle past wait_timeout", lost: true, wantErrno: ErrnoClientInteractionTimeout, mysqlErrnoOnly: true, err: func(t *testing.T) error {
-			conn, err := open(t, cfg).Conn(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close()
+			conn, _ := session(t, open(t, cfg))
 			if _, err := conn.ExecContext(ctx, "SET SESSION wait_timeout = 1"); err != nil {
 				t.Fatal(err)
 			}
@@ -158,6 +138,22 @@ func TestErrorClassesFromRealServers(t *testing.T) {
 			}
 		})
 	}
+}
+
+// session pins one connection of db, closed when the test ends, and
+// returns it with its server connection id.
+func session(t *testing.T, db *sql.DB) (*sql.Conn, int64) {
+	t.Helper()
+	conn, err := db.Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	var id int64
+	if err := conn.QueryRowContext(context.Background(), "SELECT CONNECTION_ID()").Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	return conn, id
 }
 
 // TestConnectionLostIgnoresText: an error that only says "connection
