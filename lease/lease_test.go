@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cdcout/cdcout/internal/mysqltest"
+	"github.com/cdcout/cdcout/internal/statetest"
 	"github.com/cdcout/cdcout/state"
 )
 
@@ -17,12 +18,7 @@ func TestMain(m *testing.M) { mysqltest.RunMain(m) }
 
 func newManager(t *testing.T) (*Manager, *sql.DB, string) {
 	t.Helper()
-	srv := mysqltest.Shared(t)
-	schema := srv.CreateDB(t, "lease")
-	db := srv.Open(t)
-	if err := state.Migrate(context.Background(), db, schema); err != nil {
-		t.Fatal(err)
-	}
+	db, schema := statetest.New(t, "lease")
 	return NewManager(db, schema), db, schema
 }
 

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cdcout/cdcout/internal/mysqltest"
+	"github.com/cdcout/cdcout/internal/statetest"
 	"github.com/cdcout/cdcout/internal/wait"
 	"github.com/cdcout/cdcout/lease"
 	"github.com/cdcout/cdcout/sink"
@@ -43,12 +44,7 @@ type testState struct {
 
 func newTestState(tb testing.TB) *testState {
 	tb.Helper()
-	srv := mysqltest.Shared(tb)
-	schema := srv.CreateDB(tb, "drain")
-	db := srv.Open(tb)
-	if err := state.Migrate(context.Background(), db, schema); err != nil {
-		tb.Fatal(err)
-	}
+	db, schema := statetest.New(tb, "drain")
 	return &testState{db: db, schema: schema}
 }
 
@@ -769,9 +765,7 @@ func TestRunSurvivesDatabaseRestart(t *testing.T) {
 	srv := mysqltest.Start(t, mysqltest.Options{})
 	schema := srv.CreateDB(t, "drainrestart")
 	db := srv.Open(t)
-	if err := state.Migrate(context.Background(), db, schema); err != nil {
-		t.Fatal(err)
-	}
+	statetest.Migrate(t, db, schema)
 	s := &testState{db: db, schema: schema}
 	const pipe = "i:app.t:fake"
 	order := map[string][]string{}
