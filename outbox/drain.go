@@ -31,9 +31,11 @@ const (
 
 	idleMin = 50 * time.Millisecond
 	idleMax = 2 * time.Second
-	// outcomeRetryFor bounds how long a delivered batch's outcome write is
-	// retried (database restart) before the rows are left to their claim
-	// lease, which re-delivers them under the same deliveryKey.
+	// outcomeRetryFor bounds how long a delivered batch's outcome write, or
+	// the release of a row claim, is retried (database restart) before it
+	// is given up: a delivered batch is then left to its claim lease, which
+	// re-delivers it under the same deliveryKey; an unreleased claim is
+	// taken back by the next claim pass (release.go).
 	outcomeRetryFor = 30 * time.Second
 	maxErrorLen     = 4096
 )
@@ -113,6 +115,9 @@ type Drainer struct {
 	backoff  Backoff
 	logger   *zap.Logger
 	pipes    []*pipeDrainer
+	// retryFor is outcomeRetryFor; tests of a state-database outage
+	// shorten it.
+	retryFor time.Duration
 }
 
 type pipeDrainer struct {
@@ -134,6 +139,13 @@ type pipeDrainer struct {
 	// (release, hold or outcome): the next segment pass takes it back
 	// rather than wait out the claim lease (segdrain.go).
 	stuck *stuckClaim
+	// unreleased are ids of rows whose claim of ours a failed release
+	// left standing: the next claim pass takes them back rather than let
+	// their keys wait out the claim lease (release.go). claiming is held
+	// shared by each claim from its UPDATE to its read-back and exclusively
+	// by the take-back, so a row claimed anew is never released under it.
+	unreleased map[string]bool
+	claiming   sync.RWMutex
 	// failLog rate-limits the "delivery failed" lines: an outage must not
 	// flood the log.
 	failLogAt  time.Time
@@ -181,6 +193,7 @@ func NewDrainer(cfg DrainerConfig) (*Drainer, error) {
 		leases:   state.Table(cfg.Schema, "leases"),
 		backoff:  Backoff{Base: cfg.BackoffBase, Cap: cfg.BackoffCap},
 		logger:   cfg.Logger.Named("drain"),
+		retryFor: outcomeRetryFor,
 	}
 	names := make([]string, 0, len(cfg.Pipes))
 	for name := range cfg.Pipes {
@@ -207,6 +220,7 @@ func NewDrainer(cfg DrainerConfig) (*Drainer, error) {
 			inflight: map[string]bool{},
 
 			failedBefore: map[string]bool{},
+			unreleased:   map[string]bool{},
 		})
 	}
 	return d, nil
