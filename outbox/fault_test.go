@@ -39,6 +39,23 @@ func proxiedDB(t *testing.T) (*sql.DB, *faultproxy.Proxy) {
 	return db, p
 }
 
+// resumesAfterHeal runs d, just after the state database came back, until
+// cond holds, and fails t unless that took seconds, not the claim lease.
+func resumesAfterHeal(t *testing.T, d *Drainer, what string, cond func() bool) {
+	t.Helper()
+	healed := time.Now()
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.Run(ctx); close(done) }()
+	defer func() { stop(); <-done }()
+	waitFor(t, what, cond)
+	took := time.Since(healed)
+	t.Logf("heal to %s: %v", what, took.Round(time.Millisecond))
+	if took > 5*time.Second {
+		t.Fatalf("delivery resumed %v after the heal, want within seconds (not the claim lease)", took)
+	}
+}
+
 // Issue 14, defect 1: a segment whose claim could not be released because
 // the state connection dropped is taken back by the same live drainer on
 // its next pass, not left to the claim lease (5 minutes here) while every
@@ -71,19 +88,9 @@ func TestStuckSegmentClaimIsTakenBack(t *testing.T) {
 		t.Fatalf("the segment is not claimed by us after the failed release (%d); the test did not make it fail", n)
 	}
 	proxy.Heal()
-	healed := time.Now()
-
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { d.Run(ctx); close(done) }()
-	defer func() { stop(); <-done }()
-	waitFor(t, "every segment delivered", func() bool {
+	resumesAfterHeal(t, d, "every segment delivered", func() bool {
 		return st.count(t, "SELECT COUNT(*) FROM {segments} WHERE status <> 'done'") == 0
 	})
-	t.Logf("heal to every segment delivered: %v", time.Since(healed).Round(time.Millisecond))
-	if took := time.Since(healed); took > 5*time.Second {
-		t.Fatalf("delivery resumed %v after the heal, want within seconds (not the claim lease)", took)
-	}
 	log.mu.Lock()
 	defer log.mu.Unlock()
 	idOf := map[string]string{}
@@ -155,19 +162,9 @@ func TestUnreleasedRowClaimIsTakenBack(t *testing.T) {
 		t.Fatalf("%d rows claimed by us after the failed release, want %d; the test did not make it fail", n, len(claimed))
 	}
 	proxy.Heal()
-	healed := time.Now()
-
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { d.Run(ctx); close(done) }()
-	defer func() { stop(); <-done }()
-	waitFor(t, "every row delivered", func() bool {
+	resumesAfterHeal(t, d, "every row delivered", func() bool {
 		return st.count(t, "SELECT COUNT(*) FROM {outbox} WHERE status <> 'delivered'") == 0
 	})
-	t.Logf("heal to every row delivered: %v", time.Since(healed).Round(time.Millisecond))
-	if took := time.Since(healed); took > 5*time.Second {
-		t.Fatalf("delivery resumed %v after the heal, want within seconds (not the claim lease)", took)
-	}
 	if n := st.count(t, "SELECT COUNT(*) FROM {outbox} WHERE attempts <> 1"); n != 0 {
 		t.Fatalf("%d rows delivered with attempts <> 1: the taken-back claim's attempt was not given back", n)
 	}
