@@ -118,13 +118,7 @@ FROM ` + state.Table(schema, "replicas")
 		args = append(args, kind)
 	}
 	q += ` ORDER BY replica_id, kind`
-	rows, err := db.QueryContext(ctx, q, args...)
-	if err != nil {
-		return nil, fmt.Errorf("read fleet observations: %w", err)
-	}
-	defer rows.Close()
-	var out []Row
-	for rows.Next() {
+	out, err := state.Collect(ctx, db, q, args, func(rows *sql.Rows) (Row, error) {
 		var (
 			r              Row
 			payload, reach sql.NullString
@@ -132,20 +126,17 @@ FROM ` + state.Table(schema, "replicas")
 			ageUS          int64
 		)
 		if err := rows.Scan(&r.ReplicaID, &r.Kind, &started, &r.Version, &payload, &reach, &wrote, &ageUS); err != nil {
-			return nil, fmt.Errorf("read fleet observations: %w", err)
+			return r, err
 		}
 		r.StartedAt, r.WrittenAt = started.T, wrote.T
 		if payload.Valid {
 			r.Payload = json.RawMessage(payload.String)
 		}
 		r.ReachableAt = reach.String
-		r.Age = time.Duration(ageUS) * time.Microsecond
-		if r.Age < 0 {
-			r.Age = 0
-		}
-		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
+		r.Age = max(time.Duration(ageUS)*time.Microsecond, 0)
+		return r, nil
+	})
+	if err != nil {
 		return nil, fmt.Errorf("read fleet observations: %w", err)
 	}
 	return out, nil
