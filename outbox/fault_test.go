@@ -14,6 +14,7 @@ import (
 
 	"github.com/cdcout/cdcout/internal/faultproxy"
 	"github.com/cdcout/cdcout/internal/mysqltest"
+	"github.com/cdcout/cdcout/internal/wait"
 )
 
 // proxiedDB opens the shared server through a fault proxy.
@@ -44,10 +45,7 @@ func proxiedDB(t *testing.T) (*sql.DB, *faultproxy.Proxy) {
 func resumesAfterHeal(t *testing.T, d *Drainer, what string, cond func() bool) {
 	t.Helper()
 	healed := time.Now()
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { d.Run(ctx); close(done) }()
-	defer func() { stop(); <-done }()
+	defer wait.Background(t, 10*time.Second, d.Run)()
 	waitFor(t, what, cond)
 	took := time.Since(healed)
 	t.Logf("heal to %s: %v", what, took.Round(time.Millisecond))
