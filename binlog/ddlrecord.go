@@ -3,6 +3,7 @@ package binlog
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -241,6 +242,16 @@ func (r *reader) ddlRecords(ctx context.Context, q []byte, defaultDB string, hdr
 			continue
 		}
 		if !captured && tg.kind != canonical.DDLRename {
+			continue
+		}
+		// cdcout's own databases (another installation's state, this
+		// one's watermarks) are never a subscriber's schema.
+		if slices.Contains(r.s.cfg.OwnMarkedDBs, tg.db) {
+			continue
+		}
+		if marked, err := r.s.foreignMarked(ctx, tg.db); err != nil {
+			return err
+		} else if marked {
 			continue
 		}
 		d := &canonical.DDL{Kind: tg.kind, Statement: string(q), DB: tg.db, Table: tg.table, OldDB: tg.oldDB, OldTable: tg.oldTable}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/cdcout/cdcout/canonical"
 	"github.com/cdcout/cdcout/internal/mysqltest"
+	"github.com/cdcout/cdcout/state"
 )
 
 func TestDDLTargets(t *testing.T) {
@@ -55,7 +56,8 @@ func TestDDLTargets(t *testing.T) {
 // TestDDLRecordsInStream: with DDLRecords, CREATE TABLE … SELECT puts its
 // schema-change record first in its transaction, under its GTID, before
 // its rows and with no Commit in between; an ALTER's record carries the
-// column lists after and before; a DDL of an uncaptured table gives none;
+// column lists after and before; a DDL of an uncaptured table, or of a
+// captured one in a database holding cdcout's marker, gives none;
 // without DDLRecords no record is emitted.
 func TestDDLRecordsInStream(t *testing.T) {
 	srv := mysqltest.Shared(t)
@@ -65,12 +67,17 @@ func TestDDLRecordsInStream(t *testing.T) {
 		"CREATE TABLE `"+db+"`.src (id INT PRIMARY KEY, v VARCHAR(10))",
 		"INSERT INTO `"+db+"`.src VALUES (1,'a'),(2,'b')",
 	)
-	cfg := testConfig(t, srv, db)
+	// Another installation's state database, captured by the pattern
+	// but marked: its DDL is no subscriber's schema.
+	marked := srv.CreateDB(t, "ddlrec_marked")
+	srv.Exec(t, "CREATE TABLE `"+marked+"`."+state.MarkerTable+" (id INT PRIMARY KEY)")
+	cfg := testConfig(t, srv, db, marked)
 	cfg.DDLRecords = true
 	c := collect(t, openStream(t, cfg))
 	plain := collect(t, openStream(t, testConfig(t, srv, db)))
 	srv.Exec(t,
 		"CREATE TABLE `"+other+"`.x (id INT PRIMARY KEY)",
+		"CREATE TABLE `"+marked+"`.outbox (id INT PRIMARY KEY)",
 		"CREATE TABLE `"+db+"`.copy (PRIMARY KEY (id)) SELECT id, v FROM `"+db+"`.src",
 		"ALTER TABLE `"+db+"`.copy ADD COLUMN n INT NOT NULL DEFAULT 0, ADD UNIQUE KEY (v)",
 		"INSERT INTO `"+db+"`.copy VALUES (3,'c',1)",
