@@ -329,3 +329,34 @@ func TestDedupConcurrentRedeliveryRunsOnce(t *testing.T) {
 		t.Fatalf("ran %d times for one id delivered 20 times at once, want 1", runs)
 	}
 }
+
+// TestDecodeSchemaChanges: a schema-change record decodes in every
+// format, as op "ddl" of its table (Debezium's form of a TRUNCATE is its
+// op "t"), with the record itself in Body.
+func TestDecodeSchemaChanges(t *testing.T) {
+	for _, fname := range format.Names {
+		for _, name := range []string{"ddl-alter", "ddl-truncate"} {
+			rec := record(t, name)
+			rec.Op = canonical.OpDDL // as stored
+			f, err := format.New(fname)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, err := f.Encode(rec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, err := consumer.DecodeOne(body)
+			if err != nil {
+				t.Fatalf("%s %s: %v", fname, name, err)
+			}
+			want := "ddl"
+			if fname == format.Debezium && name == "ddl-truncate" {
+				want = "t"
+			}
+			if c.Op != want || c.DB != "shop" || c.Table != "items" || !bytes.Equal(c.Body, body) {
+				t.Errorf("%s %s: op %q %s.%s, want %s shop.items", fname, name, c.Op, c.DB, c.Table, want)
+			}
+		}
+	}
+}
