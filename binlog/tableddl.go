@@ -8,10 +8,11 @@ import (
 )
 
 // TableDDL is a TRUNCATE or DROP TABLE of a captured table. The binlog
-// carries it as a statement, not as row images, so it produces no change
-// record: consumers keep the rows it removed. Until DDL records exist the
-// stream logs each one at warn and reports it (Config.OnTableDDL) so it is
-// at least seen and counted, never silently dropped.
+// carries it as a statement, not as row images, so it produces no row
+// change: consumers keep the rows it removed, unless their sink has
+// schema-change records (Config.DDLRecords, ddlrecord.go). The stream
+// logs each one at warn and reports it (Config.OnTableDDL) so it is at
+// least seen and counted, never silently dropped.
 type TableDDL struct {
 	// Statement is "TRUNCATE" or "DROP TABLE".
 	Statement string

@@ -108,7 +108,7 @@ func New() *Metrics {
 	})
 	m.tableDDL = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "cdcout_table_ddl_uncaptured_total",
-		Help: "TRUNCATE and DROP TABLE statements on captured tables read from the binlog: they produce no change records, so consumers keep the rows they removed.",
+		Help: "TRUNCATE and DROP TABLE statements on captured tables read from the binlog: they produce no row changes, so consumers of sinks without ddl: true keep the rows they removed.",
 	}, []string{"table", "statement"})
 	m.filtered = newFilteredCounter()
 	xaAge := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
