@@ -127,7 +127,11 @@ func New(cfg *config.Config, logger *zap.Logger, opts ...Option) (*Engine, error
 			e.closeSinks()
 			return nil, fmt.Errorf("sinks[%d] (%s): %w", i, sc.Name, err)
 		}
-		e.sinks[sc.Name] = sinkEntry{cfg: sc, sink: s}
+		if _, _, err := rowColumns(sc); err != nil {
+			e.closeSinks()
+			return nil, fmt.Errorf("sinks[%d] (%s).url: %w", i, sc.Name, err)
+		}
+		e.sinks[sc.Name] = sinkEntry{cfg: sc, sink: withMessageKey(sc, s)}
 		r, err := newRoute(sc)
 		if err != nil {
 			e.closeSinks()
@@ -152,6 +156,9 @@ func (e *Engine) Run(parent context.Context) error {
 	ctx, stopRun := context.WithCancel(parent)
 	defer stopRun()
 	if err := e.preflight(ctx); err != nil {
+		return err
+	}
+	if err := e.checkRowColumns(ctx); err != nil {
 		return err
 	}
 	db, err := e.openState(ctx)
