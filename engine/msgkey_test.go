@@ -179,4 +179,3 @@ func consumeAll(t *testing.T, c *kfake.Cluster, n int, topics ...string) []*kgo.
 	}
 	return out
 }
-
