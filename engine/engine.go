@@ -38,6 +38,7 @@ import (
 	"github.com/cdcout/cdcout/lease"
 	"github.com/cdcout/cdcout/metrics"
 	"github.com/cdcout/cdcout/outbox"
+	"github.com/cdcout/cdcout/replay"
 	"github.com/cdcout/cdcout/state"
 )
 
@@ -286,6 +287,10 @@ func (e *Engine) startDelivery(ctx context.Context, services *group, db *sql.DB,
 	// for the drainers that are still finishing.
 	services.onStop(paused.Stop)
 	drains.leases = pauseGate(paused, dl.get)
+	rp := &replayer{db: db, store: outbox.NewStore(db, cfg.StateDB, e.log), schema: cfg.StateDB, instance: cfg.Instance, holder: e.holder,
+		sinks: e.sinks, paused: paused, held: dl.get, log: e.log.Named("replay"), retryMin: 200 * time.Millisecond, retryMx: 5 * time.Second,
+		running: map[string]bool{}}
+	services.run(ctx, rp.run, nil) // replay.go
 	drains.notify = dl.addPipes
 	e.mu.Lock()
 	e.dl = dl
@@ -312,6 +317,7 @@ func (e *Engine) startDelivery(ctx context.Context, services *group, db *sql.DB,
 		Schema:      cfg.StateDB,
 		Retention:   time.Duration(cfg.RetentionHours) * time.Hour,
 		DedupWindow: cfg.EffectiveDedupWindow(),
+		Hold:        func(ctx context.Context) (map[string]bool, error) { return replay.HeldPipes(ctx, db, cfg.StateDB) },
 		Logger:      e.log,
 	})
 	if err != nil {

@@ -37,7 +37,11 @@ type JanitorConfig struct {
 	// BatchSize bounds each DELETE, so a sweep never holds long locks or
 	// builds a huge undo log. Default 1000.
 	BatchSize int
-	Logger    *zap.Logger
+	// Hold, when set, names pipes whose delivered records must stay
+	// (a replay is re-delivering them); their rows and segments are not
+	// swept. A Hold that fails skips the sweep of rows and segments.
+	Hold   func(ctx context.Context) (map[string]bool, error)
+	Logger *zap.Logger
 }
 
 // Janitor deletes what is no longer needed: outbox rows delivered or
@@ -122,7 +126,16 @@ func (j *Janitor) Sweep(ctx context.Context) (Swept, error) {
 	if err != nil {
 		return sw, fmt.Errorf("list outbox pipes: %w", err)
 	}
+	held := map[string]bool{}
+	if j.cfg.Hold != nil {
+		if held, err = j.cfg.Hold(ctx); err != nil {
+			return sw, fmt.Errorf("read the pipes replays hold: %w", err)
+		}
+	}
 	for _, pipe := range pipes {
+		if held[pipe] {
+			continue
+		}
 		for _, status := range []string{"delivered", "dead"} {
 			for {
 				rows, atts, err := j.sweepRows(ctx, pipe, status)
