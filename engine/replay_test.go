@@ -17,6 +17,7 @@ import (
 	"github.com/cdcout/cdcout/config"
 	"github.com/cdcout/cdcout/control"
 	"github.com/cdcout/cdcout/inspect"
+	"github.com/cdcout/cdcout/internal/mysqltest"
 	"github.com/cdcout/cdcout/outbox"
 	"github.com/cdcout/cdcout/replay"
 )
@@ -82,6 +83,8 @@ func TestReplay(t *testing.T) {
 	hook, other := newLogReceiver(t), newLogReceiver(t)
 	s := newSource(t, "rp", "id INT PRIMARY KEY, v INT", func(cfg *config.Config) {
 		cfg.Sinks = []config.Sink{{Name: "hook", URL: hook.srv.URL}, {Name: "other", URL: other.srv.URL}}
+		cfg.HTTPAddr = mysqltest.FreeAddr(t)
+		cfg.AdminToken = replayToken
 	})
 	runEngine(t, s.cfg, nil)
 	exec := func(q string, args ...any) {
@@ -135,12 +138,9 @@ func TestReplay(t *testing.T) {
 		t.Fatalf("replay from %s: %v", before, err)
 	}
 
-	// A GTID range: records 4 to 8.
+	// A GTID range, records 4 to 8, over the admin API.
 	n := hook.count()
-	st, err := reader.StartReplay(ctx, "hook", recs[3].gtid, recs[7].gtid, "test")
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := postReplay(t, "http://"+s.cfg.HTTPAddr+"/v1/sinks/hook/replay", recs[3].gtid, recs[7].gtid)
 	waitReplayDone(t, reader, st.ID)
 	checkReplayed(t, hook.since(n), recs[3:8])
 
@@ -247,4 +247,34 @@ func gtidMinus(t *testing.T, g string) string {
 	}
 	t.Fatalf("GTID %q", g)
 	return ""
+}
+
+const replayToken = "replay-test-admin-token-0123456789"
+
+// postReplay asks for a replay over the admin API, once the server
+// answers, and returns what it recorded.
+func postReplay(t *testing.T, url, from, to string) replay.Status {
+	t.Helper()
+	body := fmt.Sprintf(`{"from": %q, "to": %q}`, from, to)
+	var (
+		code int
+		out  []byte
+	)
+	waitFor(t, "the admin API answers", 10*time.Second, func() bool {
+		req, _ := http.NewRequest("POST", url, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+replayToken)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		code = resp.StatusCode
+		out, _ = io.ReadAll(resp.Body)
+		return true
+	})
+	var st replay.Status
+	if err := json.Unmarshal(out, &st); code != http.StatusAccepted || err != nil || st.ID == 0 {
+		t.Fatalf("POST %s: %d %s", url, code, out)
+	}
+	return st
 }
