@@ -76,8 +76,13 @@ func TestMessageKeyAndColumnTemplates(t *testing.T) {
 	exec("INSERT INTO {db}.t VALUES (1, 7, 'eu', 'a@x'), (2, 7, 'us', 'b@x'), (3, 8, 'eu', 'c@x')")
 	exec("UPDATE {db}.t SET region = 'us' WHERE id = 1")
 	exec("DELETE FROM {db}.t WHERE id = 3")
-	// Created after the start: no customer column. Its records cannot be
-	// keyed and are dead-lettered; t's later change still goes out.
+	// Created after the start (the engine runs once it delivered t's
+	// changes): no customer column. Its records cannot be keyed and are
+	// dead-lettered; t's later change still goes out.
+	wait.Until(t, "nats gets t's first records", 30*time.Second, func() bool {
+		info, err := st.Info(context.Background())
+		return err == nil && info.State.Msgs >= 5
+	})
 	exec("CREATE TABLE {db}.other (id INT PRIMARY KEY, region VARCHAR(8))")
 	exec("INSERT INTO {db}.other VALUES (1, 'eu')")
 	exec("INSERT INTO {db}.t VALUES (4, 9, 'eu', 'd@x')")
