@@ -288,7 +288,7 @@ func (e *Engine) startDelivery(ctx context.Context, services *group, db *sql.DB,
 	services.onStop(paused.Stop)
 	drains.leases = pauseGate(paused, dl.get)
 	rp := &replayer{db: db, store: outbox.NewStore(db, cfg.StateDB, e.log), schema: cfg.StateDB, instance: cfg.Instance, holder: e.holder,
-		sinks: e.sinks, paused: paused, held: dl.get, log: e.log.Named("replay"), retryMin: 200 * time.Millisecond, retryMx: 5 * time.Second,
+		sinks: e.sinks, paused: paused, held: dl.get, known: dl.addPipes, log: e.log.Named("replay"), retryMin: 200 * time.Millisecond, retryMx: 5 * time.Second,
 		running: map[string]bool{}}
 	services.run(ctx, rp.run, nil) // replay.go
 	drains.notify = dl.addPipes

@@ -35,13 +35,16 @@ const replayPage = 4
 
 // replayer runs the replays of the pipes this replica holds.
 type replayer struct {
-	db                *sql.DB
-	store             *outbox.Store
-	schema, instance  string
-	holder            string
-	sinks             map[string]sinkEntry
-	paused            *control.Watcher
-	held              func(pipe string) (lease.Lease, bool)
+	db               *sql.DB
+	store            *outbox.Store
+	schema, instance string
+	holder           string
+	sinks            map[string]sinkEntry
+	paused           *control.Watcher
+	held             func(pipe string) (lease.Lease, bool)
+	// known tells the drain leases of a replay's pipes: a pipe with
+	// nothing pending is otherwise not leased by anyone after a restart.
+	known             func(pipes []string)
 	log               *zap.Logger
 	retryMin, retryMx time.Duration
 
@@ -90,6 +93,7 @@ func (rp *replayer) scan(ctx context.Context) error {
 			if p.Status != replay.Running {
 				continue
 			}
+			rp.known([]string{p.Pipe})
 			if _, held := rp.held(p.Pipe); !held {
 				continue
 			}

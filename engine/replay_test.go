@@ -86,7 +86,7 @@ func TestReplay(t *testing.T) {
 		cfg.HTTPAddr = mysqltest.FreeAddr(t)
 		cfg.AdminToken = replayToken
 	})
-	runEngine(t, s.cfg, nil)
+	stop := runEngine(t, s.cfg, nil)
 	exec := func(q string, args ...any) {
 		t.Helper()
 		if _, err := s.db.Exec(strings.ReplaceAll(q, "{t}", "`"+s.src+"`.t"), args...); err != nil {
@@ -143,6 +143,13 @@ func TestReplay(t *testing.T) {
 	st := postReplay(t, "http://"+s.cfg.HTTPAddr+"/v1/sinks/hook/replay", recs[3].gtid, recs[7].gtid)
 	waitReplayDone(t, reader, st.ID)
 	checkReplayed(t, hook.since(n), recs[3:8])
+
+	// Another replica, started after this one stopped, has nothing
+	// pending to deliver; it carries out the next replay.
+	stop()
+	cfg2 := *s.cfg
+	cfg2.ReplicaID, cfg2.HTTPAddr = "r2", "off"
+	runEngine(t, &cfg2, nil)
 
 	// A time range, asked for while the sink is paused: it waits, and
 	// retention leaves the pipe alone meanwhile.
