@@ -91,8 +91,9 @@ type Engine struct {
 	// what they are for (readiness: a replica that cannot write its
 	// leases, outbox rows or checkpoint is not making progress).
 	writeFails map[string]writeFailure
-	runway     runwayState // runway.go
-	hb         heartbeats  // heartbeat.go
+	runway     runwayState      // runway.go
+	rowCols    []sinkRowColumns // msgkey.go
+	hb         heartbeats       // heartbeat.go
 }
 
 // New validates cfg and builds the sinks. Nothing connects to a database
@@ -128,10 +129,12 @@ func New(cfg *config.Config, logger *zap.Logger, opts ...Option) (*Engine, error
 			e.closeSinks()
 			return nil, fmt.Errorf("sinks[%d] (%s): %w", i, sc.Name, err)
 		}
-		if _, _, err := rowColumns(sc); err != nil {
+		key, tmpl, err := rowColumns(sc)
+		if err != nil {
 			e.closeSinks()
 			return nil, fmt.Errorf("sinks[%d] (%s).url: %w", i, sc.Name, err)
 		}
+		e.rowCols = append(e.rowCols, sinkRowColumns{name: sc.Name, tables: sc.Tables, key: key, tmpl: tmpl})
 		e.sinks[sc.Name] = sinkEntry{cfg: sc, sink: withMessageKey(sc, s)}
 		r, err := newRoute(sc)
 		if err != nil {

@@ -109,6 +109,15 @@ func rowColumns(sc config.Sink) (key, tmpl []string, err error) {
 	return sc.Key, pt.Columns(), nil
 }
 
+// sinkRowColumns are the row columns one sink needs (rowColumns), kept
+// by New: Run must not read the configuration, which the caller may
+// share with another engine.
+type sinkRowColumns struct {
+	name      string
+	tables    config.TableFilter
+	key, tmpl []string
+}
+
 // withMessageKey wraps a sink with a key: in a keyedSink.
 func withMessageKey(sc config.Sink, s outbox.Sink) outbox.Sink {
 	if len(sc.Key) == 0 {
@@ -124,9 +133,8 @@ func withMessageKey(sc config.Sink, s outbox.Sink) outbox.Sink {
 // logged: the per-row check still dead-letters what cannot be routed.
 func (e *Engine) checkRowColumns(ctx context.Context) error {
 	need := false
-	for _, sc := range e.cfg.Sinks {
-		k, t, _ := rowColumns(sc)
-		need = need || len(k)+len(t) > 0
+	for _, sc := range e.rowCols {
+		need = need || len(sc.key)+len(sc.tmpl) > 0
 	}
 	if !need {
 		return nil
@@ -139,20 +147,19 @@ func (e *Engine) checkRowColumns(ctx context.Context) error {
 		return nil
 	}
 	var problems []string
-	for i, sc := range e.cfg.Sinks {
-		key, tmpl, _ := rowColumns(sc)
+	for i, sc := range e.rowCols {
 		for _, t := range tables {
-			if !sc.Tables.Matches(t.DB, t.Table) || !e.captures(t.DB, t.Table) {
+			if !sc.tables.Matches(t.DB, t.Table) || !e.captures(t.DB, t.Table) {
 				continue
 			}
-			for _, c := range key {
+			for _, c := range sc.key {
 				if !slices.Contains(t.Columns, c) {
-					problems = append(problems, fmt.Sprintf("sinks[%d] (%s).key: column %q is not a column of %s.%s", i, sc.Name, c, t.DB, t.Table))
+					problems = append(problems, fmt.Sprintf("sinks[%d] (%s).key: column %q is not a column of %s.%s", i, sc.name, c, t.DB, t.Table))
 				}
 			}
-			for _, c := range tmpl {
+			for _, c := range sc.tmpl {
 				if !slices.Contains(t.Columns, c) {
-					problems = append(problems, fmt.Sprintf("sinks[%d] (%s).url: template column {col:%s} is not a column of %s.%s", i, sc.Name, c, t.DB, t.Table))
+					problems = append(problems, fmt.Sprintf("sinks[%d] (%s).url: template column {col:%s} is not a column of %s.%s", i, sc.name, c, t.DB, t.Table))
 				}
 			}
 		}
