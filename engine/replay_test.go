@@ -68,14 +68,14 @@ func (r *logReceiver) count() int {
 
 // stored is one of the replayed sink's records with its place.
 type stored struct {
-	id, key, gtid string
-	commit        time.Time
+	id, key, gtid, pos string
+	commit             time.Time
 }
 
 // TestReplay delivers 12 changes (one transaction each, in three
 // batches a second apart) to two webhooks, then replays sink hook over a
-// GTID range (the flavour's own GTID form) and, while the sink is
-// paused, over a time range: hook gets exactly the range's records again
+// GTID range (the flavour's own GTID form), while the sink is paused
+// over a time range, and over a binlog position range: hook gets exactly the range's records again
 // under their ids, each key's in commit order, and other nothing more. A
 // range older than the outbox holds is refused, naming what it holds;
 // retention does not sweep a pipe a running replay needs.
@@ -116,12 +116,15 @@ func TestReplay(t *testing.T) {
 			Source struct {
 				GTID string `json:"gtid"`
 				TsMs int64  `json:"ts_ms"`
+				File string `json:"file"`
+				Pos  uint32 `json:"pos"`
 			} `json:"source"`
 		}
 		if err := json.Unmarshal(r.Payload, &env); err != nil {
 			t.Fatal(err)
 		}
-		recs = append(recs, stored{id: r.ID, key: r.Key, gtid: env.Source.GTID, commit: time.UnixMilli(env.Source.TsMs).UTC()})
+		recs = append(recs, stored{id: r.ID, key: r.Key, gtid: env.Source.GTID, commit: time.UnixMilli(env.Source.TsMs).UTC(),
+			pos: fmt.Sprintf("%s:%d", env.Source.File, env.Source.Pos)})
 	}
 	slices.SortFunc(recs, func(a, b stored) int { return strings.Compare(a.id, b.id) })
 	if len(recs) != 12 || recs[0].gtid == "" {
@@ -197,6 +200,14 @@ func TestReplay(t *testing.T) {
 		t.Fatalf("time range %s..%s holds %d records; the batches were a second apart", from, to, len(want))
 	}
 	checkReplayed(t, hook.since(n), want)
+
+	// A binlog position range: records 9 to 11.
+	n = hook.count()
+	if st, err = reader.StartReplay(ctx, "hook", recs[8].pos, recs[10].pos, "test"); err != nil {
+		t.Fatal(err)
+	}
+	waitReplayDone(t, reader, st.ID)
+	checkReplayed(t, hook.since(n), recs[8:11])
 	if got := other.count(); got != 12 {
 		t.Errorf("sink other got %d requests, want its 12: a replay of hook must not touch it", got)
 	}
