@@ -103,7 +103,7 @@ func TestDashboardRendersInChromium(t *testing.T) {
 		"drain/inst:shop.orders:hook",       // a lease
 		"replica-b",                         // missing from the fleet
 		"1/3 responded",
-		"connection refused", // the pipe's last error
+		"connection refused",                                                      // the pipe's last error
 		fmt.Sprintf(`data-replay="%d"`, id), "from 0-1-4000 to 0-1-4100", ">1/2<", // the running replay
 	} {
 		if !strings.Contains(dom, want) {
