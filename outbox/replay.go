@@ -110,10 +110,15 @@ func (s *Store) DeliveredAfter(ctx context.Context, pipe, sink, after, newest st
 		return rows.Err()
 	}
 	if after != "" {
-		// The segment holding after, when a page ended inside it.
-		if err := read(`SELECT id, last_id, payload FROM `+s.segments+` WHERE pipe = ? AND status = 'done' AND id <= ? AND last_id > ?
-ORDER BY id DESC LIMIT 1`, pipe, after, after); err != nil {
+		// The segment holding after, when a page ended inside it: the
+		// last one starting at or before it (a condition on last_id in
+		// the query would walk every older segment when there is none).
+		if err := read(`SELECT id, last_id, payload FROM `+s.segments+` WHERE pipe = ? AND status = 'done' AND id <= ?
+ORDER BY id DESC LIMIT 1`, pipe, after); err != nil {
 			return page, fmt.Errorf("read segments of %s: %w", pipe, err)
+		}
+		if len(segs) == 1 && segs[0].last <= after {
+			segs = segs[:0]
 		}
 	}
 	held := len(segs)
