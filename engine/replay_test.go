@@ -75,10 +75,12 @@ type stored struct {
 // TestReplay delivers 12 changes (one transaction each, in three
 // batches a second apart) to two webhooks, then replays sink hook over a
 // GTID range (the flavour's own GTID form), while the sink is paused
-// over a time range, and over a binlog position range: hook gets exactly the range's records again
-// under their ids, each key's in commit order, and other nothing more. A
-// range older than the outbox holds is refused, naming what it holds;
-// retention does not sweep a pipe a running replay needs.
+// over a time range, and over a binlog position range: hook gets exactly
+// the range's records again under their ids, each key's in commit order,
+// and other nothing more. A range from before the first record is whole
+// until retention deleted records of the pipe; then it is refused,
+// naming what the outbox holds. Retention does not sweep a pipe a
+// running replay needs, and marks what it deleted.
 func TestReplay(t *testing.T) {
 	hook, other := newLogReceiver(t), newLogReceiver(t)
 	s := newSource(t, "rp", "id INT PRIMARY KEY, v INT", func(cfg *config.Config) {
@@ -133,17 +135,31 @@ func TestReplay(t *testing.T) {
 	ctx := context.Background()
 	reader := inspect.Reader{DB: s.db, Schema: s.stateDB, Instance: "rp"}
 
-	// Before the oldest record: refused with what the outbox holds.
+	// From before the oldest record, open-ended: nothing was deleted, so
+	// the outbox holds the whole range: all 12 again.
+	n := hook.count()
 	before := gtidMinus(t, recs[0].gtid)
-	_, err := reader.StartReplay(ctx, "hook", before, "", "test")
+	st, err := reader.StartReplay(ctx, "hook", before, "", "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitReplayDone(t, reader, st.ID)
+	checkReplayed(t, hook.since(n), recs)
+	// Once retention has deleted older records of the pipe, the same
+	// range is refused, saying what the outbox holds.
+	pipe := "rp:" + s.src + ".t:hook"
+	if _, err := s.db.Exec("INSERT INTO `"+s.stateDB+"`.retention_marks (pipe, deleted_to) VALUES (?, ?)", pipe, "00000000-0000-7000-8000-000000000000"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = reader.StartReplay(ctx, "hook", before, "", "test")
 	var bad *inspect.ReplayError
-	if !errors.As(err, &bad) || !strings.Contains(err.Error(), "the outbox holds sink hook's records from GTID "+recs[0].gtid) {
-		t.Fatalf("replay from %s: %v", before, err)
+	if want := "the outbox holds sink hook's records of it from GTID " + recs[0].gtid; !errors.As(err, &bad) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("replay from %s after retention: %v, want %q", before, err, want)
 	}
 
 	// A GTID range, records 4 to 8, over the admin API.
-	n := hook.count()
-	st := postReplay(t, "http://"+s.cfg.HTTPAddr+"/v1/sinks/hook/replay", recs[3].gtid, recs[7].gtid)
+	n = hook.count()
+	st = postReplay(t, "http://"+s.cfg.HTTPAddr+"/v1/sinks/hook/replay", recs[3].gtid, recs[7].gtid)
 	waitReplayDone(t, reader, st.ID)
 	checkReplayed(t, hook.since(n), recs[3:8])
 
@@ -183,6 +199,9 @@ func TestReplay(t *testing.T) {
 	if got := len(records(t, s.db, s.stateDB, "rp:%:other")); got != 0 {
 		t.Fatalf("retention left %d of other's delivered records (retention 1µs, no replay)", got)
 	}
+	if marks, err := outbox.NewStore(s.db, s.stateDB, nil).RetentionMarks(ctx, "rp:"); err != nil || marks["rp:"+s.src+".t:other"] != newestReceived(t, other) {
+		t.Fatalf("retention marks %v, %v: want other's pipe deleted through its newest record", marks, err)
+	}
 	if got := hook.count(); got != n {
 		t.Fatalf("the paused sink got %d records", got-n)
 	}
@@ -211,6 +230,16 @@ func TestReplay(t *testing.T) {
 	if got := other.count(); got != 12 {
 		t.Errorf("sink other got %d requests, want its 12: a replay of hook must not touch it", got)
 	}
+}
+
+// newestReceived is the newest id r received.
+func newestReceived(t *testing.T, r *logReceiver) string {
+	t.Helper()
+	newest := ""
+	for _, g := range r.since(0) {
+		newest = max(newest, g.id)
+	}
+	return newest
 }
 
 // checkReplayed: got are exactly want's records, once each, each key's

@@ -77,31 +77,58 @@ func (r Reader) StartReplay(ctx context.Context, sink, from, to, by string, extr
 	return replay.Status{ID: id, Sink: sink, From: rng.From.Text, To: rng.To.Text, Status: replay.Running}, nil
 }
 
-// checkHeld refuses a range that starts before the oldest record the
-// outbox holds for the sink: records between the two may have been
-// deleted by retention, and re-reading them from the binlog is not built.
+// checkHeld refuses a range that may reach records retention deleted: it
+// starts before the oldest record a pipe of the sink still holds, and
+// retention deleted records of that pipe (retention_marks). Re-reading
+// them from the binlog is not built. A pipe retention never touched holds
+// everything it ever had, so a range may start before it.
 func (r Reader) checkHeld(ctx context.Context, sink string, rng replay.Range, pipes []string) error {
-	var oldest outbox.Record
-	found := false
+	marks, err := r.store().RetentionMarks(ctx, r.pipePrefix())
+	if err != nil {
+		return err
+	}
+	oldest := map[string]outbox.Record{}
+	var overall outbox.Record
 	for _, p := range pipes {
 		rec, ok, err := r.store().OldestRecord(ctx, p)
 		if err != nil {
 			return err
 		}
-		if ok && (!found || rec.ID < oldest.ID) {
-			oldest, found = rec, true
+		if ok {
+			oldest[p] = rec
+			if overall.ID == "" || rec.ID < overall.ID {
+				overall = rec
+			}
 		}
 	}
-	if !found {
-		return nil
+	for pipe := range marks {
+		if _, s := splitPipe(r.Instance, pipe); s != sink {
+			continue
+		}
+		rec, ok := oldest[pipe]
+		if !ok {
+			// All of this pipe's records are gone: the sink's oldest
+			// record is the best bound there is.
+			rec = overall
+		}
+		if rec.ID == "" {
+			return &ReplayError{Msg: fmt.Sprintf("retention deleted the records of %s and sink %s holds none to place the range by", pipe, sink)}
+		}
+		w, err := replay.WhereOf(rec.Payload, rec.CommitTime)
+		if err != nil {
+			return err
+		}
+		if rng.StartsBefore(w) {
+			return &ReplayError{Msg: fmt.Sprintf("retention deleted older records of %s; the outbox holds sink %s's records of it from %s on, "+
+				"the range starts before, at %s, and re-reading the binlog for the older part is not supported: replay from that record or later",
+				pipe, sink, placeOf(rng, w), rng.From.Text)}
+		}
 	}
-	w, err := replay.WhereOf(oldest.Payload, oldest.CommitTime)
-	if err != nil {
-		return err
-	}
-	if !rng.StartsBefore(w) {
-		return nil
-	}
+	return nil
+}
+
+// placeOf describes a record's place in the range's own terms.
+func placeOf(rng replay.Range, w replay.Where) string {
 	held := "commit time " + w.CommitTime.UTC().Format("2006-01-02T15:04:05.999999Z07:00")
 	switch rng.From.Kind {
 	case replay.KindGTID:
@@ -109,8 +136,7 @@ func (r Reader) checkHeld(ctx context.Context, sink string, rng replay.Range, pi
 	case replay.KindFilePos:
 		held = fmt.Sprintf("%s:%d, %s", w.File, w.Pos, held)
 	}
-	return &ReplayError{Msg: fmt.Sprintf("the outbox holds sink %s's records from %s on (older ones are past retention or were never written for it); "+
-		"the range starts before, at %s, and re-reading the binlog for the older part is not supported: replay from that record or later", sink, held, rng.From.Text)}
+	return held
 }
 
 // Replays lists the instance's running replays and its latest finished

@@ -36,6 +36,27 @@ func (s *Store) NewestRecordID(ctx context.Context, pipes []string) (string, err
 	return newest, nil
 }
 
+// RetentionMarks are, for the pipes named prefix…, the newest record id
+// retention deleted of each (Janitor.markDeleted); a pipe retention never
+// deleted from has none.
+func (s *Store) RetentionMarks(ctx context.Context, prefix string) (map[string]string, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT pipe, deleted_to FROM `+state.Table(s.schema, "retention_marks")+` WHERE pipe LIKE ?`,
+		state.LikePrefix(prefix))
+	if err != nil {
+		return nil, fmt.Errorf("read retention marks: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]string{}
+	for rows.Next() {
+		var pipe, id string
+		if err := rows.Scan(&pipe, &id); err != nil {
+			return nil, fmt.Errorf("read retention marks: %w", err)
+		}
+		out[pipe] = id
+	}
+	return out, rows.Err()
+}
+
 // OldestRecord is the oldest record the outbox still holds for pipe, in
 // a segment or as a row; ok is false when it holds none.
 func (s *Store) OldestRecord(ctx context.Context, pipe string) (rec Record, ok bool, err error) {

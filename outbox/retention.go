@@ -50,9 +50,9 @@ type JanitorConfig struct {
 // window, and member leases of processes gone for an hour. Pending rows and
 // pending segments (claimed or not) are never deleted.
 type Janitor struct {
-	cfg                                        JanitorConfig
-	outbox, segments, attempts, claims, leases string
-	logger                                     *zap.Logger
+	cfg                                               JanitorConfig
+	outbox, segments, attempts, claims, leases, marks string
+	logger                                            *zap.Logger
 }
 
 // Swept counts what one sweep deleted.
@@ -88,6 +88,7 @@ func NewJanitor(cfg JanitorConfig) (*Janitor, error) {
 		attempts: state.Table(cfg.Schema, "attempts"),
 		claims:   state.Table(cfg.Schema, "claims"),
 		leases:   state.Table(cfg.Schema, "leases"),
+		marks:    state.Table(cfg.Schema, "retention_marks"),
 		logger:   cfg.Logger.Named("retention"),
 	}, nil
 }
@@ -199,25 +200,26 @@ func (j *Janitor) pipes(ctx context.Context) ([]string, error) {
 // batch of every sweep from walking (and, in REPEATABLE READ, locking)
 // every done segment still retained.
 func (j *Janitor) sweepSegments(ctx context.Context, pipe string) (n int64, more bool, err error) {
-	r, err := j.cfg.DB.QueryContext(ctx, `SELECT id, next_attempt_at < NOW(6) - INTERVAL ? MICROSECOND FROM `+j.segments+`
+	r, err := j.cfg.DB.QueryContext(ctx, `SELECT id, last_id, next_attempt_at < NOW(6) - INTERVAL ? MICROSECOND FROM `+j.segments+`
 WHERE pipe = ? AND status = 'done' ORDER BY id LIMIT ?`, j.cfg.Retention.Microseconds(), pipe, j.cfg.BatchSize)
 	if err != nil {
 		return 0, false, err
 	}
 	var ids []any
-	read, young := 0, false
+	read, young, newest := 0, false, ""
 	for r.Next() {
 		var (
-			id  string
-			old bool
+			id, last string
+			old      bool
 		)
-		if err := r.Scan(&id, &old); err != nil {
+		if err := r.Scan(&id, &last, &old); err != nil {
 			r.Close()
 			return 0, false, err
 		}
 		read++
 		if old {
 			ids = append(ids, id)
+			newest = max(newest, last)
 		} else {
 			young = true
 		}
@@ -236,8 +238,23 @@ AND status = 'done' AND next_attempt_at < NOW(6) - INTERVAL ? MICROSECOND`, appe
 	if err != nil {
 		return 0, false, err
 	}
-	n, _ = res.RowsAffected()
+	if n, _ = res.RowsAffected(); n > 0 {
+		if err := j.markDeleted(ctx, j.cfg.DB, pipe, newest); err != nil {
+			return n, false, err
+		}
+	}
 	return n, !young && read == j.cfg.BatchSize, nil
+}
+
+// markDeleted records that retention deleted pipe's records up to id
+// (state migration 5, retention_marks): a replay from before a pipe's
+// oldest held record is refused only where something was deleted.
+func (j *Janitor) markDeleted(ctx context.Context, ex interface {
+	ExecContext(context.Context, string, ...any) (sql.Result, error)
+}, pipe, id string) error {
+	_, err := ex.ExecContext(ctx, `INSERT INTO `+j.marks+` (pipe, deleted_to) VALUES (?, ?)
+ON DUPLICATE KEY UPDATE deleted_to = GREATEST(deleted_to, VALUES(deleted_to)), updated_at = NOW(6)`, pipe, id)
+	return err
 }
 
 // sweepRows deletes one batch of a pipe's old rows in status (delivered or
@@ -291,6 +308,15 @@ ORDER BY next_attempt_at LIMIT ? FOR UPDATE`, pipe, string(status), j.cfg.Retent
 		return 0, 0, err
 	}
 	rows, _ = res.RowsAffected()
+	newest := ""
+	for _, id := range ids {
+		newest = max(newest, id.(string))
+	}
+	if rows > 0 {
+		if err := j.markDeleted(ctx, tx, pipe, newest); err != nil {
+			return 0, 0, err
+		}
+	}
 	if err := tx.Commit(); err != nil {
 		return 0, 0, err
 	}

@@ -185,7 +185,7 @@ var migrations = []migration{
 )` + tableOptions,
 		}
 	}},
-	{version: 5, name: "sink replays", stmts: func(s string) []string {
+	{version: 5, name: "sink replays and retention marks", stmts: func(s string) []string {
 		// A replay an operator asked for (package replay): the range, its
 		// state, and per pipe how far the replica holding the pipe's
 		// drain lease has re-delivered it, so a replica that takes the
@@ -217,6 +217,15 @@ var migrations = []migration{
   updated_at DATETIME(6) NOT NULL DEFAULT NOW(6),
   PRIMARY KEY (replay_id, pipe),
   KEY pipe_status (pipe, status)
+)` + tableOptions,
+			// Per pipe, the newest record id retention has deleted: a
+			// replay may start before a pipe's oldest held record only
+			// if nothing of that pipe was ever deleted (outbox.Janitor).
+			`CREATE TABLE IF NOT EXISTS ` + Table(s, "retention_marks") + ` (
+  pipe VARCHAR(255) NOT NULL,
+  deleted_to CHAR(36) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  updated_at DATETIME(6) NOT NULL DEFAULT NOW(6),
+  PRIMARY KEY (pipe)
 )` + tableOptions,
 		}
 	}},
