@@ -17,6 +17,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/cdcout/cdcout/binlog"
+	"github.com/cdcout/cdcout/engine"
 	"github.com/cdcout/cdcout/internal/buildinfo"
 )
 
@@ -132,6 +133,10 @@ func classify(err error) error {
 	case errors.As(err, &me) && (me.Number == 1045 || me.Number == 1044 || me.Number == 1049):
 		return &configError{fmt.Errorf("%w (check the user, password and database in the DSN)", err)}
 	case errors.Is(err, binlog.ErrServerNotReady):
+		return &configError{err}
+	}
+	var col *engine.ColumnError
+	if errors.As(err, &col) {
 		return &configError{err}
 	}
 	return err

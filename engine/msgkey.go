@@ -165,9 +165,19 @@ func (e *Engine) checkRowColumns(ctx context.Context) error {
 		}
 	}
 	if len(problems) > 0 {
-		return fmt.Errorf("%s (narrow the sink's tables or fix the column)", strings.Join(problems, "; "))
+		return &ColumnError{Problems: problems}
 	}
 	return nil
+}
+
+// ColumnError is a start refused because sinks name columns (key:,
+// {col:…}) that tables they take do not have: a configuration to fix.
+type ColumnError struct {
+	Problems []string
+}
+
+func (e *ColumnError) Error() string {
+	return strings.Join(e.Problems, "; ") + " (narrow the sink's tables or fix the column)"
 }
 
 // captures reports whether the top-level tables: lets db.table through.
