@@ -132,7 +132,7 @@ type Sink struct {
 	// sink's row records (Kafka record key and partition, Pub/Sub ordering
 	// key, the Redis field "key", {key} in name templates), in this order;
 	// empty means the row key. Per-key delivery order is the row key's
-	// (README, "Message keys").
+	// (README, "Message keys and name templates").
 	Key []string `yaml:"key"`
 	// Filter is a CEL expression over op, before, after and source; the
 	// sink gets only the changes it is true for (package filter).
