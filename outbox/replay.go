@@ -40,21 +40,20 @@ func (s *Store) NewestRecordID(ctx context.Context, pipes []string) (string, err
 // retention deleted of each (Janitor.markDeleted); a pipe retention never
 // deleted from has none.
 func (s *Store) RetentionMarks(ctx context.Context, prefix string) (map[string]string, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT pipe, deleted_to FROM `+state.Table(s.schema, "retention_marks")+` WHERE pipe LIKE ?`,
-		state.LikePrefix(prefix))
+	type mark struct{ pipe, id string }
+	marks, err := state.Collect(ctx, s.db, `SELECT pipe, deleted_to FROM `+state.Table(s.schema, "retention_marks")+` WHERE pipe LIKE ?`,
+		[]any{state.LikePrefix(prefix)}, func(rows *sql.Rows) (m mark, err error) {
+			err = rows.Scan(&m.pipe, &m.id)
+			return m, err
+		})
 	if err != nil {
 		return nil, fmt.Errorf("read retention marks: %w", err)
 	}
-	defer rows.Close()
-	out := map[string]string{}
-	for rows.Next() {
-		var pipe, id string
-		if err := rows.Scan(&pipe, &id); err != nil {
-			return nil, fmt.Errorf("read retention marks: %w", err)
-		}
-		out[pipe] = id
+	out := make(map[string]string, len(marks))
+	for _, m := range marks {
+		out[m.pipe] = m.id
 	}
-	return out, rows.Err()
+	return out, nil
 }
 
 // OldestRecord is the oldest record the outbox still holds for pipe, in
@@ -179,18 +178,21 @@ ORDER BY id LIMIT ?`, pipe, after, newest, segments); err != nil {
 // leftRows are the statuses of the rows of records that left the
 // segment [first, last] of pipe.
 func (s *Store) leftRows(ctx context.Context, pipe, first, last string) (map[string]Status, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT id, status FROM `+s.outbox+` WHERE id BETWEEN ? AND ? AND pipe = ?`, first, last, pipe)
+	type left struct {
+		id string
+		st Status
+	}
+	rows, err := state.Collect(ctx, s.db, `SELECT id, status FROM `+s.outbox+` WHERE id BETWEEN ? AND ? AND pipe = ?`, []any{first, last, pipe},
+		func(r *sql.Rows) (l left, err error) {
+			err = r.Scan(&l.id, &l.st)
+			return l, err
+		})
 	if err != nil {
 		return nil, fmt.Errorf("read rows of %s: %w", pipe, err)
 	}
-	defer rows.Close()
-	out := map[string]Status{}
-	for rows.Next() {
-		var id, st string
-		if err := rows.Scan(&id, &st); err != nil {
-			return nil, fmt.Errorf("read rows of %s: %w", pipe, err)
-		}
-		out[id] = Status(st)
+	out := make(map[string]Status, len(rows))
+	for _, l := range rows {
+		out[l.id] = l.st
 	}
-	return out, rows.Err()
+	return out, nil
 }

@@ -109,67 +109,66 @@ func List(ctx context.Context, db *sql.DB, schema, instance string, done int) ([
 	if err := state.CheckName(schema); err != nil {
 		return nil, err
 	}
-	rows, err := db.QueryContext(ctx, `(SELECT id, sink, range_from, range_to, max_id, status, requested_by, requested_at, finished_at
+	out, err := state.Collect(ctx, db, `(SELECT id, sink, range_from, range_to, max_id, status, requested_by, requested_at, finished_at
   FROM `+state.Table(schema, "replays")+` WHERE instance = ? AND status = 'running')
 UNION ALL
 (SELECT id, sink, range_from, range_to, max_id, status, requested_by, requested_at, finished_at
   FROM `+state.Table(schema, "replays")+` WHERE instance = ? AND status = 'done' ORDER BY id DESC LIMIT ?)
-ORDER BY id DESC`, instance, instance, done)
-	if err != nil {
-		return nil, fmt.Errorf("read replays: %w", err)
-	}
-	var out []Status
-	byID := map[int64]int{}
-	for rows.Next() {
+ORDER BY id DESC`, []any{instance, instance, done}, func(rows *sql.Rows) (Status, error) {
 		var (
 			s       Status
 			at, fin state.Time
 		)
-		if err := rows.Scan(&s.ID, &s.Sink, &s.From, &s.To, &s.MaxID, &s.Status, &s.RequestedBy, &at, &fin); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("read replays: %w", err)
-		}
+		err := rows.Scan(&s.ID, &s.Sink, &s.From, &s.To, &s.MaxID, &s.Status, &s.RequestedBy, &at, &fin)
 		s.RequestedAt = at.T
 		if !fin.T.IsZero() {
 			t := fin.T
 			s.FinishedAt = &t
 		}
-		byID[s.ID] = len(out)
-		out = append(out, s)
+		return s, err
+	})
+	if err != nil || len(out) == 0 {
+		return nil, wrapErr("read replays", err)
 	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read replays: %w", err)
-	}
-	if len(out) == 0 {
-		return nil, nil
-	}
+	byID := map[int64]int{}
 	ids := make([]any, 0, len(out))
-	for _, s := range out {
+	for i, s := range out {
+		byID[s.ID] = i
 		ids = append(ids, s.ID)
 	}
-	prow, err := db.QueryContext(ctx, `SELECT replay_id, pipe, status, last_id, delivered, failed, COALESCE(last_error, ''), holder, updated_at
-FROM `+state.Table(schema, "replay_pipes")+` WHERE replay_id IN (`+state.Placeholders(len(ids))+`) ORDER BY replay_id, pipe`, ids...)
+	type pipeOf struct {
+		id int64
+		p  PipeProgress
+	}
+	pipes, err := state.Collect(ctx, db, `SELECT replay_id, pipe, status, last_id, delivered, failed, COALESCE(last_error, ''), holder, updated_at
+FROM `+state.Table(schema, "replay_pipes")+` WHERE replay_id IN (`+state.Placeholders(len(ids))+`) ORDER BY replay_id, pipe`, ids,
+		func(rows *sql.Rows) (pipeOf, error) {
+			var (
+				v  pipeOf
+				at state.Time
+			)
+			err := rows.Scan(&v.id, &v.p.Pipe, &v.p.Status, &v.p.LastID, &v.p.Delivered, &v.p.Failed, &v.p.LastError, &v.p.Holder, &at)
+			v.p.UpdatedAt = at.T
+			return v, err
+		})
 	if err != nil {
 		return nil, fmt.Errorf("read replay pipes: %w", err)
 	}
-	defer prow.Close()
-	for prow.Next() {
-		var (
-			id int64
-			p  PipeProgress
-			at state.Time
-		)
-		if err := prow.Scan(&id, &p.Pipe, &p.Status, &p.LastID, &p.Delivered, &p.Failed, &p.LastError, &p.Holder, &at); err != nil {
-			return nil, fmt.Errorf("read replay pipes: %w", err)
-		}
-		p.UpdatedAt = at.T
-		s := &out[byID[id]]
-		s.Pipes = append(s.Pipes, p)
-		s.Delivered += p.Delivered
-		s.Failed += p.Failed
+	for _, v := range pipes {
+		s := &out[byID[v.id]]
+		s.Pipes = append(s.Pipes, v.p)
+		s.Delivered += v.p.Delivered
+		s.Failed += v.p.Failed
 	}
-	return out, prow.Err()
+	return out, nil
+}
+
+// wrapErr is fmt.Errorf("what: %w") for a non-nil err, else nil.
+func wrapErr(what string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%s: %w", what, err)
 }
 
 // Active returns instance's running replays.
