@@ -30,6 +30,7 @@ import (
 	"github.com/cdcout/cdcout/config"
 	"github.com/cdcout/cdcout/internal/pause"
 	"github.com/cdcout/cdcout/metrics"
+	"github.com/cdcout/cdcout/replay"
 )
 
 // defaultKeepAlive is the idle keep-alive lifetime of a client connection.
@@ -447,6 +448,8 @@ type sinksView struct {
 	// per replica, not per pipe, since the buffer holds every pipe's.
 	DroppedPending int64        `json:"droppedPending"`
 	Pipes          []PipeStatus `json:"pipes"`
+	// Replays are the running replays and the latest finished ones.
+	Replays []replay.Status `json:"replays,omitempty"`
 }
 
 func (s *Server) sinks(w http.ResponseWriter, r *http.Request) {
@@ -466,6 +469,9 @@ func (s *Server) sinks(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	v := sinksView{Instance: s.deps.Instance, Pipes: pipes}
+	if err == nil {
+		v.Replays, err = s.reader.Replays(r.Context())
+	}
 	if s.deps.DroppedPending != nil {
 		v.DroppedPending = s.deps.DroppedPending()
 	}
