@@ -46,7 +46,20 @@ type Spec struct {
 	// backfill with the same table, sinks, where and instance, or starts a
 	// new one.
 	ResumeID string
+	// ReadOnly fences chunks with binlog positions instead of watermark
+	// rows: nothing is written to the source (readonly.go).
+	ReadOnly bool
+	// Owner is OwnerFleet for a backfill the enqueue leader runs (snapshot:
+	// initial, signals, POST /v1/backfills): a new leader resumes it, so
+	// an interrupted run leaves it running. "" is cdcout backfill's own.
+	Owner string
+	// Origin says what started it: "cli", "snapshot", "signal:<id>",
+	// "http".
+	Origin string
 }
+
+// OwnerFleet marks the backfills the enqueue lease holder runs.
+const OwnerFleet = "fleet"
 
 // Progress is reported after every completed chunk.
 type Progress struct {
@@ -74,6 +87,10 @@ type Runner struct {
 
 	spec     Spec
 	keyOrder bool // see meta.KeyOrder
+	readOnly bool
+	flavor   string // "mysql" or "mariadb", for a read-only backfill
+	fences   string // qualified backfill_fences
+	next     int64  // the next chunk number
 	table    *tableInfo
 	conn     *sql.Conn
 	id       string
@@ -100,6 +117,7 @@ func (r *Runner) Prepare(ctx context.Context, spec Spec) (Info, error) {
 	r.wm = quoteIdent(WatermarkDB(r.StateSchema)) + "." + quoteIdent(WatermarkTable)
 	r.chunks = state.Table(r.StateSchema, "backfill_chunks")
 	r.fills = state.Table(r.StateSchema, "backfills")
+	r.fences = state.Table(r.StateSchema, "backfill_fences")
 	if spec.ResumeID != "" {
 		info, mm, err := get(ctx, r.State, r.StateSchema, spec.ResumeID)
 		if errors.Is(err, ErrNotFound) {
@@ -111,7 +129,8 @@ func (r *Runner) Prepare(ctx context.Context, spec Spec) (Info, error) {
 		if info.Status == StatusDone || info.Status == StatusCancelled {
 			return Info{}, badInput("--resume %s: the backfill is %s", spec.ResumeID, info.Status)
 		}
-		spec = Spec{Table: info.Table, Sinks: info.Sinks, Where: info.Where, ChunkSize: max(mm.ChunkSize, 1), Instance: mm.Instance, ResumeID: info.ID}
+		spec = Spec{Table: info.Table, Sinks: info.Sinks, Where: info.Where, ChunkSize: max(mm.ChunkSize, 1), Instance: mm.Instance, ResumeID: info.ID,
+			ReadOnly: mm.ReadOnly, Owner: mm.Owner, Origin: mm.Origin}
 		r.id = info.ID
 	}
 	db, name, ok := strings.Cut(spec.Table, ".")
@@ -124,6 +143,9 @@ func (r *Runner) Prepare(ctx context.Context, spec Spec) (Info, error) {
 	}
 	r.table = t
 	if spec.Where != "" {
+		if err := CheckWhere(spec.Where); err != nil {
+			return Info{}, badInput("--where %q: %v", spec.Where, err)
+		}
 		// LIMIT 0 resolves every name and type without reading a row.
 		if _, err := r.Source.ExecContext(ctx, "SELECT 1 FROM "+t.qualified()+" WHERE ("+spec.Where+") LIMIT 0"); err != nil {
 			var me *mysql.MySQLError
@@ -134,7 +156,12 @@ func (r *Runner) Prepare(ctx context.Context, spec Spec) (Info, error) {
 		}
 	}
 	r.spec = spec
-	if err := r.ensureWatermarkTable(ctx); err != nil {
+	r.readOnly = spec.ReadOnly
+	if r.readOnly {
+		if r.flavor, err = readOnlyFlavor(ctx, r.Source); err != nil {
+			return Info{}, err
+		}
+	} else if err := r.ensureWatermarkTable(ctx); err != nil {
 		return Info{}, err
 	}
 	if r.id == "" {
@@ -149,7 +176,7 @@ func (r *Runner) Prepare(ctx context.Context, spec Spec) (Info, error) {
 	}
 	if r.id == "" {
 		r.id = newID()
-		m := meta{Instance: spec.Instance, Sinks: spec.Sinks, ChunkSize: spec.ChunkSize, KeyOrder: true}
+		m := meta{Instance: spec.Instance, Sinks: spec.Sinks, ChunkSize: spec.ChunkSize, KeyOrder: true, ReadOnly: spec.ReadOnly, Owner: spec.Owner, Origin: spec.Origin}
 		raw, _ := json.Marshal(m)
 		if _, err := r.State.ExecContext(ctx, "INSERT INTO "+r.fills+" (id, tbl, sinks, where_sql, rows_estimate, status) VALUES (?, ?, ?, ?, ?, ?)",
 			r.id, spec.Table, string(raw), nullable(spec.Where), t.estimate, StatusRunning); err != nil {
@@ -226,6 +253,9 @@ func (r *Runner) Run(ctx context.Context) (err error) {
 		if err == nil || errors.Is(err, ErrCancelled) {
 			return
 		}
+		if r.spec.Owner == OwnerFleet && ctx.Err() != nil {
+			return // the leader stepped down: the next one resumes it
+		}
 		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		_, _ = r.State.ExecContext(fctx, "UPDATE "+r.fills+" SET status = ?, error = ?, updated_at = NOW(6) WHERE id = ? AND status = ?",
@@ -246,6 +276,7 @@ func (r *Runner) Run(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
+	r.next = next
 
 	wait := poll
 	var queue []*flight
@@ -254,8 +285,7 @@ func (r *Runner) Run(ctx context.Context) (err error) {
 		if len(redo) > 0 && len(queue) < inFlight {
 			f := redo[0]
 			redo = redo[1:]
-			f.no = next
-			next++
+			f.no = r.nextNo()
 			if _, err := r.chunk(ctx, f, true); err != nil {
 				return err
 			}
@@ -264,8 +294,7 @@ func (r *Runner) Run(ctx context.Context) (err error) {
 			continue
 		}
 		if !eof && len(queue) < inFlight {
-			f := &flight{no: next, start: pos}
-			next++
+			f := &flight{no: r.nextNo(), start: pos}
 			n, err := r.chunk(ctx, f, false)
 			if err != nil {
 				return err
@@ -283,7 +312,7 @@ func (r *Runner) Run(ctx context.Context) (err error) {
 		if len(queue) == 0 {
 			continue
 		}
-		advanced, err := r.settle(ctx, &queue, &next, stall)
+		advanced, err := r.settle(ctx, &queue, stall)
 		if err != nil {
 			return err
 		}
@@ -301,7 +330,7 @@ func (r *Runner) Run(ctx context.Context) (err error) {
 
 // settle looks at the in-flight chunks: completed ones at the head advance
 // the recorded progress; retried and stalled ones are read again.
-func (r *Runner) settle(ctx context.Context, queue *[]*flight, next *int64, stall time.Duration) (bool, error) {
+func (r *Runner) settle(ctx context.Context, queue *[]*flight, stall time.Duration) (bool, error) {
 	q := *queue
 	args := make([]any, 0, len(q)+1)
 	args = append(args, r.id)
@@ -349,10 +378,9 @@ func (r *Runner) settle(ctx context.Context, queue *[]*flight, next *int64, stal
 			}
 		}
 		old := f.no
-		f.no = *next
-		*next++
-		if _, err := r.State.ExecContext(ctx, "DELETE FROM "+r.chunks+" WHERE backfill_id = ? AND chunk = ?", r.id, old); err != nil {
-			return false, fmt.Errorf("drop retried chunk: %w", err)
+		f.no = r.nextNo()
+		if err := r.dropChunk(ctx, old); err != nil {
+			return false, err
 		}
 		if _, err := r.chunk(ctx, f, true); err != nil {
 			return false, err
@@ -376,7 +404,8 @@ func (r *Runner) settle(ctx context.Context, queue *[]*flight, next *int64, stal
 	}
 	if last != nil {
 		r.prog.Elapsed = time.Since(r.started)
-		m := meta{Instance: r.spec.Instance, Sinks: r.spec.Sinks, ChunkSize: r.spec.ChunkSize, Resume: last.end.encode(), KeyOrder: r.keyOrder}
+		m := meta{Instance: r.spec.Instance, Sinks: r.spec.Sinks, ChunkSize: r.spec.ChunkSize, Resume: last.end.encode(), KeyOrder: r.keyOrder,
+			ReadOnly: r.readOnly, Owner: r.spec.Owner, Origin: r.spec.Origin}
 		raw, _ := json.Marshal(m)
 		res, err := r.State.ExecContext(ctx, "UPDATE "+r.fills+" SET last_key = ?, sinks = ?, rows_done = ?, updated_at = NOW(6) WHERE id = ? AND status = ?",
 			last.endJSON, string(raw), r.prog.Rows, r.id, StatusRunning)
@@ -412,13 +441,34 @@ func (r *Runner) checkCancelled(ctx context.Context) error {
 	return nil
 }
 
-// chunk writes LOW, reads the chunk, stores it, writes HIGH. again re-reads
-// f's recorded range (start, end]; otherwise it reads up to ChunkSize rows
-// after f.start and sets f.end. It returns the rows read.
+// chunk writes LOW, reads the chunk, stores it, writes HIGH (a read-only
+// backfill fences it with binlog positions instead, readonly.go). again
+// re-reads f's recorded range (start, end]; otherwise it reads up to
+// ChunkSize rows after f.start and sets f.end. It returns the rows read.
 func (r *Runner) chunk(ctx context.Context, f *flight, again bool) (int, error) {
+	if r.readOnly {
+		return r.chunkReadOnly(ctx, f, again)
+	}
 	if err := r.mark(ctx, f.no, markLow); err != nil {
 		return 0, err
 	}
+	buf, n, err := r.read(ctx, f, again)
+	if err != nil || n == 0 && !again {
+		return 0, err
+	}
+	if err := r.storeChunk(ctx, f, buf, n); err != nil {
+		return 0, err
+	}
+	if err := r.mark(ctx, f.no, markHigh); err != nil {
+		return 0, err
+	}
+	f.at = time.Now()
+	return n, nil
+}
+
+// read reads f's rows on r.conn as one chunk document (see chunkDoc); n
+// is 0 at the end of the table. Unless again, it sets f.end.
+func (r *Runner) read(ctx context.Context, f *flight, again bool) (buf []byte, n int, err error) {
 	t := r.table
 	var conds []string
 	var args []any
@@ -443,7 +493,7 @@ func (r *Runner) chunk(ctx context.Context, f *flight, again bool) (int, error) 
 	}
 	rows, err := r.conn.QueryContext(ctx, q, args...)
 	if err != nil {
-		return 0, fmt.Errorf("read chunk of %s: %w", r.spec.Table, err)
+		return nil, 0, fmt.Errorf("read chunk of %s: %w", r.spec.Table, err)
 	}
 	defer rows.Close()
 	keyNames := make([]string, len(t.key))
@@ -452,7 +502,7 @@ func (r *Runner) chunk(ctx context.Context, f *flight, again bool) (int, error) 
 	}
 	sinks, _ := json.Marshal(r.spec.Sinks)
 	keyJSON, _ := json.Marshal(keyNames)
-	buf := make([]byte, 0, 256*r.spec.ChunkSize)
+	buf = make([]byte, 0, 256*r.spec.ChunkSize)
 	buf = fmt.Appendf(buf, `{"db":%q,"table":%q,"key":%s,"sinks":%s,"ts_ms":%d,"rows":[`,
 		t.db, t.name, keyJSON, sinks, time.Now().UnixMilli())
 	raw := make([]sql.RawBytes, len(t.cols))
@@ -461,16 +511,15 @@ func (r *Runner) chunk(ctx context.Context, f *flight, again bool) (int, error) 
 		dest[i] = &raw[i]
 	}
 	row := make(canonical.Row, len(t.cols))
-	n := 0
 	var last keyArgs
 	for rows.Next() {
 		if err := rows.Scan(dest...); err != nil {
-			return 0, fmt.Errorf("read chunk of %s: %w", r.spec.Table, err)
+			return nil, 0, fmt.Errorf("read chunk of %s: %w", r.spec.Table, err)
 		}
 		for i := range t.cols {
 			v, err := t.cols[i].convert(raw[i])
 			if err != nil {
-				return 0, fmt.Errorf("read chunk of %s: %w", r.spec.Table, err)
+				return nil, 0, fmt.Errorf("read chunk of %s: %w", r.spec.Table, err)
 			}
 			row[t.cols[i].name] = v
 		}
@@ -478,7 +527,7 @@ func (r *Runner) chunk(ctx context.Context, f *flight, again bool) (int, error) 
 			buf = append(buf, ',')
 		}
 		if buf, err = canonical.AppendJSON(buf, map[string]any(row)); err != nil {
-			return 0, fmt.Errorf("encode row of %s: %w", r.spec.Table, err)
+			return nil, 0, fmt.Errorf("encode row of %s: %w", r.spec.Table, err)
 		}
 		n++
 		last = last[:0]
@@ -487,10 +536,10 @@ func (r *Runner) chunk(ctx context.Context, f *flight, again bool) (int, error) 
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return 0, fmt.Errorf("read chunk of %s: %w", r.spec.Table, err)
+		return nil, 0, fmt.Errorf("read chunk of %s: %w", r.spec.Table, err)
 	}
 	if n == 0 && !again {
-		return 0, nil
+		return nil, 0, nil
 	}
 	buf = append(buf, "]}"...)
 	if !again {
@@ -498,15 +547,16 @@ func (r *Runner) chunk(ctx context.Context, f *flight, again bool) (int, error) 
 		f.endJSON = r.keyJSON(last)
 	}
 	f.rows = n
+	return buf, n, nil
+}
+
+// storeChunk stores f's rows for the applier (status written).
+func (r *Runner) storeChunk(ctx context.Context, f *flight, buf []byte, n int) error {
 	if _, err := r.State.ExecContext(ctx, "INSERT INTO "+r.chunks+" (backfill_id, chunk, start_key, end_key, rows_json, row_count, status) VALUES (?, ?, ?, ?, ?, ?, ?)",
 		r.id, f.no, nullable(f.start.encode()), f.end.encode(), buf, n, chunkWritten); err != nil {
-		return 0, fmt.Errorf("store backfill chunk: %w", err)
+		return fmt.Errorf("store backfill chunk: %w", err)
 	}
-	if err := r.mark(ctx, f.no, markHigh); err != nil {
-		return 0, err
-	}
-	f.at = time.Now()
-	return n, nil
+	return nil
 }
 
 // keyJSON is the canonical key JSON of a raw key position.
@@ -606,6 +656,9 @@ func (r *Runner) resume(ctx context.Context) (pos keyArgs, next int64, redo []*f
 	if _, err := r.State.ExecContext(ctx, "DELETE FROM "+r.chunks+" WHERE backfill_id = ?", r.id); err != nil {
 		return nil, 0, nil, fmt.Errorf("clear backfill chunks: %w", err)
 	}
+	if _, err := r.State.ExecContext(ctx, "DELETE FROM "+r.fences+" WHERE backfill_id = ?", r.id); err != nil {
+		return nil, 0, nil, fmt.Errorf("clear backfill fences: %w", err)
+	}
 	info, err := Get(ctx, r.State, r.StateSchema, r.id)
 	if err != nil {
 		return nil, 0, nil, err
@@ -624,7 +677,11 @@ func (r *Runner) done(ctx context.Context) error {
 		StatusDone, r.id, StatusRunning); err != nil {
 		return fmt.Errorf("record backfill done: %w", err)
 	}
-	if _, err := r.conn.ExecContext(ctx, "DELETE FROM "+r.wm+" WHERE id = ?", r.id); err != nil {
+	if r.readOnly {
+		if _, err := r.State.ExecContext(ctx, "DELETE FROM "+r.fences+" WHERE backfill_id = ?", r.id); err != nil {
+			r.Logger.Warn("remove backfill fences", zap.Error(err))
+		}
+	} else if _, err := r.conn.ExecContext(ctx, "DELETE FROM "+r.wm+" WHERE id = ?", r.id); err != nil {
 		r.Logger.Warn("remove watermark row", zap.Error(err))
 	}
 	if _, err := r.State.ExecContext(ctx, "DELETE FROM "+r.chunks+" WHERE backfill_id = ?", r.id); err != nil {

@@ -78,6 +78,9 @@ type enqueuer struct {
 	// hook, when set, sees changes before routing (backfill watermarks;
 	// see backfill_hook.go).
 	hook WatermarkHook
+	// position, when set, is the stream's read position (the hook's
+	// Tick).
+	position func() binlog.Position
 	// tx is the open transaction's metadata (txmeta.go).
 	tx txMeta
 
@@ -199,6 +202,11 @@ func (q *enqueuer) handleCommit(ctx context.Context, c *binlog.Commit) error {
 	}
 	q.midTx = false
 	q.lastRow = -1
+	if q.hook != nil {
+		if err := q.hookCommitted(ctx, c.Pos); err != nil {
+			return err
+		}
+	}
 	q.cp = &outbox.Checkpoint{Source: q.source, Pos: c.Pos}
 	if q.since.IsZero() {
 		q.since = time.Now()
@@ -290,6 +298,9 @@ func (q *enqueuer) keyOpen() error {
 func (q *enqueuer) tick(ctx context.Context) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	if err := q.hookTick(ctx); err != nil {
+		return err
+	}
 	if q.cp == nil || time.Since(q.since) < q.interval {
 		return nil
 	}

@@ -348,6 +348,7 @@ func (t *tenure) enqueuer(stream *binlog.Stream, claims []string) (*enqueuer, er
 		report:      func(err error) { e.noteWrite(writeEnqueue, err) },
 		lastRow:     -1,
 		hook:        e.newWatermarkHook(t.db),
+		position:    stream.ReadPosition,
 	}
 	if digestMode {
 		// The counter must remember longer than claims live (see
