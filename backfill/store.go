@@ -35,11 +35,11 @@ type Info struct {
 	Status       string
 	Error        string
 	// ReadOnly, Owner, Origin: see Spec.
-	ReadOnly bool
-	Owner    string
-	Origin   string
-	CreatedAt    time.Time
-	UpdatedAt    time.Time
+	ReadOnly  bool
+	Owner     string
+	Origin    string
+	CreatedAt time.Time
+	UpdatedAt time.Time
 }
 
 // meta is what backfills.sinks holds: the backfill's selection and
