@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
 	"go.uber.org/zap"
 
 	"github.com/cdcout/cdcout/canonical"
@@ -84,6 +83,10 @@ type Runner struct {
 	// (default 5ms); it doubles, up to 8 times, while no chunk completes,
 	// so a runner waiting on a slow stream costs few queries.
 	PollInterval time.Duration
+	// Retryable, when set, picks the errors that leave the backfill
+	// running (with the error recorded) for the next run to resume — a
+	// fleet backfill's database going away — instead of failed.
+	Retryable func(error) bool
 
 	spec     Spec
 	keyOrder bool // see meta.KeyOrder
@@ -99,123 +102,6 @@ type Runner struct {
 	fills    string
 	started  time.Time
 	prog     Progress
-}
-
-// Prepare checks the spec against the source (table, key, --where) and
-// creates or finds the backfill row. Errors wrapping ErrBadInput are the
-// operator's to fix; nothing has been enqueued then.
-func (r *Runner) Prepare(ctx context.Context, spec Spec) (Info, error) {
-	if r.Logger == nil {
-		r.Logger = zap.NewNop()
-	}
-	if spec.ChunkSize <= 0 {
-		spec.ChunkSize = DefaultChunkSize
-	}
-	if spec.ChunkSize > MaxChunkSize {
-		return Info{}, badInput("--chunk-size %d: at most %d", spec.ChunkSize, MaxChunkSize)
-	}
-	r.wm = quoteIdent(WatermarkDB(r.StateSchema)) + "." + quoteIdent(WatermarkTable)
-	r.chunks = state.Table(r.StateSchema, "backfill_chunks")
-	r.fills = state.Table(r.StateSchema, "backfills")
-	r.fences = state.Table(r.StateSchema, "backfill_fences")
-	if spec.ResumeID != "" {
-		info, mm, err := get(ctx, r.State, r.StateSchema, spec.ResumeID)
-		if errors.Is(err, ErrNotFound) {
-			return Info{}, badInput("--resume %s: no such backfill (see cdcout backfill status)", spec.ResumeID)
-		}
-		if err != nil {
-			return Info{}, err
-		}
-		if info.Status == StatusDone || info.Status == StatusCancelled {
-			return Info{}, badInput("--resume %s: the backfill is %s", spec.ResumeID, info.Status)
-		}
-		spec = Spec{Table: info.Table, Sinks: info.Sinks, Where: info.Where, ChunkSize: max(mm.ChunkSize, 1), Instance: mm.Instance, ResumeID: info.ID,
-			ReadOnly: mm.ReadOnly, Owner: mm.Owner, Origin: mm.Origin}
-		r.id = info.ID
-	}
-	db, name, ok := strings.Cut(spec.Table, ".")
-	if !ok || db == "" || name == "" {
-		return Info{}, badInput("--table %q: want db.table", spec.Table)
-	}
-	t, err := loadTable(ctx, r.Source, db, name)
-	if err != nil {
-		return Info{}, err
-	}
-	r.table = t
-	if spec.Where != "" {
-		if err := CheckWhere(spec.Where); err != nil {
-			return Info{}, badInput("--where %q: %v", spec.Where, err)
-		}
-		// LIMIT 0 resolves every name and type without reading a row.
-		if _, err := r.Source.ExecContext(ctx, "SELECT 1 FROM "+t.qualified()+" WHERE ("+spec.Where+") LIMIT 0"); err != nil {
-			var me *mysql.MySQLError
-			if errors.As(err, &me) {
-				return Info{}, badInput("--where %q: %s", spec.Where, me.Message)
-			}
-			return Info{}, fmt.Errorf("check --where: %w", err)
-		}
-	}
-	r.spec = spec
-	r.readOnly = spec.ReadOnly
-	if r.readOnly {
-		if r.flavor, err = readOnlyFlavor(ctx, r.Source); err != nil {
-			return Info{}, err
-		}
-	} else if err := r.ensureWatermarkTable(ctx); err != nil {
-		return Info{}, err
-	}
-	if r.id == "" {
-		info, _, found, err := findResumable(ctx, r.State, r.StateSchema, spec)
-		if err != nil {
-			return Info{}, err
-		}
-		if found {
-			r.id = info.ID
-			r.Logger.Info("continuing the unfinished backfill with the same arguments", zap.String("backfill", r.id), zap.Int64("rows_done", info.RowsDone))
-		}
-	}
-	if r.id == "" {
-		r.id = newID()
-		m := meta{Instance: spec.Instance, Sinks: spec.Sinks, ChunkSize: spec.ChunkSize, KeyOrder: true, ReadOnly: spec.ReadOnly, Owner: spec.Owner, Origin: spec.Origin}
-		raw, _ := json.Marshal(m)
-		if _, err := r.State.ExecContext(ctx, "INSERT INTO "+r.fills+" (id, tbl, sinks, where_sql, rows_estimate, status) VALUES (?, ?, ?, ?, ?, ?)",
-			r.id, spec.Table, string(raw), nullable(spec.Where), t.estimate, StatusRunning); err != nil {
-			return Info{}, fmt.Errorf("record backfill: %w", err)
-		}
-	} else if _, err := r.State.ExecContext(ctx, "UPDATE "+r.fills+" SET status = ?, error = NULL, rows_estimate = ?, updated_at = NOW(6) WHERE id = ?",
-		StatusRunning, t.estimate, r.id); err != nil {
-		return Info{}, fmt.Errorf("record backfill: %w", err)
-	}
-	return Get(ctx, r.State, r.StateSchema, r.id)
-}
-
-func nullable(s string) any {
-	if s == "" {
-		return nil
-	}
-	return s
-}
-
-func (r *Runner) ensureWatermarkTable(ctx context.Context) error {
-	if _, err := r.Source.ExecContext(ctx, "CREATE DATABASE IF NOT EXISTS "+quoteIdent(WatermarkDB(r.StateSchema))); err != nil {
-		return fmt.Errorf("create watermark database %s on the source (grant CREATE on it, or create it): %w", WatermarkDB(r.StateSchema), err)
-	}
-	if err := state.CreateMarker(ctx, r.Source, WatermarkDB(r.StateSchema)); err != nil {
-		return fmt.Errorf("watermark database on the source: %w", err)
-	}
-	if _, err := r.Source.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS "+r.wm+` (
-  id VARCHAR(64) NOT NULL,
-  instance VARCHAR(255) NOT NULL,
-  tbl VARCHAR(130) NOT NULL,
-  chunk BIGINT NOT NULL,
-  mark CHAR(1) NOT NULL,
-  n BIGINT NOT NULL DEFAULT 0,
-  updated_at DATETIME(6) NOT NULL,
-  PRIMARY KEY (id)
-) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin`); err != nil {
-		return fmt.Errorf("create watermark table %s.%s on the source: %w", WatermarkDB(r.StateSchema), WatermarkTable, err)
-	}
-	return nil
 }
 
 // ID is the backfill's id (after Prepare).
@@ -258,6 +144,11 @@ func (r *Runner) Run(ctx context.Context) (err error) {
 		}
 		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
+		if r.Retryable != nil && r.Retryable(err) {
+			_, _ = r.State.ExecContext(fctx, "UPDATE "+r.fills+" SET error = ?, updated_at = NOW(6) WHERE id = ? AND status = ?",
+				err.Error(), r.id, StatusRunning)
+			return
+		}
 		_, _ = r.State.ExecContext(fctx, "UPDATE "+r.fills+" SET status = ?, error = ?, updated_at = NOW(6) WHERE id = ? AND status = ?",
 			StatusFailed, err.Error(), r.id, StatusRunning)
 	}()

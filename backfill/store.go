@@ -150,6 +150,15 @@ func Cancel(ctx context.Context, db *sql.DB, schema, id string) (Info, error) {
 	return i, nil
 }
 
+// Fail marks a running backfill failed with reason.
+func Fail(ctx context.Context, db *sql.DB, schema, id, reason string) error {
+	if _, err := db.ExecContext(ctx, "UPDATE "+state.Table(schema, "backfills")+" SET status = ?, error = ?, updated_at = NOW(6) WHERE id = ? AND status = ?",
+		StatusFailed, reason, id, StatusRunning); err != nil {
+		return fmt.Errorf("record backfill %s failed: %w", id, err)
+	}
+	return nil
+}
+
 // findResumable returns the unfinished backfill with the same selection,
 // so that running the same command again continues it.
 func findResumable(ctx context.Context, db *sql.DB, schema string, spec Spec) (Info, meta, bool, error) {

@@ -146,6 +146,10 @@ type Sink struct {
 	// Transactions adds BEGIN/END records around each source transaction
 	// that touched the sink's tables, and source.tx to its changes.
 	Transactions bool `yaml:"transactions"`
+	// Snapshot is "initial" (backfill the sink's tables the first time it
+	// has them, consistent with the stream) or "never" (the default: only
+	// changes from the stream).
+	Snapshot string `yaml:"snapshot"`
 
 	Kafka *KafkaOptions `yaml:"kafka"`
 	NATS  *NATSOptions  `yaml:"nats"`

@@ -309,6 +309,11 @@ func (s *Sink) validate(errs *Errors, at string, claimLease time.Duration) {
 	if s.Heartbeat < 0 || (s.Heartbeat > 0 && s.Heartbeat < 100*time.Millisecond) {
 		errs.add(at+".heartbeat", "must be 0 (off) or at least 100ms, got %s", s.Heartbeat)
 	}
+	switch s.Snapshot {
+	case "", SnapshotNever, SnapshotInitial:
+	default:
+		errs.add(at+".snapshot", "must be %s or %s, got %q", SnapshotInitial, SnapshotNever, s.Snapshot)
+	}
 	if s.MaxAttempts < 0 {
 		errs.add(at+".max_attempts", "must not be negative, got %d", s.MaxAttempts)
 	}
@@ -378,6 +383,12 @@ func MatchTable(pattern, db, table string) bool {
 	okTbl, _ := path.Match(pattern[i+1:], table)
 	return okDB && okTbl
 }
+
+// The values of a sink's snapshot key.
+const (
+	SnapshotInitial = "initial"
+	SnapshotNever   = "never"
+)
 
 // Matches reports whether the filter selects db.table.
 func (f TableFilter) Matches(db, table string) bool {

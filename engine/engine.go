@@ -244,7 +244,7 @@ func (e *Engine) startInspect(ctx context.Context, services *group, db *sql.DB, 
 		DB: db, Schema: cfg.StateDB, Instance: cfg.Instance, ReplicaID: cfg.ReplicaID,
 		Source: e.sourceStatus, Ready: e.ready, Metrics: e.metrics, Pipes: nil,
 		DroppedPending: e.droppedPending, Endpoints: e.endpoints, Sinks: e.sinkNames(),
-		Secrets: e.secrets(), Logger: e.log,
+		Secrets: e.secrets(), Logger: e.log, RequestBackfill: e.requestBackfill(db),
 	})
 	services.run(context.WithoutCancel(ctx), func(ictx context.Context) {
 		if err := srv.Run(ictx); err != nil && ictx.Err() == nil {

@@ -185,6 +185,12 @@ func (ld *leader) tenure(ctx context.Context, l lease.Lease, ho *handoff) (err e
 	if err != nil {
 		return err
 	}
+	// The fleet's backfills run while this replica leads (backfills.go).
+	t.wg.Add(1)
+	go func() {
+		defer t.wg.Done()
+		e.runFleetBackfills(t.ctx, t.db)
+	}()
 	return t.enqueue(ctx, q, stream, buffered)
 }
 

@@ -102,6 +102,7 @@ func (s *Server) adminRoutes() {
 	})
 	s.Admin("POST /v1/dead/retry", s.retryDead)
 	s.controlRoutes()
+	s.backfillRoutes()
 }
 
 // retryDeadView is the POST /v1/dead/retry answer.
