@@ -9,38 +9,40 @@ import (
 	"github.com/cdcout/cdcout/state"
 )
 
-// Sink snapshots: which tables each sink has had (sink_tables), and the
-// subscription it had them under (sink_subscriptions, a digest of its
-// table patterns). The enqueue leader compares them with the
-// configuration: a table a sink is new to — the sink is new, or its
-// subscription changed — is backfilled for that sink when it has
-// snapshot: initial; a table created under an unchanged subscription is
-// not, because the stream has carried it since its CREATE.
+// Sink snapshots: the subscription each sink had when the enqueue leader
+// last started (sink_subscriptions: its table patterns, the capture list
+// and its ops, as JSON the engine writes and reads) and the snapshot
+// backfills started (sink_tables). A table is new to a sink with
+// snapshot: initial when the sink was never seen, or when its old
+// subscription did not take the table; a table created under an
+// unchanged subscription is not new, because the stream has carried it
+// since its CREATE.
 
-// SinkSubscription is the recorded subscription digest of sink (known is
-// false for a sink never seen).
-func SinkSubscription(ctx context.Context, db *sql.DB, schema, instance, sink string) (digest string, known bool, err error) {
+// SinkSubscription is the recorded subscription of sink (known is false
+// for a sink never seen).
+func SinkSubscription(ctx context.Context, db *sql.DB, schema, instance, sink string) (subscription string, known bool, err error) {
 	err = db.QueryRowContext(ctx, "SELECT subscription FROM "+state.Table(schema, "sink_subscriptions")+" WHERE instance = ? AND sink = ?",
-		instance, sink).Scan(&digest)
+		instance, sink).Scan(&subscription)
 	if errors.Is(err, sql.ErrNoRows) {
 		return "", false, nil
 	}
 	if err != nil {
 		return "", false, fmt.Errorf("read the subscription of sink %s: %w", sink, err)
 	}
-	return digest, true, nil
+	return subscription, true, nil
 }
 
-// RecordSinkSubscription stores sink's subscription digest.
-func RecordSinkSubscription(ctx context.Context, db *sql.DB, schema, instance, sink, digest string) error {
+// RecordSinkSubscription stores sink's subscription.
+func RecordSinkSubscription(ctx context.Context, db *sql.DB, schema, instance, sink, subscription string) error {
 	if _, err := db.ExecContext(ctx, "INSERT INTO "+state.Table(schema, "sink_subscriptions")+" (instance, sink, subscription) VALUES (?, ?, ?)"+
-		" ON DUPLICATE KEY UPDATE subscription = VALUES(subscription), updated_at = NOW(6)", instance, sink, digest); err != nil {
+		" ON DUPLICATE KEY UPDATE subscription = VALUES(subscription), updated_at = NOW(6)", instance, sink, subscription); err != nil {
 		return fmt.Errorf("record the subscription of sink %s: %w", sink, err)
 	}
 	return nil
 }
 
-// SinkTables are the tables sink has had ("db.table").
+// SinkTables are the tables a snapshot backfill was started for, for sink
+// ("db.table").
 func SinkTables(ctx context.Context, db *sql.DB, schema, instance, sink string) (map[string]bool, error) {
 	rows, err := db.QueryContext(ctx, "SELECT tbl FROM "+state.Table(schema, "sink_tables")+" WHERE instance = ? AND sink = ?", instance, sink)
 	if err != nil {
@@ -58,8 +60,8 @@ func SinkTables(ctx context.Context, db *sql.DB, schema, instance, sink string) 
 	return out, rows.Err()
 }
 
-// RecordSinkTable records that sink has table, with the backfill that
-// snapshots it for the sink ("" for none).
+// RecordSinkTable records the snapshot backfill of table for sink ("" when
+// the table cannot be backfilled).
 func RecordSinkTable(ctx context.Context, db *sql.DB, schema, instance, sink, table, backfill string) error {
 	if _, err := db.ExecContext(ctx, "INSERT IGNORE INTO "+state.Table(schema, "sink_tables")+" (instance, sink, tbl, backfill_id) VALUES (?, ?, ?, ?)",
 		instance, sink, table, nullable(backfill)); err != nil {

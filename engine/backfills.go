@@ -2,9 +2,7 @@ package engine
 
 import (
 	"context"
-	"crypto/sha256"
 	"database/sql"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,7 +14,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/cdcout/cdcout/backfill"
-	"github.com/cdcout/cdcout/canonical"
 	"github.com/cdcout/cdcout/config"
 	"github.com/cdcout/cdcout/internal/pause"
 )
@@ -98,78 +95,105 @@ func (fb *fleetBackfills) round(ctx context.Context) {
 	}
 }
 
-// takes reports whether sink s is subscribed to db.table for backfilled
-// rows: its route (tables and ops) and the capture list.
-func (e *Engine) takes(sink, db, table string) bool {
-	if len(e.cfg.Tables) > 0 && !(config.TableFilter{Include: e.cfg.Tables}).Matches(db, table) {
+// subscription is what a sink takes, as sink_subscriptions records it.
+type subscription struct {
+	Tables  config.TableFilter `json:"tables"`
+	Capture []string           `json:"capture,omitempty"`
+	Ops     []string           `json:"ops,omitempty"`
+}
+
+func (e *Engine) subscriptionOf(s config.Sink) subscription {
+	return subscription{Tables: s.Tables, Capture: e.cfg.Tables, Ops: s.Ops}
+}
+
+// takes reports whether the subscription gets backfilled rows of
+// db.table: the capture list, the sink's tables, and its ops (a backfilled
+// row is an insert to it).
+func (s subscription) takes(db, table string) bool {
+	if len(s.Capture) > 0 && !(config.TableFilter{Include: s.Capture}).Matches(db, table) {
 		return false
 	}
-	for _, r := range e.routes {
-		if r.sink == sink {
-			return r.matches(&canonical.Change{Op: canonical.OpRead, Source: canonical.Source{DB: db, Table: table}})
+	if len(s.Ops) > 0 && !slices.Contains(s.Ops, "insert") {
+		return false
+	}
+	return s.Tables.Matches(db, table)
+}
+
+// takes reports whether sink gets backfilled rows of db.table.
+func (e *Engine) takes(sink, db, table string) bool {
+	for _, s := range e.cfg.Sinks {
+		if s.Name == sink {
+			return e.subscriptionOf(s).takes(db, table)
 		}
 	}
 	return false
 }
 
-// subscriptionDigest identifies what sink s subscribes to.
-func (e *Engine) subscriptionDigest(s config.Sink) string {
-	raw, _ := json.Marshal(struct {
-		Tables  config.TableFilter
-		Capture []string
-		Ops     []string
-	}{s.Tables, e.cfg.Tables, s.Ops})
-	sum := sha256.Sum256(raw)
-	return hex.EncodeToString(sum[:])
-}
-
-// snapshots records the tables each sink has now and starts a backfill of
-// every table new to a sink with snapshot: initial (see
+// snapshots records each sink's subscription and, for a sink with
+// snapshot: initial, starts a backfill of every table new to it (see
 // backfill.SinkSubscription for what "new" means).
 func (fb *fleetBackfills) snapshots(ctx context.Context) error {
 	cfg := fb.e.cfg
-	tables, err := backfill.SourceTables(ctx, fb.source, cfg.StateDB)
-	if err != nil {
-		return err
-	}
+	var tables []string
 	for _, s := range cfg.Sinks {
-		digest := fb.e.subscriptionDigest(s)
-		old, known, err := backfill.SinkSubscription(ctx, fb.state, cfg.StateDB, cfg.Instance, s.Name)
+		sub := fb.e.subscriptionOf(s)
+		raw, _ := json.Marshal(sub)
+		oldRaw, known, err := backfill.SinkSubscription(ctx, fb.state, cfg.StateDB, cfg.Instance, s.Name)
 		if err != nil {
 			return err
 		}
-		have, err := backfill.SinkTables(ctx, fb.state, cfg.StateDB, cfg.Instance, s.Name)
-		if err != nil {
-			return err
-		}
-		snapshot := s.Snapshot == config.SnapshotInitial && (!known || old != digest)
-		for _, tbl := range tables {
-			db, name, _ := strings.Cut(tbl, ".")
-			if have[tbl] || !fb.e.takes(s.Name, db, name) {
-				continue
-			}
-			id := ""
-			if snapshot {
-				info, err := fb.start(ctx, backfill.Spec{Table: tbl, Sinks: []string{s.Name}, Instance: cfg.Instance, Owner: backfill.OwnerFleet, Origin: "snapshot"}, true)
-				switch {
-				case backfill.IsBadInput(err):
-					// A table no backfill can read (no key): say so, and
-					// do not try again on every start.
-					fb.log.Error("snapshot: initial cannot backfill this table; its rows reach the sink only as they change",
-						zap.String("sink", s.Name), zap.String("table", tbl), zap.Error(err))
-				case err != nil:
-					return err
-				default:
-					id = info.ID
-					fb.log.Info("snapshot: initial: backfilling a table new to its sink", zap.String("sink", s.Name), zap.String("table", tbl),
-						zap.String("backfill", id), zap.Bool("read_only", info.ReadOnly))
+		if s.Snapshot == config.SnapshotInitial && oldRaw != string(raw) {
+			var old *subscription
+			if known {
+				old = &subscription{}
+				if err := json.Unmarshal([]byte(oldRaw), old); err != nil {
+					return fmt.Errorf("sink %s: recorded subscription %q: %w", s.Name, oldRaw, err)
 				}
 			}
-			if err := backfill.RecordSinkTable(ctx, fb.state, cfg.StateDB, cfg.Instance, s.Name, tbl, id); err != nil {
+			if tables == nil {
+				if tables, err = backfill.SourceTables(ctx, fb.source, cfg.StateDB); err != nil {
+					return err
+				}
+			}
+			if err := fb.snapshotSink(ctx, s.Name, sub, old, tables); err != nil {
 				return err
 			}
 		}
-		if err := backfill.RecordSinkSubscription(ctx, fb.state, cfg.StateDB, cfg.Instance, s.Name, digest); err != nil {
+		if err := backfill.RecordSinkSubscription(ctx, fb.state, cfg.StateDB, cfg.Instance, s.Name, string(raw)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// snapshotSink starts a backfill of each table sub takes and old (nil: a
+// sink never seen) did not.
+func (fb *fleetBackfills) snapshotSink(ctx context.Context, sink string, sub subscription, old *subscription, tables []string) error {
+	cfg := fb.e.cfg
+	started, err := backfill.SinkTables(ctx, fb.state, cfg.StateDB, cfg.Instance, sink)
+	if err != nil {
+		return err
+	}
+	for _, tbl := range tables {
+		db, name, _ := strings.Cut(tbl, ".")
+		if started[tbl] || !sub.takes(db, name) || old != nil && old.takes(db, name) {
+			continue
+		}
+		id := ""
+		info, err := fb.start(ctx, backfill.Spec{Table: tbl, Sinks: []string{sink}, Instance: cfg.Instance, Owner: backfill.OwnerFleet, Origin: "snapshot"}, true)
+		switch {
+		case backfill.IsBadInput(err):
+			// A table no backfill can read (no key): say so once.
+			fb.log.Error("snapshot: initial cannot backfill this table; its rows reach the sink only as they change",
+				zap.String("sink", sink), zap.String("table", tbl), zap.Error(err))
+		case err != nil:
+			return err
+		default:
+			id = info.ID
+			fb.log.Info("snapshot: initial: backfilling a table new to its sink", zap.String("sink", sink), zap.String("table", tbl),
+				zap.String("backfill", id), zap.Bool("read_only", info.ReadOnly))
+		}
+		if err := backfill.RecordSinkTable(ctx, fb.state, cfg.StateDB, cfg.Instance, sink, tbl, id); err != nil {
 			return err
 		}
 	}

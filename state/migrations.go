@@ -191,9 +191,12 @@ var migrations = []migration{
 		// writes the outcome back (status, error, backfill_id).
 		// backfill_fences: a read-only backfill's chunk between the
 		// stream's arming of its window and the chunk's rows (the binlog
-		// positions that stand in for watermark rows). sink_subscriptions
-		// and sink_tables: which tables each sink has had, so a sink with
-		// snapshot: initial is backfilled once per table it is new to.
+		// positions that stand in for watermark rows). sink_subscriptions:
+		// the table subscription each sink had when the leader last
+		// started, so a table new to a sink with snapshot: initial is
+		// told from one created under an unchanged subscription;
+		// sink_tables: the snapshot backfills started, one per sink and
+		// table.
 		return []string{
 			`CREATE TABLE IF NOT EXISTS ` + Table(s, "backfill_signals") + ` (
   id BIGINT NOT NULL AUTO_INCREMENT,
@@ -226,7 +229,7 @@ var migrations = []migration{
 			`CREATE TABLE IF NOT EXISTS ` + Table(s, "sink_subscriptions") + ` (
   instance VARCHAR(64) NOT NULL,
   sink VARCHAR(128) NOT NULL,
-  subscription CHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  subscription TEXT NOT NULL,
   updated_at DATETIME(6) NOT NULL DEFAULT NOW(6),
   PRIMARY KEY (instance, sink)
 )` + tableOptions,
