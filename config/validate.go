@@ -94,6 +94,9 @@ func (c *Config) Validate() error {
 	} else if c.HTTPHeadersTimeout != 0 && c.HTTPHeadersTimeout <= c.HTTPKeepAlive {
 		errs.add("http_headers_timeout", "%s must exceed http_keep_alive %s: a shorter headers deadline cuts off requests on idle keep-alive connections", c.HTTPHeadersTimeout, c.HTTPKeepAlive)
 	}
+	if c.BackfillChunkSize < 1 || c.BackfillChunkSize > 100_000 {
+		errs.add("backfill_chunk_size", "must be between 1 and 100000, got %d", c.BackfillChunkSize)
+	}
 	if c.BinlogRunwayMin < 0 {
 		errs.add("binlog_runway_min", "must not be negative, got %s (0 disables the check)", c.BinlogRunwayMin)
 	}

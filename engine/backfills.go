@@ -180,7 +180,8 @@ func (fb *fleetBackfills) snapshotSink(ctx context.Context, sink string, sub sub
 			continue
 		}
 		id := ""
-		info, err := fb.start(ctx, backfill.Spec{Table: tbl, Sinks: []string{sink}, Instance: cfg.Instance, Owner: backfill.OwnerFleet, Origin: "snapshot"}, true)
+		info, err := fb.start(ctx, backfill.Spec{Table: tbl, Sinks: []string{sink}, ChunkSize: cfg.BackfillChunkSize, Instance: cfg.Instance,
+			Owner: backfill.OwnerFleet, Origin: "snapshot"}, true)
 		switch {
 		case backfill.IsBadInput(err):
 			// A table no backfill can read (no key): say so once.
@@ -298,7 +299,11 @@ func (e *Engine) BackfillSpec(g backfill.Signal) (backfill.Spec, error) {
 			return bad("where %q: %v", g.Where, err)
 		}
 	}
-	return backfill.Spec{Table: g.Table, Sinks: sinks, Where: g.Where, ChunkSize: g.ChunkSize, Instance: e.cfg.Instance,
+	chunk := g.ChunkSize
+	if chunk == 0 {
+		chunk = e.cfg.BackfillChunkSize
+	}
+	return backfill.Spec{Table: g.Table, Sinks: sinks, Where: g.Where, ChunkSize: chunk, Instance: e.cfg.Instance,
 		ReadOnly: g.ReadOnly, Owner: backfill.OwnerFleet, Origin: fmt.Sprintf("signal:%d", g.ID)}, nil
 }
 
