@@ -68,7 +68,7 @@ func newStateReceiver(t testing.TB) *stateReceiver {
 
 // backfillRow is the snapshot's row of backfills (there is one).
 func backfillRow(db *sql.DB, stateDB string) (status string, rows int64, err error) {
-	err = db.QueryRow("SELECT status, rows_done FROM `" + stateDB + "`.backfills").Scan(&status, &rows)
+	err = db.QueryRow("SELECT status, rows_done FROM `"+stateDB+"`.backfills").Scan(&status, &rows)
 	return status, rows, err
 }
 
@@ -162,7 +162,7 @@ sinks:
 	p2 := startCdcout(t, log, replica("r2")...)
 	atFailover := waitRows(atKill+int64(n/5), "failover")
 	var holder string
-	if err := db.QueryRow("SELECT holder FROM `"+stateDB+"`.leases WHERE name = 'enqueue/snapk' AND expires_at > NOW(6)").Scan(&holder); err != nil {
+	if err := db.QueryRow("SELECT holder FROM `" + stateDB + "`.leases WHERE name = 'enqueue/snapk' AND expires_at > NOW(6)").Scan(&holder); err != nil {
 		t.Fatalf("enqueue lease holder: %v", err)
 	}
 	survivor := p2
