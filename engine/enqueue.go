@@ -85,7 +85,7 @@ type enqueuer struct {
 	tx txMeta
 
 	mu    sync.Mutex
-	ready []outbox.Pending   // keyed rows, all before cp unless mid-flushed
+	ready []outbox.Pending   // keyed records, all before cp unless mid-flushed
 	open  []openChange       // the current transaction's rows, unkeyed
 	cp    *outbox.Checkpoint // last commit not yet written; nil when none
 	since time.Time          // when the oldest unwritten commit arrived
@@ -98,9 +98,9 @@ type enqueuer struct {
 	lastRow int
 
 	// Counters for logs and tests.
-	rowsWritten, flushes int64
-	flushTime            time.Duration
-	maxBuffered          int
+	recordsWritten, flushes int64
+	flushTime               time.Duration
+	maxBuffered             int
 }
 
 // handle is the stream handler.
@@ -335,7 +335,7 @@ func (q *enqueuer) flush(ctx context.Context, cp *outbox.Checkpoint) error {
 			q.report(err)
 		}
 		if err == nil {
-			q.rowsWritten += int64(res.Inserted)
+			q.recordsWritten += int64(res.Records)
 			q.flushes++
 			clear(q.ready)
 			q.ready = q.ready[:0]

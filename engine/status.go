@@ -231,11 +231,11 @@ func (e *Engine) observation() fleet.Observation {
 
 // Stats are counters of the current tenure, for tests and logs.
 type Stats struct {
-	RowsWritten int64
-	Batches     int64
+	RecordsWritten int64
+	Batches        int64
 	// EnqueueTime is the time spent in outbox enqueue transactions.
 	EnqueueTime time.Duration
-	// Buffered is the rows read but not yet written; Unwritten reports a
+	// Buffered is the records read but not yet written; Unwritten reports a
 	// commit whose checkpoint is not written yet. MaxBuffered is the peak
 	// of Buffered (bounded by enqueue_max_buffer plus one change's fan-out).
 	Buffered, MaxBuffered int
@@ -253,7 +253,7 @@ func (e *Engine) Stats() Stats {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return Stats{
-		RowsWritten: q.rowsWritten, Batches: q.flushes, EnqueueTime: q.flushTime,
+		RecordsWritten: q.recordsWritten, Batches: q.flushes, EnqueueTime: q.flushTime,
 		Buffered: len(q.ready) + len(q.open), MaxBuffered: q.maxBuffered, Unwritten: q.cp != nil,
 	}
 }
