@@ -82,10 +82,14 @@ func InsertSignal(ctx context.Context, db *sql.DB, schema string, g Signal) (int
 	return res.LastInsertId()
 }
 
-// Signals lists instance's signals, newest first (at most limit).
+// Signals lists instance's signals ("": every instance's), newest first,
+// at most limit.
 func Signals(ctx context.Context, db *sql.DB, schema, instance string, limit int) ([]Signal, error) {
-	return querySignals(ctx, db, "SELECT "+signalColumns+" FROM "+state.Table(schema, "backfill_signals")+
-		" WHERE instance = ? ORDER BY id DESC LIMIT ?", instance, limit)
+	q := "SELECT " + signalColumns + " FROM " + state.Table(schema, "backfill_signals")
+	if instance == "" {
+		return querySignals(ctx, db, q+" ORDER BY id DESC LIMIT ?", limit)
+	}
+	return querySignals(ctx, db, q+" WHERE instance = ? ORDER BY id DESC LIMIT ?", instance, limit)
 }
 
 // PendingSignals are instance's signals not picked up yet, oldest first.
