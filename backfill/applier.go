@@ -121,11 +121,11 @@ type Applier struct {
 	emitted    []chunkRef         // handed out, not yet known durable
 	maxChanged int
 	// Read-only backfills (fence.go): the qualified backfill_fences, the
-	// open windows, the last poll and whether a window was asked for.
-	fences string
-	ro     map[fenceRef]*roWindow
-	polled time.Time
-	busy   bool
+	// open windows, the last poll and when a poll last found a fence.
+	fences    string
+	ro        map[fenceRef]*roWindow
+	polled    time.Time
+	lastFence time.Time
 }
 
 // NewApplier returns the Applier of a stream of instance whose state

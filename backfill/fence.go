@@ -19,9 +19,18 @@ import (
 // Fence polling: often while windows are open or being asked for, seldom
 // while none is (one indexed query on a small table).
 const (
-	fencePollBusy = 5 * time.Millisecond
+	fencePollBusy = 2 * time.Millisecond
 	fencePollIdle = 250 * time.Millisecond
 )
+
+// fenceBusyFor keeps the polling quick this long after the last fence
+// seen: a runner asks for its next window right after fencing a chunk.
+const fenceBusyFor = time.Second
+
+// Busy reports whether read-only windows are open or were lately: the
+// enqueuer then ticks every couple of milliseconds, so a chunk's window is
+// armed and closed without waiting for its flush interval.
+func (a *Applier) Busy() bool { return len(a.ro) > 0 || time.Since(a.lastFence) < fenceBusyFor }
 
 type fenceRef struct {
 	id    string
@@ -48,7 +57,7 @@ func fromStream(p binlog.Position) position {
 func (a *Applier) Tick(ctx context.Context, pos binlog.Position, between bool) ([]Row, error) {
 	now := time.Now()
 	every := fencePollIdle
-	if len(a.ro) > 0 || a.busy {
+	if a.Busy() {
 		every = fencePollBusy
 	}
 	if now.Sub(a.polled) >= every {
@@ -106,13 +115,14 @@ func (a *Applier) pollFences(ctx context.Context, pos position, between bool) er
 		return fmt.Errorf("read backfill fences: %w", err)
 	}
 	seen := map[fenceRef]bool{}
-	a.busy = false
+	if len(list) > 0 {
+		a.lastFence = time.Now()
+	}
 	for _, f := range list {
 		seen[f.ref] = true
 		w := a.ro[f.ref]
 		switch {
 		case f.status == fenceArming:
-			a.busy = true
 			if between {
 				if err := a.armFence(ctx, f.ref, f.tbl, pos); err != nil {
 					return err

@@ -164,7 +164,7 @@ func (r *Runner) arm(ctx context.Context, no int64) (position, error) {
 		return position{}, fmt.Errorf("ask the stream to open a backfill window: %w", err)
 	}
 	deadline := time.Now().Add(r.stall())
-	wait := time.Millisecond
+	wait := 500 * time.Microsecond
 	for {
 		var status string
 		var at sql.NullString
@@ -192,7 +192,7 @@ func (r *Runner) arm(ctx context.Context, no int64) (position, error) {
 		if err := sleepCtx(ctx, wait); err != nil {
 			return position{}, err
 		}
-		wait = min(2*wait, 20*time.Millisecond)
+		wait = min(2*wait, 2*time.Millisecond)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"slices"
+	"time"
 
 	"github.com/cdcout/cdcout/backfill"
 	"github.com/cdcout/cdcout/binlog"
@@ -27,7 +28,12 @@ type WatermarkHook interface {
 	// fenced by stream positions: they return rows to enqueue there.
 	Tick(ctx context.Context, pos binlog.Position, between bool) ([]backfill.Row, error)
 	Committed(ctx context.Context, pos binlog.Position) ([]backfill.Row, error)
+	// Busy: Tick is wanted every couple of milliseconds.
+	Busy() bool
 }
+
+// busyTick is the flush ticker's period while the hook is busy.
+const busyTick = 2 * time.Millisecond
 
 // newWatermarkHook is the hook of one tenure's stream.
 func (e *Engine) newWatermarkHook(db *sql.DB) *backfill.Applier {

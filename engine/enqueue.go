@@ -295,16 +295,18 @@ func (q *enqueuer) keyOpen() error {
 
 // tick writes a batch whose oldest commit has waited the flush interval;
 // the stream may be idle, so commits alone cannot be relied on to do it.
-func (q *enqueuer) tick(ctx context.Context) error {
+// busy: the hook wants the next tick soon.
+func (q *enqueuer) tick(ctx context.Context) (busy bool, err error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if err := q.hookTick(ctx); err != nil {
-		return err
+		return false, err
 	}
+	busy = q.hook != nil && q.hook.Busy()
 	if q.cp == nil || time.Since(q.since) < q.interval {
-		return nil
+		return busy, nil
 	}
-	return q.flush(ctx, q.cp)
+	return busy, q.flush(ctx, q.cp)
 }
 
 // final writes the complete transactions still buffered (graceful stop).

@@ -422,19 +422,31 @@ func (t *tenure) startTicker(q *enqueuer) <-chan error {
 	t.wg.Add(1)
 	go func() {
 		defer t.wg.Done()
-		tk := time.NewTicker(max(t.e.cfg.EnqueueFlushInterval/2, 5*time.Millisecond))
+		every := max(t.e.cfg.EnqueueFlushInterval/2, 5*time.Millisecond)
+		tk := time.NewTicker(every)
 		defer tk.Stop()
+		fast := false
 		for {
 			select {
 			case <-t.ctx.Done():
 				return
 			case <-tk.C:
-				if err := q.tick(t.ctx); err != nil {
+				busy, err := q.tick(t.ctx)
+				if err != nil {
 					if t.ctx.Err() == nil {
 						tickErr <- err
 						t.cancel()
 					}
 					return
+				}
+				// A read-only backfill's windows want quick ticks.
+				if busy != fast {
+					fast = busy
+					if fast {
+						tk.Reset(min(busyTick, every))
+					} else {
+						tk.Reset(every)
+					}
 				}
 			}
 		}
