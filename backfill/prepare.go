@@ -3,7 +3,6 @@ package backfill
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -28,9 +27,7 @@ func (r *Runner) Prepare(ctx context.Context, spec Spec) (Info, error) {
 		return Info{}, badInput("--chunk-size %d: at most %d", spec.ChunkSize, MaxChunkSize)
 	}
 	r.wm = quoteIdent(WatermarkDB(r.StateSchema)) + "." + quoteIdent(WatermarkTable)
-	r.chunks = state.Table(r.StateSchema, "backfill_chunks")
-	r.fills = state.Table(r.StateSchema, "backfills")
-	r.fences = state.Table(r.StateSchema, "backfill_fences")
+	r.store = newRunStore(r.State, r.StateSchema)
 	if spec.ResumeID != "" {
 		info, mm, err := get(ctx, r.State, r.StateSchema, spec.ResumeID)
 		if errors.Is(err, ErrNotFound) {
@@ -45,6 +42,7 @@ func (r *Runner) Prepare(ctx context.Context, spec Spec) (Info, error) {
 		spec = Spec{Table: info.Table, Sinks: info.Sinks, Where: info.Where, ChunkSize: max(mm.ChunkSize, 1), Instance: mm.Instance, ResumeID: info.ID,
 			ReadOnly: mm.ReadOnly, Owner: mm.Owner, Origin: mm.Origin}
 		r.id = info.ID
+		r.store.id = r.id
 	}
 	t, err := check(ctx, r.Source, spec)
 	if err != nil {
@@ -67,20 +65,19 @@ func (r *Runner) Prepare(ctx context.Context, spec Spec) (Info, error) {
 		}
 		if found {
 			r.id = info.ID
+			r.store.id = r.id
 			r.Logger.Info("continuing the unfinished backfill with the same arguments", zap.String("backfill", r.id), zap.Int64("rows_done", info.RowsDone))
 		}
 	}
 	if r.id == "" {
 		r.id = newID()
+		r.store.id = r.id
 		m := meta{Instance: spec.Instance, Sinks: spec.Sinks, ChunkSize: spec.ChunkSize, KeyOrder: true, ReadOnly: spec.ReadOnly, Owner: spec.Owner, Origin: spec.Origin}
-		raw, _ := json.Marshal(m)
-		if _, err := r.State.ExecContext(ctx, "INSERT INTO "+r.fills+" (id, tbl, sinks, where_sql, rows_estimate, status) VALUES (?, ?, ?, ?, ?, ?)",
-			r.id, spec.Table, string(raw), nullable(spec.Where), t.estimate, StatusRunning); err != nil {
-			return Info{}, fmt.Errorf("record backfill: %w", err)
+		if err := r.store.create(ctx, spec, m, t.estimate); err != nil {
+			return Info{}, err
 		}
-	} else if _, err := r.State.ExecContext(ctx, "UPDATE "+r.fills+" SET status = ?, error = NULL, rows_estimate = ?, updated_at = NOW(6) WHERE id = ?",
-		StatusRunning, t.estimate, r.id); err != nil {
-		return Info{}, fmt.Errorf("record backfill: %w", err)
+	} else if err := r.store.reopen(ctx, t.estimate); err != nil {
+		return Info{}, err
 	}
 	return Get(ctx, r.State, r.StateSchema, r.id)
 }

@@ -113,25 +113,22 @@ func (r *Runner) chunkReadOnly(ctx context.Context, f *flight, again bool) (int,
 			return 0, err
 		}
 		if n == 0 && !again {
-			_, _ = r.State.ExecContext(ctx, "DELETE FROM "+r.fences+" WHERE backfill_id = ? AND chunk = ?", r.id, f.no)
-			return 0, nil
+			return 0, r.store.dropChunks(ctx, f.no)
 		}
-		if err := r.storeChunk(ctx, f, buf, n); err != nil {
+		if err := r.store.storeChunk(ctx, f, buf, n); err != nil {
 			return 0, err
 		}
-		raw, _ := json.Marshal(high)
-		res, err := r.State.ExecContext(ctx, "UPDATE "+r.fences+" SET status = ?, high = ?, updated_at = NOW(6) WHERE backfill_id = ? AND chunk = ? AND status = ?",
-			fenceFenced, string(raw), r.id, f.no, fenceArmed)
+		ok, err := r.store.fenced(ctx, f.no, high)
 		if err != nil {
-			return 0, fmt.Errorf("fence backfill chunk: %w", err)
+			return 0, err
 		}
-		if k, _ := res.RowsAffected(); k == 1 {
+		if ok {
 			f.at = time.Now()
 			return n, nil
 		}
 		// The window was given up meanwhile (the leader changed): read the
 		// range again under a new number.
-		if err := r.dropChunk(ctx, f.no); err != nil {
+		if err := r.store.dropChunks(ctx, f.no); err != nil {
 			return 0, err
 		}
 		f.no = r.nextNo()
@@ -144,39 +141,25 @@ func (r *Runner) nextNo() int64 {
 	return r.next - 1
 }
 
-func (r *Runner) dropChunk(ctx context.Context, no int64) error {
-	if _, err := r.State.ExecContext(ctx, "DELETE FROM "+r.chunks+" WHERE backfill_id = ? AND chunk = ?", r.id, no); err != nil {
-		return fmt.Errorf("drop retried chunk: %w", err)
-	}
-	if _, err := r.State.ExecContext(ctx, "DELETE FROM "+r.fences+" WHERE backfill_id = ? AND chunk = ?", r.id, no); err != nil {
-		return fmt.Errorf("drop retried chunk: %w", err)
-	}
-	return nil
-}
-
 // arm asks the stream to open chunk no's window and waits until it has
 // (at most the stall time: nothing streams otherwise); it returns the
 // stream position the window opened at.
 func (r *Runner) arm(ctx context.Context, no int64) (position, error) {
-	if _, err := r.State.ExecContext(ctx, "INSERT INTO "+r.fences+" (backfill_id, chunk, instance, tbl, status) VALUES (?, ?, ?, ?, ?)"+
-		" ON DUPLICATE KEY UPDATE status = VALUES(status), armed_at = NULL, high = NULL, updated_at = NOW(6)",
-		r.id, no, r.spec.Instance, r.spec.Table, fenceArming); err != nil {
-		return position{}, fmt.Errorf("ask the stream to open a backfill window: %w", err)
+	if err := r.store.askFence(ctx, no, r.spec.Instance, r.spec.Table); err != nil {
+		return position{}, err
 	}
 	deadline := time.Now().Add(r.stall())
 	wait := 500 * time.Microsecond
 	for {
-		var status string
-		var at sql.NullString
-		err := r.State.QueryRowContext(ctx, "SELECT status, armed_at FROM "+r.fences+" WHERE backfill_id = ? AND chunk = ?", r.id, no).Scan(&status, &at)
-		if errors.Is(err, sql.ErrNoRows) {
-			if err := r.checkCancelled(ctx); err != nil {
+		status, at, found, err := r.store.fence(ctx, no)
+		if err != nil {
+			return position{}, err
+		}
+		if !found {
+			if err := r.store.cancelled(ctx); err != nil {
 				return position{}, err
 			}
 			return position{}, fmt.Errorf("backfill %s chunk %d: its fence row disappeared", r.id, no)
-		}
-		if err != nil {
-			return position{}, fmt.Errorf("read backfill fence: %w", err)
 		}
 		if status == fenceArmed && at.Valid {
 			var p position

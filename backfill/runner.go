@@ -13,7 +13,6 @@ import (
 
 	"github.com/cdcout/cdcout/canonical"
 	"github.com/cdcout/cdcout/internal/pause"
-	"github.com/cdcout/cdcout/state"
 )
 
 // Defaults of a Spec.
@@ -92,14 +91,12 @@ type Runner struct {
 	keyOrder bool // see meta.KeyOrder
 	readOnly bool
 	flavor   string // "mysql" or "mariadb", for a read-only backfill
-	fences   string // qualified backfill_fences
-	next     int64  // the next chunk number
+	store    *runStore // state SQL (runstore.go)
+	next     int64     // the next chunk number
 	table    *tableInfo
 	conn     *sql.Conn
 	id       string
 	wm       string
-	chunks   string
-	fills    string
 	started  time.Time
 	prog     Progress
 }
@@ -144,13 +141,7 @@ func (r *Runner) Run(ctx context.Context) (err error) {
 		}
 		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		if r.Retryable != nil && r.Retryable(err) {
-			_, _ = r.State.ExecContext(fctx, "UPDATE "+r.fills+" SET error = ?, updated_at = NOW(6) WHERE id = ? AND status = ?",
-				err.Error(), r.id, StatusRunning)
-			return
-		}
-		_, _ = r.State.ExecContext(fctx, "UPDATE "+r.fills+" SET status = ?, error = ?, updated_at = NOW(6) WHERE id = ? AND status = ?",
-			StatusFailed, err.Error(), r.id, StatusRunning)
+		r.store.ended(fctx, err, r.Retryable != nil && r.Retryable(err))
 	}()
 	conn, err := r.Source.Conn(ctx)
 	if err != nil {
@@ -223,32 +214,13 @@ func (r *Runner) Run(ctx context.Context) (err error) {
 // the recorded progress; retried and stalled ones are read again.
 func (r *Runner) settle(ctx context.Context, queue *[]*flight, stall time.Duration) (bool, error) {
 	q := *queue
-	args := make([]any, 0, len(q)+1)
-	args = append(args, r.id)
-	for _, f := range q {
-		args = append(args, f.no)
+	nos := make([]int64, len(q))
+	for i, f := range q {
+		nos[i] = f.no
 	}
-	rows, err := r.State.QueryContext(ctx, "SELECT chunk, status, emitted FROM "+r.chunks+" WHERE backfill_id = ? AND chunk IN ("+state.Placeholders(len(q))+")", args...)
+	states, err := r.store.chunkStates(ctx, nos)
 	if err != nil {
-		return false, fmt.Errorf("read backfill chunks: %w", err)
-	}
-	type st struct {
-		status  string
-		emitted int
-	}
-	states := map[int64]st{}
-	for rows.Next() {
-		var no int64
-		var s st
-		if err := rows.Scan(&no, &s.status, &s.emitted); err != nil {
-			rows.Close()
-			return false, fmt.Errorf("read backfill chunks: %w", err)
-		}
-		states[no] = s
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return false, fmt.Errorf("read backfill chunks: %w", err)
+		return false, err
 	}
 	advanced := false
 	for _, f := range q {
@@ -264,13 +236,13 @@ func (r *Runner) settle(ctx context.Context, queue *[]*flight, stall time.Durati
 		// Cancelled (chunk rows deleted), retried or stalled: read the
 		// same key range again under new watermarks.
 		if !ok {
-			if err := r.checkCancelled(ctx); err != nil {
+			if err := r.store.cancelled(ctx); err != nil {
 				return false, err
 			}
 		}
 		old := f.no
 		f.no = r.nextNo()
-		if err := r.dropChunk(ctx, old); err != nil {
+		if err := r.store.dropChunks(ctx, old); err != nil {
 			return false, err
 		}
 		if _, err := r.chunk(ctx, f, true); err != nil {
@@ -280,7 +252,7 @@ func (r *Runner) settle(ctx context.Context, queue *[]*flight, stall time.Durati
 	}
 	// The completed chunks at the head are recorded together: one progress
 	// update and one delete however many finished since the last look.
-	var done []any
+	var done []int64
 	var last *flight
 	for len(q) > 0 {
 		s, ok := states[q[0].no]
@@ -297,20 +269,17 @@ func (r *Runner) settle(ctx context.Context, queue *[]*flight, stall time.Durati
 		r.prog.Elapsed = time.Since(r.started)
 		m := meta{Instance: r.spec.Instance, Sinks: r.spec.Sinks, ChunkSize: r.spec.ChunkSize, Resume: last.end.encode(), KeyOrder: r.keyOrder,
 			ReadOnly: r.readOnly, Owner: r.spec.Owner, Origin: r.spec.Origin}
-		raw, _ := json.Marshal(m)
-		res, err := r.State.ExecContext(ctx, "UPDATE "+r.fills+" SET last_key = ?, sinks = ?, rows_done = ?, updated_at = NOW(6) WHERE id = ? AND status = ?",
-			last.endJSON, string(raw), r.prog.Rows, r.id, StatusRunning)
+		recorded, err := r.store.progress(ctx, last.endJSON, m, r.prog.Rows)
 		if err != nil {
-			return false, fmt.Errorf("record backfill progress: %w", err)
+			return false, err
 		}
-		if n, _ := res.RowsAffected(); n == 0 {
-			if err := r.checkCancelled(ctx); err != nil {
+		if !recorded {
+			if err := r.store.cancelled(ctx); err != nil {
 				return false, err
 			}
 		}
-		if _, err := r.State.ExecContext(ctx, "DELETE FROM "+r.chunks+" WHERE backfill_id = ? AND chunk IN ("+state.Placeholders(len(done))+")",
-			append([]any{r.id}, done...)...); err != nil {
-			return false, fmt.Errorf("drop done chunks: %w", err)
+		if err := r.store.dropChunks(ctx, done...); err != nil {
+			return false, err
 		}
 		advanced = true
 		if r.OnProgress != nil {
@@ -319,17 +288,6 @@ func (r *Runner) settle(ctx context.Context, queue *[]*flight, stall time.Durati
 	}
 	*queue = q
 	return advanced, nil
-}
-
-func (r *Runner) checkCancelled(ctx context.Context) error {
-	var status string
-	if err := r.State.QueryRowContext(ctx, "SELECT status FROM "+r.fills+" WHERE id = ?", r.id).Scan(&status); err != nil {
-		return fmt.Errorf("read backfill status: %w", err)
-	}
-	if status == StatusCancelled {
-		return ErrCancelled
-	}
-	return nil
 }
 
 // chunk writes LOW, reads the chunk, stores it, writes HIGH (a read-only
@@ -347,7 +305,7 @@ func (r *Runner) chunk(ctx context.Context, f *flight, again bool) (int, error) 
 	if err != nil || n == 0 && !again {
 		return 0, err
 	}
-	if err := r.storeChunk(ctx, f, buf, n); err != nil {
+	if err := r.store.storeChunk(ctx, f, buf, n); err != nil {
 		return 0, err
 	}
 	if err := r.mark(ctx, f.no, markHigh); err != nil {
@@ -441,15 +399,6 @@ func (r *Runner) read(ctx context.Context, f *flight, again bool) (buf []byte, n
 	return buf, n, nil
 }
 
-// storeChunk stores f's rows for the applier (status written).
-func (r *Runner) storeChunk(ctx context.Context, f *flight, buf []byte, n int) error {
-	if _, err := r.State.ExecContext(ctx, "INSERT INTO "+r.chunks+" (backfill_id, chunk, start_key, end_key, rows_json, row_count, status) VALUES (?, ?, ?, ?, ?, ?, ?)",
-		r.id, f.no, nullable(f.start.encode()), f.end.encode(), buf, n, chunkWritten); err != nil {
-		return fmt.Errorf("store backfill chunk: %w", err)
-	}
-	return nil
-}
-
 // keyJSON is the canonical key JSON of a raw key position.
 func (r *Runner) keyJSON(k keyArgs) string {
 	t := r.table
@@ -467,22 +416,9 @@ func (r *Runner) keyJSON(k keyArgs) string {
 // not recorded as done), chained in key order from resume: each starts
 // where the one before ends. Anything off the chain is read afresh.
 func (r *Runner) unfinished(ctx context.Context, resume string) ([]*flight, error) {
-	rows, err := r.State.QueryContext(ctx, "SELECT COALESCE(start_key, ''), end_key FROM "+r.chunks+
-		" WHERE backfill_id = ? AND end_key IS NOT NULL", r.id)
+	byStart, err := r.store.chunkRanges(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("read unfinished backfill chunks: %w", err)
-	}
-	defer rows.Close()
-	byStart := map[string]string{}
-	for rows.Next() {
-		var start, end string
-		if err := rows.Scan(&start, &end); err != nil {
-			return nil, fmt.Errorf("read unfinished backfill chunks: %w", err)
-		}
-		byStart[start] = end
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read unfinished backfill chunks: %w", err)
+		return nil, err
 	}
 	var out []*flight
 	for at := resume; ; {
@@ -537,18 +473,15 @@ func (r *Runner) resume(ctx context.Context) (pos keyArgs, next int64, redo []*f
 	// dedup.BackfillUnit, so a chunk that reached the outbox before the
 	// stop is not written twice) under fresh numbers, so a late high
 	// watermark of theirs matches nothing.
-	if err := r.State.QueryRowContext(ctx, "SELECT COALESCE(MAX(chunk) + 1, 0) FROM "+r.chunks+" WHERE backfill_id = ?", r.id).Scan(&next); err != nil {
-		return nil, 0, nil, fmt.Errorf("read backfill chunks: %w", err)
+	if next, err = r.store.nextChunk(ctx); err != nil {
+		return nil, 0, nil, err
 	}
 	redo, err = r.unfinished(ctx, m.Resume)
 	if err != nil {
 		return nil, 0, nil, err
 	}
-	if _, err := r.State.ExecContext(ctx, "DELETE FROM "+r.chunks+" WHERE backfill_id = ?", r.id); err != nil {
-		return nil, 0, nil, fmt.Errorf("clear backfill chunks: %w", err)
-	}
-	if _, err := r.State.ExecContext(ctx, "DELETE FROM "+r.fences+" WHERE backfill_id = ?", r.id); err != nil {
-		return nil, 0, nil, fmt.Errorf("clear backfill fences: %w", err)
+	if err := r.store.clear(ctx); err != nil {
+		return nil, 0, nil, err
 	}
 	info, err := Get(ctx, r.State, r.StateSchema, r.id)
 	if err != nil {
@@ -564,18 +497,15 @@ func (r *Runner) resume(ctx context.Context) (pos keyArgs, next int64, redo []*f
 
 // done records the backfill done and removes its watermark row and chunks.
 func (r *Runner) done(ctx context.Context) error {
-	if _, err := r.State.ExecContext(ctx, "UPDATE "+r.fills+" SET status = ?, updated_at = NOW(6) WHERE id = ? AND status = ?",
-		StatusDone, r.id, StatusRunning); err != nil {
-		return fmt.Errorf("record backfill done: %w", err)
+	if err := r.store.done(ctx); err != nil {
+		return err
 	}
-	if r.readOnly {
-		if _, err := r.State.ExecContext(ctx, "DELETE FROM "+r.fences+" WHERE backfill_id = ?", r.id); err != nil {
-			r.Logger.Warn("remove backfill fences", zap.Error(err))
+	if !r.readOnly {
+		if _, err := r.conn.ExecContext(ctx, "DELETE FROM "+r.wm+" WHERE id = ?", r.id); err != nil {
+			r.Logger.Warn("remove watermark row", zap.Error(err))
 		}
-	} else if _, err := r.conn.ExecContext(ctx, "DELETE FROM "+r.wm+" WHERE id = ?", r.id); err != nil {
-		r.Logger.Warn("remove watermark row", zap.Error(err))
 	}
-	if _, err := r.State.ExecContext(ctx, "DELETE FROM "+r.chunks+" WHERE backfill_id = ?", r.id); err != nil {
+	if err := r.store.clear(ctx); err != nil {
 		r.Logger.Warn("remove backfill chunks", zap.Error(err))
 	}
 	return nil
