@@ -90,7 +90,7 @@ type Runner struct {
 	spec     Spec
 	keyOrder bool // see meta.KeyOrder
 	readOnly bool
-	flavor   string // "mysql" or "mariadb", for a read-only backfill
+	flavor   string    // "mysql" or "mariadb", for a read-only backfill
 	store    *runStore // state SQL (runstore.go)
 	next     int64     // the next chunk number
 	table    *tableInfo
