@@ -144,7 +144,18 @@ func checkpointPast(t *testing.T, srv *mysqltest.Server, db *sql.DB, stateDB, in
 // CDCOUT_SNAPSHOT_ROWS sizes the table (default 10,000; the issue's
 // figure is 200,000).
 func TestSnapshotInitialUnderWrites(t *testing.T) {
-	n := envInt("CDCOUT_SNAPSHOT_ROWS", 10_000)
+	snapshotUnderWrites(t, envInt("CDCOUT_SNAPSHOT_ROWS", 10_000), false)
+}
+
+// TestSnapshotInitialReadOnlyFallback: the same with a source user that
+// has only SELECT and the replication grants (the state database reached
+// as root): the watermark database is refused, so the snapshot runs
+// read-only, and nothing is written to the source.
+func TestSnapshotInitialReadOnlyFallback(t *testing.T) {
+	snapshotUnderWrites(t, envInt("CDCOUT_SNAPSHOT_ROWS", 5_000), true)
+}
+
+func snapshotUnderWrites(t *testing.T, n int, restricted bool) {
 	srv := mysqltest.Shared(t)
 	src := srv.CreateDB(t, "snap_src")
 	stateDB := srv.CreateDB(t, "snap_state")
@@ -158,6 +169,10 @@ func TestSnapshotInitialUnderWrites(t *testing.T) {
 	logger := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
 	cfg := engineConfig(t, srv, stateDB, "now", "snap", []config.Sink{{Name: "hook", URL: recv.srv.URL, BatchSize: 200, Concurrency: 8,
 		Snapshot: config.SnapshotInitial, Tables: config.TableFilter{Include: []string{src + ".*"}}}})
+	if restricted {
+		cfg.StateDSN = config.DSN(srv.DSN)
+		cfg.DSN = config.DSN(readOnlyUser(t, srv, src))
+	}
 	t0 := time.Now()
 	stopEngine := startEngine(t, cfg, logger)
 	list := waitBackfills(t, db, stateDB, 1, 120*time.Second)
@@ -166,8 +181,14 @@ func TestSnapshotInitialUnderWrites(t *testing.T) {
 	checkpointPast(t, srv, db, stateDB, "snap", 120*time.Second)
 	waitDelivered(t, db, stateDB, 120*time.Second)
 	stopEngine()
-	if b := list[0]; b.Origin != "snapshot" || b.Owner != backfill.OwnerFleet || b.Table != src+".t" || len(b.Sinks) != 1 || b.Sinks[0] != "hook" {
-		t.Errorf("backfill %+v: want origin snapshot, owner fleet, table %s.t, sinks [hook]", b, src)
+	if b := list[0]; b.Origin != "snapshot" || b.Owner != backfill.OwnerFleet || b.Table != src+".t" || len(b.Sinks) != 1 || b.Sinks[0] != "hook" || b.ReadOnly != restricted {
+		t.Errorf("backfill %+v: want origin snapshot, owner fleet, table %s.t, sinks [hook], read-only %v", b, src, restricted)
+	}
+	if restricted {
+		var dbs int
+		if err := db.QueryRow("SELECT COUNT(*) FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = ?", backfill.WatermarkDB(stateDB)).Scan(&dbs); err != nil || dbs != 0 {
+			t.Errorf("read-only snapshot: %d watermark databases (%v), want none", dbs, err)
+		}
 	}
 	t.Logf("snapshot of %d rows done %s after the start, beside %d writes; deliveries by op %v", n, took, writes, recv.ops)
 	if recv.ops["r"] == 0 {
