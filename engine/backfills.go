@@ -231,8 +231,11 @@ func (fb *fleetBackfills) signals(ctx context.Context) error {
 			info, err = fb.start(ctx, spec, false)
 		}
 		if err != nil {
-			if !backfill.IsBadInput(err) && ctx.Err() != nil {
-				return err
+			if ctx.Err() != nil || transient(err) && !backfill.IsBadInput(err) {
+				return err // the database went away: the signal waits for the next round
+			}
+			if errors.Is(err, backfill.ErrWatermarkDenied) {
+				err = fmt.Errorf("%w (set read_only = 1 on the signal to backfill without writing to the source)", err)
 			}
 			fb.log.Warn("backfill signal refused", zap.Int64("signal", g.ID), zap.String("table", g.Table), zap.Error(err))
 			if err := backfill.SignalRefused(ctx, fb.state, cfg.StateDB, g.ID, fb.e.scrubbed(err)); err != nil {
