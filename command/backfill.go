@@ -322,7 +322,7 @@ func runBackfillsWithEngine(c *cli.Context, logger *zap.Logger, runners []*backf
 	ecfg.ReplicaID = cfg.ReplicaID + "-backfill"
 	ecfg.HTTPAddr = "off"
 	ecfg.ServerID = 0
-	eng, err := engine.New(&ecfg, logger, engine.WithStdout(c.App.Writer))
+	eng, err := engine.New(&ecfg, logger, engine.WithStdout(c.App.Writer), engine.WithoutFleetBackfills())
 	if err != nil {
 		return ConfigErrorf("%s", scrub(err, cfg))
 	}

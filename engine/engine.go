@@ -51,6 +51,12 @@ type Option func(*Engine)
 // WithStdout sets where stdout: sinks write (default os.Stdout).
 func WithStdout(w io.Writer) Option { return func(e *Engine) { e.stdout = w } }
 
+// WithoutFleetBackfills keeps the engine from running the fleet's
+// backfills (snapshot: initial, signals) while it leads: cdcout backfill's
+// own engine, whose configuration is not the fleet's, must neither record
+// its sinks' subscriptions nor start snapshots for them.
+func WithoutFleetBackfills() Option { return func(e *Engine) { e.noFleetBackfills = true } }
+
 // Engine is one replica.
 type Engine struct {
 	cfg    *config.Config
@@ -92,6 +98,8 @@ type Engine struct {
 	writeFails map[string]writeFailure
 	runway     runwayState // runway.go
 	hb         heartbeats  // heartbeat.go
+	// noFleetBackfills: see WithoutFleetBackfills.
+	noFleetBackfills bool
 }
 
 // New validates cfg and builds the sinks. Nothing connects to a database

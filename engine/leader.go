@@ -186,11 +186,13 @@ func (ld *leader) tenure(ctx context.Context, l lease.Lease, ho *handoff) (err e
 		return err
 	}
 	// The fleet's backfills run while this replica leads (backfills.go).
-	t.wg.Add(1)
-	go func() {
-		defer t.wg.Done()
-		e.runFleetBackfills(t.ctx, t.db)
-	}()
+	if !e.noFleetBackfills {
+		t.wg.Add(1)
+		go func() {
+			defer t.wg.Done()
+			e.runFleetBackfills(t.ctx, t.db)
+		}()
+	}
 	return t.enqueue(ctx, q, stream, buffered)
 }
 
