@@ -38,10 +38,13 @@ type fenceRef struct {
 }
 
 // roWindow is an open window of a read-only chunk: from its arming to the
-// stream reaching high.
+// stream reaching high. Once its rows are handed out (emitted) it stays
+// until its fence row is gone (the runner saw the chunk done), so a poll in
+// between does not take it for another stream's window.
 type roWindow struct {
 	window
-	high *position
+	high    *position
+	emitted bool
 }
 
 func fromStream(p binlog.Position) position {
@@ -78,11 +81,12 @@ func (a *Applier) Committed(ctx context.Context, pos binlog.Position) ([]Row, er
 	p := fromStream(pos)
 	var out []Row
 	for ref, w := range a.ro {
-		if w.high == nil || !reached(p, *w.high) {
+		if w.emitted || w.high == nil || !reached(p, *w.high) {
 			continue
 		}
-		delete(a.ro, ref)
+		w.emitted = true
 		rows, err := a.emit(ctx, ref.id, &w.window)
+		w.changed = nil
 		if err != nil {
 			return nil, err
 		}
@@ -181,7 +185,7 @@ func (a *Applier) giveUpFence(ctx context.Context, ref fenceRef) error {
 // noteReadOnly records ch in the open read-only windows of its table.
 func (a *Applier) noteReadOnly(ctx context.Context, ch *canonical.Change) error {
 	for ref, w := range a.ro {
-		if w.db != ch.Source.DB || w.table != ch.Source.Table {
+		if w.emitted || w.db != ch.Source.DB || w.table != ch.Source.Table {
 			continue
 		}
 		if len(w.changed) >= a.maxChanged {
