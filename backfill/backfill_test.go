@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -239,28 +238,7 @@ func consistencyUnderWrites(t *testing.T, n int, readOnly bool) {
 	stopEngine := startEngine(t, cfg, logger)
 
 	// The writer runs until the backfill is done.
-	ctx, stopWriter := context.WithCancel(context.Background())
-	var writes int
-	writerDone := make(chan error, 1)
-	wdb := srv.Open(t)
-	go func() {
-		rng := rand.New(rand.NewPCG(1, 2))
-		var err error
-		for ctx.Err() == nil && err == nil {
-			id := rng.IntN(n+n/5) + 1
-			switch p := rng.IntN(10); {
-			case p < 5:
-				_, err = wdb.Exec("UPDATE "+table+" SET v = v + 1000000, s = ? WHERE id = ?", fmt.Sprintf("upd%d", writes), id)
-			case p < 7:
-				_, err = wdb.Exec("DELETE FROM "+table+" WHERE id = ?", id)
-			default:
-				_, err = wdb.Exec("INSERT INTO "+table+" (id, v, s) VALUES (?, ?, ?) ON DUPLICATE KEY UPDATE v = VALUES(v), s = VALUES(s)",
-					id, -int64(writes), fmt.Sprintf("ins%d", writes))
-			}
-			writes++
-		}
-		writerDone <- err
-	}()
+	stopWriter := writer(t, srv.Open(t), table, n)
 
 	if err := state.Migrate(context.Background(), db, stateDB); err != nil {
 		t.Fatal(err)
@@ -275,10 +253,7 @@ func consistencyUnderWrites(t *testing.T, n int, readOnly bool) {
 		t.Fatal(err)
 	}
 	took := time.Since(t0)
-	stopWriter()
-	if err := <-writerDone; err != nil {
-		t.Fatalf("writer: %v", err)
-	}
+	writes := stopWriter()
 	t.Logf("backfill %s (read-only %v) of %d rows took %s (%.0f rows/s) beside %d concurrent writes", info.ID, readOnly, n, took, float64(n)/took.Seconds(), writes)
 	if readOnly {
 		var dbs int

@@ -307,6 +307,53 @@ func TestSignalsAndHTTP(t *testing.T) {
 		return err == nil
 	})
 
+	checkSignals(t, srv, db, stateDB, src)
+
+	checkPosts(t, base, token, src)
+	var view struct {
+		Backfills []struct {
+			Status   string `json:"status"`
+			RowsDone int64  `json:"rows_done"`
+			ReadOnly bool   `json:"read_only"`
+			Origin   string `json:"origin"`
+			Sinks    []string
+		} `json:"backfills"`
+		Signals []backfill.Signal `json:"signals"`
+	}
+	waitFor(t, "both backfills done in /v1/backfills", 60*time.Second, func() bool {
+		resp, err := http.Get(base + "/v1/backfills")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		view.Backfills, view.Signals = nil, nil
+		if json.NewDecoder(resp.Body).Decode(&view) != nil || len(view.Backfills) != 2 {
+			return false
+		}
+		return view.Backfills[0].Status == backfill.StatusDone && view.Backfills[1].Status == backfill.StatusDone
+	})
+	// Newest first: the POSTed one (read-only, both subscribed sinks, 50
+	// rows), then the signal's (100 rows to "out").
+	if b := view.Backfills[0]; !b.ReadOnly || b.RowsDone != 50 || len(b.Sinks) != 2 || !strings.HasPrefix(b.Origin, "signal:") {
+		t.Errorf("POSTed backfill %+v: want read-only, 50 rows, 2 sinks, origin signal:N", b)
+	}
+	if b := view.Backfills[1]; b.ReadOnly || b.RowsDone != 100 {
+		t.Errorf("signalled backfill %+v: want 100 rows, not read-only", b)
+	}
+	if len(view.Signals) != 6 || view.Signals[0].Status != backfill.StatusDone {
+		t.Errorf("signals %+v: want 6, the newest done", view.Signals)
+	}
+	counts := countByPipeOp(t, db, stateDB)
+	for pipe, want := range map[string]int{"sig:" + src + ".t:out|r": 100 + 50, "sig:" + src + ".t:all|r": 50} {
+		if counts[pipe] != want {
+			t.Errorf("%s: %d records, want %d (all: %v)", pipe, counts[pipe], want, counts)
+		}
+	}
+}
+
+// checkSignals writes good and bad signals and checks their outcomes.
+func checkSignals(t *testing.T, srv *mysqltest.Server, db *sql.DB, stateDB, src string) {
+	t.Helper()
 	sig := "`" + stateDB + "`.backfill_signals"
 	srv.Exec(t, "INSERT INTO "+sig+" (instance, tbl, where_sql, sinks) VALUES ('sig', '"+src+".t', 'id <= 100', 'out')",
 		"INSERT INTO "+sig+" (instance, tbl, where_sql) VALUES ('sig', '"+src+".t', 'nosuchcolumn > 1')",
@@ -350,7 +397,11 @@ func TestSignalsAndHTTP(t *testing.T) {
 			t.Errorf("signal %d: %+v, want status %s, error containing %q", i+1, got[i], want.status, want.err)
 		}
 	}
+}
 
+// checkPosts sends good and bad POST /v1/backfills requests.
+func checkPosts(t *testing.T, base, token, src string) {
+	t.Helper()
 	post := func(auth, body string) (int, string) {
 		req, _ := http.NewRequest("POST", base+"/v1/backfills", bytes.NewBufferString(body))
 		if auth != "" {
@@ -378,45 +429,6 @@ func TestSignalsAndHTTP(t *testing.T) {
 		code, body := post(tc.auth, tc.body)
 		if code != tc.code || !strings.Contains(body, tc.want) {
 			t.Errorf("POST %s: %d %s, want %d containing %s", tc.body, code, body, tc.code, tc.want)
-		}
-	}
-	var view struct {
-		Backfills []struct {
-			Status   string `json:"status"`
-			RowsDone int64  `json:"rows_done"`
-			ReadOnly bool   `json:"read_only"`
-			Origin   string `json:"origin"`
-			Sinks    []string
-		} `json:"backfills"`
-		Signals []backfill.Signal `json:"signals"`
-	}
-	waitFor(t, "both backfills done in /v1/backfills", 60*time.Second, func() bool {
-		resp, err := http.Get(base + "/v1/backfills")
-		if err != nil {
-			return false
-		}
-		defer resp.Body.Close()
-		view.Backfills, view.Signals = nil, nil
-		if json.NewDecoder(resp.Body).Decode(&view) != nil || len(view.Backfills) != 2 {
-			return false
-		}
-		return view.Backfills[0].Status == backfill.StatusDone && view.Backfills[1].Status == backfill.StatusDone
-	})
-	// Newest first: the POSTed one (read-only, both subscribed sinks, 50
-	// rows), then the signal's (100 rows to "out").
-	if b := view.Backfills[0]; !b.ReadOnly || b.RowsDone != 50 || len(b.Sinks) != 2 || !strings.HasPrefix(b.Origin, "signal:") {
-		t.Errorf("POSTed backfill %+v: want read-only, 50 rows, 2 sinks, origin signal:N", b)
-	}
-	if b := view.Backfills[1]; b.ReadOnly || b.RowsDone != 100 {
-		t.Errorf("signalled backfill %+v: want 100 rows, not read-only", b)
-	}
-	if len(view.Signals) != 6 || view.Signals[0].Status != backfill.StatusDone {
-		t.Errorf("signals %+v: want 6, the newest done", view.Signals)
-	}
-	counts := countByPipeOp(t, db, stateDB)
-	for pipe, want := range map[string]int{"sig:" + src + ".t:out|r": 100 + 50, "sig:" + src + ".t:all|r": 50} {
-		if counts[pipe] != want {
-			t.Errorf("%s: %d records, want %d (all: %v)", pipe, counts[pipe], want, counts)
 		}
 	}
 }
