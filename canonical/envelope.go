@@ -212,12 +212,7 @@ func DigestChange(pipe string, c *Change) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// AppendDigestInput appends the document Digest hashes to dst; exported so
-// tests and tools can show what a digest covers.
-func AppendDigestInput(dst []byte, pipe string, op Op, key, next, prev Row) ([]byte, error) {
-	return appendDigestInput(dst, pipe, &Change{Op: op, Key: key, After: next, Before: prev})
-}
-
+// appendDigestInput appends the document DigestChange hashes to dst.
 func appendDigestInput(dst []byte, pipe string, c *Change) ([]byte, error) {
 	e := getEncoder()
 	defer putEncoder(e)

@@ -32,8 +32,8 @@ func (s *Sink) validateTransforms(errs *Errors, at string) {
 	switch {
 	case len(s.HashColumns) > 0 && key == "" && s.HashKeyFile == "":
 		errs.add(at+".hash_columns", "need hash_key or hash_key_file (the HMAC-SHA256 key; e.g. openssl rand -hex 32)")
-	case len(s.HashColumns) > 0 && len(key.Value()) < MinSecretLen && (s.HashKeyFile == "" || s.hashFileKey != ""):
-		errs.add(at+".hash_key", "the key is %d bytes long; use at least %d", len(key.Value()), MinSecretLen)
+	case len(s.HashColumns) > 0 && len(key.Value()) < minSecretLen && (s.HashKeyFile == "" || s.hashFileKey != ""):
+		errs.add(at+".hash_key", "the key is %d bytes long; use at least %d", len(key.Value()), minSecretLen)
 	case len(s.HashColumns) == 0 && (s.HashKey != "" || s.HashKeyFile != ""):
 		errs.add(at+".hash_key", "set, but no hash_columns use it")
 	}

@@ -14,16 +14,12 @@ import (
 	"context"
 	"crypto/rand"
 	"database/sql"
-	"database/sql/driver"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
-	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -203,7 +199,7 @@ func (e *Engine) preflight(ctx context.Context) error {
 	pcancel()
 	switch {
 	case err == nil || ctx.Err() != nil:
-	case errors.Is(err, binlog.ErrServerNotReady) || refused(err):
+	case errors.Is(err, binlog.ErrServerNotReady) || state.Refused(err):
 		// No retry can fix these (wrong password, no access, unknown
 		// database, binary log off): stop now instead of promising one.
 		return err
@@ -393,13 +389,6 @@ func openDB(dsn string, leaseTTL time.Duration) (*sql.DB, error) {
 	return p.DB, nil
 }
 
-// refused reports a server's refusal that no retry fixes: access denied
-// (1044, 1045) or an unknown database (1049).
-func refused(err error) bool {
-	var me *mysql.MySQLError
-	return errors.As(err, &me) && (me.Number == 1044 || me.Number == 1045 || me.Number == 1049)
-}
-
 // sameServer reports whether two DSNs name one server address.
 func sameServer(a, b string) bool {
 	ca, err1 := mysql.ParseDSN(a)
@@ -408,28 +397,8 @@ func sameServer(a, b string) bool {
 }
 
 // transient reports whether err is the database going away (restart,
-// network) rather than something a retry cannot fix.
+// network) rather than something a retry cannot fix. A purged checkpoint
+// position is never transient, however the server said it.
 func transient(err error) bool {
-	if errors.Is(err, binlog.ErrPositionUnavailable) {
-		return false
-	}
-	var ne net.Error
-	if errors.As(err, &ne) || errors.Is(err, driver.ErrBadConn) || errors.Is(err, mysql.ErrInvalidConn) ||
-		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) {
-		return true
-	}
-	var me *mysql.MySQLError
-	if errors.As(err, &me) {
-		switch me.Number {
-		case 1053, 1077, 1927, 2002, 2003, 2006, 2013: // shutdown in progress, normal shutdown, connection killed, connection lost
-			return true
-		}
-	}
-	msg := err.Error()
-	for _, m := range []string{"connection refused", "invalid connection", "bad connection", "broken pipe", "connection reset", "server shutdown", "EOF"} {
-		if strings.Contains(msg, m) {
-			return true
-		}
-	}
-	return false
+	return !errors.Is(err, binlog.ErrPositionUnavailable) && state.ConnectionLost(err)
 }

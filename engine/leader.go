@@ -424,34 +424,25 @@ func (t *tenure) startTicker(q *enqueuer) <-chan error {
 	t.wg.Add(1)
 	go func() {
 		defer t.wg.Done()
+		// The idle flush; a read-only backfill's open windows want quicker
+		// ticks (backfill_hook.go).
 		every := max(t.e.cfg.EnqueueFlushInterval/2, 5*time.Millisecond)
-		tk := time.NewTicker(every)
-		defer tk.Stop()
-		fast := false
-		for {
-			select {
-			case <-t.ctx.Done():
-				return
-			case <-tk.C:
-				busy, err := q.tick(t.ctx)
-				if err != nil {
-					if t.ctx.Err() == nil {
-						tickErr <- err
-						t.cancel()
-					}
-					return
+		ctx, stop := context.WithCancel(t.ctx)
+		defer stop()
+		pause.Repeat(ctx, func() time.Duration {
+			busy, err := q.tick(t.ctx)
+			if err != nil {
+				if t.ctx.Err() == nil {
+					tickErr <- err
+					t.cancel()
 				}
-				// A read-only backfill's windows want quick ticks.
-				if busy != fast {
-					fast = busy
-					if fast {
-						tk.Reset(min(busyTick, every))
-					} else {
-						tk.Reset(every)
-					}
-				}
+				stop()
 			}
-		}
+			if busy {
+				return min(busyTick, every)
+			}
+			return every
+		})
 	}()
 	return tickErr
 }

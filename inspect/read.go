@@ -295,29 +295,25 @@ func (r Reader) Leases(ctx context.Context) ([]LeaseStatus, error) {
 		return nil, err
 	}
 	esc := state.EscapeLike(r.Instance)
-	rows, err := r.DB.QueryContext(ctx, `SELECT name, holder, epoch, expires_at, acquired_at, renewed_at,
+	out, err := state.Collect(ctx, r.DB, `SELECT name, holder, epoch, expires_at, acquired_at, renewed_at,
   expires_at > NOW(6), TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at)
-FROM `+r.table("leases")+` WHERE name LIKE ? OR name LIKE ? ORDER BY name`, "%/"+esc, "%/"+esc+":%")
+FROM `+r.table("leases")+` WHERE name LIKE ? OR name LIKE ? ORDER BY name`, []any{"%/" + esc, "%/" + esc + ":%"},
+		func(rows *sql.Rows) (LeaseStatus, error) {
+			var (
+				l             LeaseStatus
+				exp, acq, ren sqlTime
+				in            int64
+			)
+			err := rows.Scan(&l.Name, &l.Holder, &l.Epoch, &exp, &acq, &ren, &l.Live, &in)
+			l.ExpiresAt, l.AcquiredAt, l.RenewedAt = exp.T, timePtr(acq.T), timePtr(ren.T)
+			l.ExpiresInSeconds = float64(in) / 1e6
+			return l, err
+		})
 	if err != nil {
 		return nil, fmt.Errorf("read leases: %w", err)
 	}
-	defer rows.Close()
-	out := []LeaseStatus{}
-	for rows.Next() {
-		var (
-			l             LeaseStatus
-			exp, acq, ren sqlTime
-			in            int64
-		)
-		if err := rows.Scan(&l.Name, &l.Holder, &l.Epoch, &exp, &acq, &ren, &l.Live, &in); err != nil {
-			return nil, fmt.Errorf("read leases: %w", err)
-		}
-		l.ExpiresAt, l.AcquiredAt, l.RenewedAt = exp.T, timePtr(acq.T), timePtr(ren.T)
-		l.ExpiresInSeconds = float64(in) / 1e6
-		out = append(out, l)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read leases: %w", err)
+	if out == nil {
+		out = []LeaseStatus{} // JSON [], not null
 	}
 	return out, nil
 }

@@ -9,15 +9,16 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/cdcout/cdcout/internal/pause"
 	"github.com/cdcout/cdcout/state"
 )
 
 // Retention defaults.
 const (
-	DefaultRetention      = 72 * time.Hour
-	DefaultDedupWindow    = 60 * time.Second
-	DefaultJanitorEvery   = time.Minute
-	DefaultJanitorBatch   = 1000
+	defaultRetention      = 72 * time.Hour
+	defaultDedupWindow    = 60 * time.Second
+	defaultJanitorEvery   = time.Minute
+	defaultJanitorBatch   = 1000
 	janitorPauseOnFailure = 10 * time.Second
 )
 
@@ -70,10 +71,10 @@ func NewJanitor(cfg JanitorConfig) (*Janitor, error) {
 	if err := state.CheckName(cfg.Schema); err != nil {
 		return nil, fmt.Errorf("janitor: %w", err)
 	}
-	orDefault(&cfg.Retention, DefaultRetention)
-	orDefault(&cfg.DedupWindow, DefaultDedupWindow)
-	orDefault(&cfg.Every, DefaultJanitorEvery)
-	orDefault(&cfg.BatchSize, DefaultJanitorBatch)
+	orDefault(&cfg.Retention, defaultRetention)
+	orDefault(&cfg.DedupWindow, defaultDedupWindow)
+	orDefault(&cfg.Every, defaultJanitorEvery)
+	orDefault(&cfg.BatchSize, defaultJanitorBatch)
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
@@ -91,28 +92,20 @@ func NewJanitor(cfg JanitorConfig) (*Janitor, error) {
 // Run sweeps every cfg.Every until ctx ends, then returns nil. Every
 // replica may run one: the deletes are idempotent and batched.
 func (j *Janitor) Run(ctx context.Context) error {
-	t := time.NewTimer(0)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-		next := j.cfg.Every
+	pause.Repeat(ctx, func() time.Duration {
 		sw, err := j.Sweep(ctx)
 		switch {
 		case ctx.Err() != nil:
-			return nil
 		case err != nil:
 			j.logger.Warn("retention sweep", zap.Error(err))
-			next = min(next, janitorPauseOnFailure)
+			return min(j.cfg.Every, janitorPauseOnFailure)
 		case sw.Rows+sw.Segments+sw.Claims+sw.Members > 0:
 			j.logger.Info("retention sweep", zap.Int64("rows", sw.Rows), zap.Int64("segments", sw.Segments),
 				zap.Int64("attempts", sw.Attempts), zap.Int64("claims", sw.Claims), zap.Int64("member_leases", sw.Members))
 		}
-		t.Reset(next)
-	}
+		return j.cfg.Every
+	})
+	return nil
 }
 
 // Sweep deletes everything currently past retention, batch by batch.

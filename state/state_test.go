@@ -72,8 +72,8 @@ func TestMigrateConcurrentFreshAndAgain(t *testing.T) {
 		if err := db.QueryRow("SELECT COUNT(*), MAX(version) FROM "+Table(schema, "schema_migrations")).Scan(&n, &maxV); err != nil {
 			t.Fatal(err)
 		}
-		if n != len(migrations) || maxV != LatestVersion() {
-			t.Fatalf("round %d: schema_migrations has %d rows up to %d, want %d up to %d", round, n, maxV, len(migrations), LatestVersion())
+		if n != len(migrations) || maxV != latestVersion() {
+			t.Fatalf("round %d: schema_migrations has %d rows up to %d, want %d up to %d", round, n, maxV, len(migrations), latestVersion())
 		}
 	}
 }

@@ -18,7 +18,6 @@ import (
 
 	"github.com/cdcout/cdcout/format"
 	"github.com/cdcout/cdcout/outbox"
-	"github.com/cdcout/cdcout/sink"
 )
 
 // Sink appends JSON lines to a file.
@@ -84,40 +83,20 @@ func terminateLastLine(f *os.File) error {
 // Deliver appends the records' lines in one write and fsyncs.
 func (s *Sink) Deliver(ctx context.Context, recs []outbox.Record) []error {
 	errs := make([]error, len(recs))
-	var buf []byte
-	written := make([]int, 0, len(recs))
-	for i, rec := range recs {
-		body, err := s.format.Encode(rec)
-		if err != nil {
-			errs[i] = sink.Permanent(fmt.Errorf("encode %s: %w", rec.ID, err))
-			continue
-		}
-		buf = append(buf, body...)
-		buf = append(buf, '\n')
-		written = append(written, i)
-	}
-	if len(written) == 0 {
+	lines, ok := format.EncodeLines(ctx, s.format, recs, errs)
+	if !ok {
 		return errs
-	}
-	fail := func(err error) []error {
-		for _, i := range written {
-			errs[i] = err
-		}
-		return errs
-	}
-	if err := ctx.Err(); err != nil {
-		return fail(err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.f == nil {
-		return fail(errors.New("file sink closed"))
+		return lines.Fail(errs, errors.New("file sink closed"))
 	}
-	if _, err := s.f.Write(buf); err != nil {
-		return fail(fmt.Errorf("append %s: %w", s.path, err))
+	if _, err := s.f.Write(lines.Buf); err != nil {
+		return lines.Fail(errs, fmt.Errorf("append %s: %w", s.path, err))
 	}
 	if err := s.f.Sync(); err != nil {
-		return fail(fmt.Errorf("fsync %s: %w", s.path, err))
+		return lines.Fail(errs, fmt.Errorf("fsync %s: %w", s.path, err))
 	}
 	return errs
 }
