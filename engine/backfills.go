@@ -46,6 +46,10 @@ type fleetBackfills struct {
 	// snapshotted: the snapshot: initial check has run in this tenure
 	// (the configuration cannot change within one).
 	snapshotted bool
+	// failing: the steps whose last round failed; a step is logged at
+	// warn when it starts failing, not every second while it does.
+	failMu  sync.Mutex
+	failing map[string]bool
 }
 
 // runFleetBackfills runs the fleet's backfills until ctx (the tenure's)
@@ -57,7 +61,7 @@ func (e *Engine) runFleetBackfills(ctx context.Context, state *sql.DB) {
 		return
 	}
 	defer source.Close()
-	fb := &fleetBackfills{e: e, state: state, source: source, log: e.log.Named("backfills"), running: map[string]bool{}}
+	fb := &fleetBackfills{e: e, state: state, source: source, log: e.log.Named("backfills"), running: map[string]bool{}, failing: map[string]bool{}}
 	defer fb.wg.Wait()
 	for {
 		fb.round(ctx)
@@ -79,19 +83,27 @@ func openSource(dsn string) (*sql.DB, error) {
 
 func (fb *fleetBackfills) round(ctx context.Context) {
 	if !fb.snapshotted {
-		if err := fb.snapshots(ctx); err != nil {
-			if ctx.Err() == nil {
-				fb.log.Warn("snapshot: initial: look for tables new to their sinks; retrying", zap.Error(err))
-			}
-		} else {
-			fb.snapshotted = true
-		}
+		err := fb.snapshots(ctx)
+		fb.note(ctx, "snapshot: initial: look for tables new to their sinks; retrying every second", err)
+		fb.snapshotted = err == nil
 	}
-	if err := fb.signals(ctx); err != nil && ctx.Err() == nil {
-		fb.log.Warn("read backfill signals; retrying", zap.Error(err))
-	}
-	if err := fb.resume(ctx); err != nil && ctx.Err() == nil {
-		fb.log.Warn("look for fleet backfills to run; retrying", zap.Error(err))
+	fb.note(ctx, "read backfill signals; retrying every second", fb.signals(ctx))
+	fb.note(ctx, "look for fleet backfills to run; retrying every second", fb.resume(ctx))
+}
+
+// note logs a step's failure when it starts (a state database that went
+// away would otherwise add three lines a second) and its recovery.
+func (fb *fleetBackfills) note(ctx context.Context, step string, err error) {
+	fb.failMu.Lock()
+	defer fb.failMu.Unlock()
+	switch {
+	case ctx.Err() != nil:
+	case err != nil && !fb.failing[step]:
+		fb.failing[step] = true
+		fb.log.Warn(step, zap.Error(err))
+	case err == nil && fb.failing[step]:
+		delete(fb.failing, step)
+		fb.log.Info("backfills: working again", zap.String("step", step))
 	}
 }
 
@@ -376,6 +388,7 @@ func (fb *fleetBackfills) runOne(ctx context.Context, id string) {
 	r := &backfill.Runner{Source: fb.source, State: fb.state, StateSchema: cfg.StateDB, Logger: log, Retryable: transient}
 	info, err := r.Prepare(ctx, backfill.Spec{ResumeID: id, Instance: cfg.Instance})
 	if err == nil {
+		fb.note(ctx, "fleet backfill "+id+" interrupted by a database error; resuming", nil)
 		log.Info("running fleet backfill", zap.String("table", info.Table), zap.Strings("sinks", info.Sinks), zap.Int64("rows_done", info.RowsDone),
 			zap.Bool("read_only", info.ReadOnly), zap.String("origin", info.Origin))
 		err = r.Run(ctx)
@@ -384,6 +397,12 @@ func (fb *fleetBackfills) runOne(ctx context.Context, id string) {
 		return // the next leader resumes it
 	}
 	if err != nil && !errors.Is(err, backfill.ErrCancelled) {
+		if transient(err) && !backfill.IsBadInput(err) {
+			// Resumed next second, as long as the database is away: say so
+			// once.
+			fb.note(ctx, "fleet backfill "+id+" interrupted by a database error; resuming", err)
+			return
+		}
 		log.Error("fleet backfill failed", zap.Error(err))
 		if backfill.IsBadInput(err) {
 			// Prepare refused the stored spec (the table lost its key, …):
