@@ -16,6 +16,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/cdcout/cdcout/binlog"
+	"github.com/cdcout/cdcout/engine"
 	"github.com/cdcout/cdcout/internal/buildinfo"
 	"github.com/cdcout/cdcout/state"
 )
@@ -131,6 +132,10 @@ func classify(err error) error {
 	case state.Refused(err):
 		return &configError{fmt.Errorf("%w (check the user, password and database in the DSN)", err)}
 	case errors.Is(err, binlog.ErrServerNotReady):
+		return &configError{err}
+	}
+	var col *engine.ColumnError
+	if errors.As(err, &col) {
 		return &configError{err}
 	}
 	return err

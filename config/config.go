@@ -73,6 +73,10 @@ type Config struct {
 	// BinlogRunwayMin: /readyz reports not ready while the source may purge
 	// the binlog file holding the checkpoint sooner than this; 0 disables.
 	BinlogRunwayMin time.Duration `yaml:"binlog_runway_min"`
+	// BackfillChunkSize is the rows per chunk of the fleet's backfills
+	// (snapshot: initial, signals and POST /v1/backfills without a chunk
+	// size of their own).
+	BackfillChunkSize int `yaml:"backfill_chunk_size"`
 	// HandoffBufferSize bounds changes a standby replica keeps in memory.
 	HandoffBufferSize int `yaml:"handoff_buffer_size"`
 
@@ -129,6 +133,12 @@ type Sink struct {
 	HashKey        Secret   `yaml:"hash_key"`
 	HashKeyFile    string   `yaml:"hash_key_file"`
 	hashFileKey    Secret
+	// Key lists the columns whose values make the message key of the
+	// sink's row records (Kafka record key and partition, Pub/Sub ordering
+	// key, the Redis field "key", {key} in name templates), in this order;
+	// empty means the row key. Per-key delivery order is the row key's
+	// (README, "Message keys and name templates").
+	Key []string `yaml:"key"`
 	// Filter is a CEL expression over op, before, after and source; the
 	// sink gets only the changes it is true for (package filter).
 	Filter string `yaml:"filter"`
@@ -147,6 +157,10 @@ type Sink struct {
 	// Transactions adds BEGIN/END records around each source transaction
 	// that touched the sink's tables, and source.tx to its changes.
 	Transactions bool `yaml:"transactions"`
+	// Snapshot is "initial" (backfill the sink's tables the first time it
+	// has them, consistent with the stream) or "never" (the default: only
+	// changes from the stream).
+	Snapshot string `yaml:"snapshot"`
 	// DDL sends the sink a schema-change record ("ddl") for every CREATE,
 	// ALTER, RENAME, DROP and TRUNCATE of a table it captures, in order
 	// with the table's rows.
@@ -235,6 +249,7 @@ func Default() *Config {
 		HTTPKeepAlive:        72 * time.Second,
 		HandoffBufferSize:    10000,
 		EnqueueBatchSize:     1000,
+		BackfillChunkSize:    1000,
 		EnqueueFlushInterval: 20 * time.Millisecond,
 		EnqueueMaxBuffer:     5000,
 		ShutdownTimeout:      30 * time.Second,

@@ -34,6 +34,7 @@ import (
 	"github.com/cdcout/cdcout/lease"
 	"github.com/cdcout/cdcout/metrics"
 	"github.com/cdcout/cdcout/outbox"
+	"github.com/cdcout/cdcout/replay"
 	"github.com/cdcout/cdcout/state"
 )
 
@@ -46,6 +47,12 @@ type Option func(*Engine)
 
 // WithStdout sets where stdout: sinks write (default os.Stdout).
 func WithStdout(w io.Writer) Option { return func(e *Engine) { e.stdout = w } }
+
+// WithoutFleetBackfills keeps the engine from running the fleet's
+// backfills (snapshot: initial, signals) while it leads: cdcout backfill's
+// own engine, whose configuration is not the fleet's, must neither record
+// its sinks' subscriptions nor start snapshots for them.
+func WithoutFleetBackfills() Option { return func(e *Engine) { e.noFleetBackfills = true } }
 
 // Engine is one replica.
 type Engine struct {
@@ -86,8 +93,11 @@ type Engine struct {
 	// what they are for (readiness: a replica that cannot write its
 	// leases, outbox rows or checkpoint is not making progress).
 	writeFails map[string]writeFailure
-	runway     runwayState // runway.go
-	hb         heartbeats  // heartbeat.go
+	runway     runwayState      // runway.go
+	rowCols    []sinkRowColumns // msgkey.go
+	hb         heartbeats       // heartbeat.go
+	// noFleetBackfills: see WithoutFleetBackfills.
+	noFleetBackfills bool
 }
 
 // New validates cfg and builds the sinks. Nothing connects to a database
@@ -123,7 +133,13 @@ func New(cfg *config.Config, logger *zap.Logger, opts ...Option) (*Engine, error
 			e.closeSinks()
 			return nil, fmt.Errorf("sinks[%d] (%s): %w", i, sc.Name, err)
 		}
-		e.sinks[sc.Name] = sinkEntry{cfg: sc, sink: s}
+		key, tmpl, err := rowColumns(sc)
+		if err != nil {
+			e.closeSinks()
+			return nil, fmt.Errorf("sinks[%d] (%s).url: %w", i, sc.Name, err)
+		}
+		e.rowCols = append(e.rowCols, sinkRowColumns{name: sc.Name, tables: sc.Tables, key: key, tmpl: tmpl})
+		e.sinks[sc.Name] = sinkEntry{cfg: sc, sink: withMessageKey(sc, s)}
 		r, err := newRoute(sc)
 		if err != nil {
 			e.closeSinks()
@@ -148,6 +164,9 @@ func (e *Engine) Run(parent context.Context) error {
 	ctx, stopRun := context.WithCancel(parent)
 	defer stopRun()
 	if err := e.preflight(ctx); err != nil {
+		return err
+	}
+	if err := e.checkRowColumns(ctx); err != nil {
 		return err
 	}
 	db, err := e.openState(ctx)
@@ -240,7 +259,7 @@ func (e *Engine) startInspect(ctx context.Context, services *group, db *sql.DB, 
 		DB: db, Schema: cfg.StateDB, Instance: cfg.Instance, ReplicaID: cfg.ReplicaID,
 		Source: e.sourceStatus, Ready: e.ready, Metrics: e.metrics, Pipes: nil,
 		DroppedPending: e.droppedPending, Endpoints: e.endpoints, Sinks: e.sinkNames(),
-		Secrets: e.secrets(), Logger: e.log,
+		Secrets: e.secrets(), Logger: e.log, RequestBackfill: e.requestBackfill(db),
 	})
 	services.run(context.WithoutCancel(ctx), func(ictx context.Context) {
 		if err := srv.Run(ictx); err != nil && ictx.Err() == nil {
@@ -275,6 +294,10 @@ func (e *Engine) startDelivery(ctx context.Context, services *group, db *sql.DB,
 	// for the drainers that are still finishing.
 	services.onStop(paused.Stop)
 	drains.leases = pauseGate(paused, dl.get)
+	rp := &replayer{db: db, store: outbox.NewStore(db, cfg.StateDB, e.log), schema: cfg.StateDB, instance: cfg.Instance, holder: e.holder,
+		sinks: e.sinks, paused: paused, held: dl.get, known: dl.addPipes, log: e.log.Named("replay"), retryMin: 200 * time.Millisecond, retryMx: 5 * time.Second,
+		running: map[string]bool{}}
+	services.run(ctx, rp.run, nil) // replay.go
 	drains.notify = dl.addPipes
 	e.mu.Lock()
 	e.dl = dl
@@ -301,6 +324,7 @@ func (e *Engine) startDelivery(ctx context.Context, services *group, db *sql.DB,
 		Schema:      cfg.StateDB,
 		Retention:   time.Duration(cfg.RetentionHours) * time.Hour,
 		DedupWindow: cfg.EffectiveDedupWindow(),
+		Hold:        func(ctx context.Context) (map[string]bool, error) { return replay.HeldPipes(ctx, db, cfg.StateDB) },
 		Logger:      e.log,
 	})
 	if err != nil {

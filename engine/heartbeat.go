@@ -32,9 +32,7 @@ func (h *heartbeats) enqueued(pipes []string) {
 		h.last = map[string]time.Time{}
 	}
 	for _, p := range pipes {
-		if _, _, sink, ok := outbox.SplitPipe(p); ok {
-			h.last[sink] = now
-		}
+		h.last[outbox.PipeSink(p)] = now
 	}
 }
 

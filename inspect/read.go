@@ -15,6 +15,7 @@ import (
 	"github.com/cdcout/cdcout/fleet"
 	"github.com/cdcout/cdcout/metrics"
 	"github.com/cdcout/cdcout/outbox"
+	"github.com/cdcout/cdcout/replay"
 	"github.com/cdcout/cdcout/state"
 )
 
@@ -164,6 +165,8 @@ type Status struct {
 	Fleet      Fleet         `json:"fleet"`
 	// BinlogRunway is the live leader's last runway reading (fleet row).
 	BinlogRunway *RunwayView `json:"binlogRunway,omitempty"`
+	// Replays are the running replays and the latest finished ones.
+	Replays []replay.Status `json:"replays,omitempty"`
 }
 
 // Reader reads one instance's state from the state database.
@@ -412,7 +415,8 @@ func (r Reader) Status(ctx context.Context) (Status, error) {
 		return st, err
 	}
 	st.BinlogRunway = fleetRunway(st.Fleet, time.Now())
-	return st, nil
+	st.Replays, err = r.Replays(ctx)
+	return st, err
 }
 
 // splitPipe splits "<instance>:<db.table>:<sink>" into table and sink.

@@ -26,10 +26,12 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/cdcout/cdcout/backfill"
 	"github.com/cdcout/cdcout/binlog"
 	"github.com/cdcout/cdcout/config"
 	"github.com/cdcout/cdcout/internal/pause"
 	"github.com/cdcout/cdcout/metrics"
+	"github.com/cdcout/cdcout/replay"
 )
 
 // defaultKeepAlive is the idle keep-alive lifetime of a client connection.
@@ -151,6 +153,9 @@ type Deps struct {
 	// Sinks are this replica's configured sink names (pause and resume
 	// accept them before any record or fleet row names them).
 	Sinks []string
+	// RequestBackfill, when set, checks a POST /v1/backfills request and
+	// writes its signal (errors wrapping backfill.ErrBadInput are 400s).
+	RequestBackfill func(context.Context, backfill.Signal) (backfill.Signal, error)
 	// Secrets are scrubbed from every response body as a last line of
 	// defence (the source DSN's password, sink secrets).
 	Secrets []string
@@ -447,6 +452,8 @@ type sinksView struct {
 	// per replica, not per pipe, since the buffer holds every pipe's.
 	DroppedPending int64        `json:"droppedPending"`
 	Pipes          []PipeStatus `json:"pipes"`
+	// Replays are the running replays and the latest finished ones.
+	Replays []replay.Status `json:"replays,omitempty"`
 }
 
 func (s *Server) sinks(w http.ResponseWriter, r *http.Request) {
@@ -466,6 +473,9 @@ func (s *Server) sinks(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	v := sinksView{Instance: s.deps.Instance, Pipes: pipes}
+	if err == nil {
+		v.Replays, err = s.reader.Replays(r.Context())
+	}
 	if s.deps.DroppedPending != nil {
 		v.DroppedPending = s.deps.DroppedPending()
 	}

@@ -157,12 +157,7 @@ type pipeDrainer struct {
 }
 
 // sinkName is the sink part of the pipe's name.
-func (p *pipeDrainer) sinkName() string {
-	if _, _, sink, ok := SplitPipe(p.name); ok {
-		return sink
-	}
-	return p.name
-}
+func (p *pipeDrainer) sinkName() string { return PipeSink(p.name) }
 
 // NewDrainer validates cfg, fills defaults and returns a Drainer.
 func NewDrainer(cfg DrainerConfig) (*Drainer, error) {

@@ -55,10 +55,7 @@ func gtidItem(pipe string, txn, i int) Pending {
 	}
 }
 
-func sinkOf(pipe string) string {
-	_, _, sink, _ := SplitPipe(pipe)
-	return sink
-}
+func sinkOf(pipe string) string { return PipeSink(pipe) }
 
 func count(t testing.TB, db *sql.DB, query string, args ...any) int {
 	t.Helper()

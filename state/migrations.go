@@ -185,4 +185,106 @@ var migrations = []migration{
 )` + tableOptions,
 		}
 	}},
+	{version: 5, name: "sink replays and retention marks", stmts: func(s string) []string {
+		// A replay an operator asked for (package replay): the range, its
+		// state, and per pipe how far the replica holding the pipe's
+		// drain lease has re-delivered it, so a replica that takes the
+		// pipe over goes on from there.
+		return []string{
+			`CREATE TABLE IF NOT EXISTS ` + Table(s, "replays") + ` (
+  id BIGINT NOT NULL AUTO_INCREMENT,
+  instance VARCHAR(64) NOT NULL,
+  sink VARCHAR(128) NOT NULL,
+  range_from VARCHAR(255) NOT NULL,
+  range_to VARCHAR(255) NOT NULL DEFAULT '',
+  max_id CHAR(36) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  status ENUM('running','done') NOT NULL DEFAULT 'running',
+  requested_by VARCHAR(255) NOT NULL DEFAULT '',
+  requested_at DATETIME(6) NOT NULL DEFAULT NOW(6),
+  finished_at DATETIME(6) NULL,
+  PRIMARY KEY (id),
+  KEY active (instance, status, sink)
+)` + tableOptions,
+			`CREATE TABLE IF NOT EXISTS ` + Table(s, "replay_pipes") + ` (
+  replay_id BIGINT NOT NULL,
+  pipe VARCHAR(255) NOT NULL,
+  status ENUM('running','done') NOT NULL DEFAULT 'running',
+  last_id CHAR(36) CHARACTER SET ascii COLLATE ascii_bin NOT NULL DEFAULT '',
+  delivered BIGINT NOT NULL DEFAULT 0,
+  failed BIGINT NOT NULL DEFAULT 0,
+  last_error TEXT NULL,
+  holder VARCHAR(255) NOT NULL DEFAULT '',
+  updated_at DATETIME(6) NOT NULL DEFAULT NOW(6),
+  PRIMARY KEY (replay_id, pipe),
+  KEY pipe_status (pipe, status)
+)` + tableOptions,
+			// Per pipe, the newest record id retention has deleted: a
+			// replay may start before a pipe's oldest held record only
+			// if nothing of that pipe was ever deleted (outbox.Janitor).
+			`CREATE TABLE IF NOT EXISTS ` + Table(s, "retention_marks") + ` (
+  pipe VARCHAR(255) NOT NULL,
+  deleted_to CHAR(36) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  updated_at DATETIME(6) NOT NULL DEFAULT NOW(6),
+  PRIMARY KEY (pipe)
+)` + tableOptions,
+		}
+	}},
+	{version: 6, name: "backfill signals, fences and sink snapshots", stmts: func(s string) []string {
+		// backfill_signals: one INSERT starts a backfill (Debezium's
+		// execute-snapshot signal); the leader picks up pending rows and
+		// writes the outcome back (status, error, backfill_id).
+		// backfill_fences: a read-only backfill's chunk between the
+		// stream's arming of its window and the chunk's rows (the binlog
+		// positions that stand in for watermark rows). sink_subscriptions:
+		// the table subscription each sink had when the leader last
+		// started, so a table new to a sink with snapshot: initial is
+		// told from one created under an unchanged subscription;
+		// sink_tables: the snapshot backfills started, one per sink and
+		// table.
+		return []string{
+			`CREATE TABLE IF NOT EXISTS ` + Table(s, "backfill_signals") + ` (
+  id BIGINT NOT NULL AUTO_INCREMENT,
+  instance VARCHAR(64) NOT NULL DEFAULT 'default',
+  tbl VARCHAR(130) NOT NULL,
+  where_sql TEXT NULL,
+  sinks TEXT NULL,
+  read_only TINYINT(1) NOT NULL DEFAULT 0,
+  chunk_size INT NOT NULL DEFAULT 0,
+  status VARCHAR(16) NOT NULL DEFAULT 'pending',
+  backfill_id VARCHAR(64) NULL,
+  error TEXT NULL,
+  created_at DATETIME(6) NOT NULL DEFAULT NOW(6),
+  updated_at DATETIME(6) NOT NULL DEFAULT NOW(6),
+  PRIMARY KEY (id),
+  KEY pending (instance, status, id)
+)` + tableOptions,
+			`CREATE TABLE IF NOT EXISTS ` + Table(s, "backfill_fences") + ` (
+  backfill_id VARCHAR(64) NOT NULL,
+  chunk BIGINT NOT NULL,
+  instance VARCHAR(64) NOT NULL,
+  tbl VARCHAR(130) NOT NULL,
+  status VARCHAR(16) NOT NULL DEFAULT 'arming',
+  armed_at TEXT NULL,
+  high TEXT NULL,
+  updated_at DATETIME(6) NOT NULL DEFAULT NOW(6),
+  PRIMARY KEY (backfill_id, chunk),
+  KEY open_fences (instance, status)
+)` + tableOptions,
+			`CREATE TABLE IF NOT EXISTS ` + Table(s, "sink_subscriptions") + ` (
+  instance VARCHAR(64) NOT NULL,
+  sink VARCHAR(128) NOT NULL,
+  subscription TEXT NOT NULL,
+  updated_at DATETIME(6) NOT NULL DEFAULT NOW(6),
+  PRIMARY KEY (instance, sink)
+)` + tableOptions,
+			`CREATE TABLE IF NOT EXISTS ` + Table(s, "sink_tables") + ` (
+  instance VARCHAR(64) NOT NULL,
+  sink VARCHAR(128) NOT NULL,
+  tbl VARCHAR(130) NOT NULL,
+  backfill_id VARCHAR(64) NULL,
+  created_at DATETIME(6) NOT NULL DEFAULT NOW(6),
+  PRIMARY KEY (instance, sink, tbl)
+)` + tableOptions,
+		}
+	}},
 }
