@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/cdcout/cdcout/canonical"
+	"github.com/cdcout/cdcout/sink"
 )
 
 // ddlItem is a schema-change record for pipe (a RENAME from oldTable when
@@ -132,5 +133,85 @@ func TestBarrierOrdersWholePipe(t *testing.T) {
 	}
 	if !slices.Contains(order, "g:0-1-1:3") {
 		t.Error("the retried row was never delivered")
+	}
+}
+
+// txItem is a transaction record for pipe (the sink's transaction pipe).
+func txItem(pipe string, txn int, status string) Pending {
+	c := &canonical.Change{Op: canonical.OpTransaction, Key: canonical.Row{"instance": "a"}, TsMs: 1_700_000_000_456,
+		Tx:     &canonical.TxRecord{ID: fmt.Sprint("0-1-", txn), Status: status},
+		Source: canonical.Source{Connector: "cdcout", DB: canonical.HeartbeatDB, Table: canonical.TransactionTable, GTID: fmt.Sprint("0-1-", txn)}}
+	return Pending{Pipe: pipe, Sink: sinkOf(pipe), Change: c, ChangeKey: fmt.Sprintf("t:0-1-%d:%s", txn, status), Digest: canonical.DigestChange(pipe, c)}
+}
+
+// TestTransactionRecordsWaitForChanges: a segment of transaction records
+// is delivered only once the sink's other pipes have delivered every
+// record older than it (an END after its changes), while a change of the
+// transaction is retried as a row; a transaction record that fails for
+// good is dead and does not hold the rest forever.
+func TestTransactionRecordsWaitForChanges(t *testing.T) {
+	st := newTestState(t)
+	const data, txPipe = "a:app.users:seg", "a:__cdcout.transaction:seg"
+	s := NewStore(st.db, st.schema, zaptest.NewLogger(t))
+	items := []Pending{txItem(txPipe, 1, "BEGIN")}
+	for i := range 6 {
+		items = append(items, gtidItem(data, 1, i))
+	}
+	items = append(items, txItem(txPipe, 1, "END"), txItem(txPipe, 2, "BEGIN"), txItem(txPipe, 2, "END"))
+	if _, err := s.Enqueue(context.Background(), "r1", Fence{}, items, nil); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu       sync.Mutex
+		order    []string
+		attempts = map[string]int{}
+	)
+	changeKey := map[string]string{}
+	for _, r := range records(t, st.db, st.schema) {
+		changeKey[r.ID] = r.ChangeKey
+	}
+	fake := fakeSink{fn: func(_ context.Context, recs []Record) []error {
+		mu.Lock()
+		defer mu.Unlock()
+		errs := make([]error, len(recs))
+		for i, r := range recs {
+			ck := changeKey[r.ID]
+			attempts[ck]++
+			switch {
+			case ck == "g:0-1-1:4" && attempts[ck] <= 3:
+				errs[i] = errors.New("503 from the receiver")
+				continue
+			case ck == "t:0-1-2:BEGIN":
+				errs[i] = sink.Permanent(errors.New("400 bad record"))
+				continue
+			}
+			order = append(order, ck)
+		}
+		return errs
+	}}
+	d := st.drainer(t, "d1", map[string]PipeConfig{data: {Sink: fake, Concurrency: 4, BatchSize: 3}, txPipe: {Sink: fake}}, nil)
+	runCtx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.Run(runCtx); close(done) }()
+	waitFor(t, "every record delivered or dead", func() bool {
+		for _, r := range records(t, st.db, st.schema) {
+			if r.Status == StatusPending {
+				return false
+			}
+		}
+		return true
+	})
+	cancel()
+	<-done
+	mu.Lock()
+	defer mu.Unlock()
+	end := slices.Index(order, "t:0-1-1:END")
+	for i := range 6 {
+		if j := slices.Index(order, fmt.Sprintf("g:0-1-1:%d", i)); j < 0 || j > end {
+			t.Errorf("change %d delivered at %d, the END at %d", i, j, end)
+		}
+	}
+	if !slices.Contains(order, "t:0-1-2:END") {
+		t.Errorf("the record after the dead one was never delivered: %v", order)
 	}
 }

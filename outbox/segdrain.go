@@ -131,14 +131,21 @@ func (p *pipeDrainer) drainSegment(ctx context.Context) (int, error) {
 		return len(seg.recs), nil
 	}
 	if seg.fenced() {
-		// A fenced segment never leaves a pending row (newer segments
-		// would pass it): not sent, it is given back; failed, it waits
-		// whole (its records delivered before the failure go again, under
-		// their ids).
+		// A fenced segment leaves no pending row (it would be delivered
+		// without the fence, and newer segments would pass a barrier): a
+		// retryable failure holds it whole, records not sent give it back
+		// (those delivered go again, under their ids). Only a dead record
+		// lets the rest leave as rows, or the segment would fail forever.
 		if i := slices.IndexFunc(left, func(l leftRecord) bool { return l.status == StatusPending && l.errText != "" }); i >= 0 {
-			return len(seg.recs), p.holdSegment(wctx, seg, &segmentHold{tried: 1, delay: left[i].delay, errText: left[i].errText, overload: left[i].overload})
+			h := &segmentHold{tried: 1, delay: left[i].delay, errText: left[i].errText, overload: left[i].overload}
+			if err := p.holdSegment(wctx, seg, h); err != nil {
+				p.setStuck(&stuckClaim{id: seg.id, notBefore: time.Now().Add(h.delay)})
+				return len(seg.recs), err
+			}
+			return len(seg.recs), nil
 		}
-		if slices.ContainsFunc(left, func(l leftRecord) bool { return l.status == StatusPending }) {
+		dead := slices.ContainsFunc(left, func(l leftRecord) bool { return l.status == StatusDead })
+		if !dead && slices.ContainsFunc(left, func(l leftRecord) bool { return l.status == StatusPending }) {
 			p.releaseSegment(wctx, seg.id)
 			return 0, nil
 		}
