@@ -6,7 +6,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/urfave/cli/v2"
 	"go.uber.org/zap"
@@ -22,7 +25,7 @@ var errLimitReached = errors.New("limit reached")
 func tailCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "tail",
-		Usage: "print row changes and schema changes as canonical JSON envelopes, one per line",
+		Usage: "print row changes and schema changes (and, with --heartbeat, heartbeats) as canonical JSON, one per line",
 		Description: "Reads the binary log of a MySQL/MariaDB server as a replica and prints each row change\n" +
 			"as a Debezium-style envelope on stdout (logs go to stderr) until interrupted or --limit is reached;\n" +
 			"a CREATE, ALTER, RENAME, DROP or TRUNCATE of a captured table prints as an op \"ddl\" record\n" +
@@ -35,6 +38,8 @@ func tailCommand() *cli.Command {
 			&cli.UintFlag{Name: "server-id", DefaultText: "random", Usage: "replica server id, unique in the topology"},
 			&cli.IntFlag{Name: "limit", DefaultText: "none", Usage: "stop after N records (changes and schema changes)"},
 			&cli.StringFlag{Name: "instance", Usage: "instance name for the envelope's source block"},
+			&cli.DurationFlag{Name: "heartbeat", DefaultText: "off",
+				Usage: `print an "hb" record with the position read whenever nothing was printed for this long`},
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error"},
 			&cli.StringFlag{Name: "log-format", Usage: "json or console (default: console on a terminal)"},
 		},
@@ -96,27 +101,30 @@ func runTail(c *cli.Context) error {
 	defer s.Close()
 
 	limit := c.Int("limit")
-	out := c.App.Writer
-	n := 0
-	buf := make([]byte, 0, 4096)
+	p := &tailPrinter{out: c.App.Writer, buf: make([]byte, 0, 4096), last: time.Now()}
+	if every := c.Duration("heartbeat"); every > 0 {
+		hbCtx, stopHB := context.WithCancel(ctx)
+		defer stopHB()
+		go p.heartbeats(hbCtx, every, s, c.String("instance"), cancel)
+	}
 	err = s.Run(ctx, func(_ context.Context, ev binlog.Event) error {
-		if ev.Change == nil {
+		if ev.Commit != nil {
+			p.committed(ev.Commit.Time)
 			return nil
 		}
-		var err error
-		if buf, err = canonical.AppendEnvelope(buf[:0], ev.Change, ""); err != nil {
-			return fmt.Errorf("encode change: %w", err)
+		n, err := p.change(ev.Change)
+		if err != nil {
+			return err
 		}
-		buf = append(buf, '\n')
-		if _, err := out.Write(buf); err != nil {
-			return fmt.Errorf("write stdout: %w", err)
-		}
-		n++
 		if limit > 0 && n >= limit {
 			return errLimitReached
 		}
 		return nil
 	})
+	n, hbErr := p.printed()
+	if hbErr != nil {
+		return hbErr
+	}
 	switch {
 	case errors.Is(err, errLimitReached):
 		return nil
@@ -125,6 +133,86 @@ func runTail(c *cli.Context) error {
 		return nil
 	}
 	return err
+}
+
+// tailPrinter writes tail's records to stdout: the stream's, and
+// heartbeats from their own goroutine.
+type tailPrinter struct {
+	out io.Writer
+
+	mu         sync.Mutex
+	buf        []byte
+	n          int       // changes and schema changes printed (--limit)
+	last       time.Time // when one was last printed
+	sourceTime time.Time // the last commit's
+	err        error     // a heartbeat's write error, which ends the tail
+}
+
+func (p *tailPrinter) change(ch *canonical.Change) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var err error
+	if p.buf, err = canonical.AppendEnvelope(p.buf[:0], ch, ""); err != nil {
+		return p.n, fmt.Errorf("encode change: %w", err)
+	}
+	if err := p.write(); err != nil {
+		return p.n, err
+	}
+	p.n++
+	return p.n, nil
+}
+
+func (p *tailPrinter) write() error {
+	p.buf = append(p.buf, '\n')
+	if _, err := p.out.Write(p.buf); err != nil {
+		return fmt.Errorf("write stdout: %w", err)
+	}
+	p.last = time.Now()
+	return nil
+}
+
+func (p *tailPrinter) committed(t time.Time) {
+	p.mu.Lock()
+	p.sourceTime = t
+	p.mu.Unlock()
+}
+
+// printed returns the records counted for --limit and a heartbeat's
+// write error.
+func (p *tailPrinter) printed() (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.n, p.err
+}
+
+// heartbeats prints an "hb" record (canonical.MarshalHeartbeat) with the
+// position read whenever nothing was printed for every, until ctx ends;
+// a write error stops the tail (stop).
+func (p *tailPrinter) heartbeats(ctx context.Context, every time.Duration, s *binlog.Stream, instance string, stop func()) {
+	t := time.NewTicker(max(every/5, 20*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			p.mu.Lock()
+			if now.Sub(p.last) >= every {
+				pos := s.Position()
+				b, err := canonical.MarshalHeartbeat(canonical.Heartbeat{Instance: instance, Version: buildinfo.Version(),
+					ServerID: s.Info().ServerID, File: pos.File, Pos: pos.Pos, GTIDSet: pos.GTIDSet, SourceTime: p.sourceTime, Time: now}, "")
+				if err == nil {
+					p.buf = append(p.buf[:0], b...)
+					err = p.write()
+				}
+				if err != nil && p.err == nil {
+					p.err = err
+					stop()
+				}
+			}
+			p.mu.Unlock()
+		}
+	}
 }
 
 // randomServerID picks an id from a range real servers rarely use, so an

@@ -11,6 +11,7 @@ import (
 
 	"github.com/cdcout/cdcout/canonical"
 	"github.com/cdcout/cdcout/internal/mysqltest"
+	"github.com/cdcout/cdcout/internal/wait"
 )
 
 func runCmd(t *testing.T, args ...string) (code int, stdout, stderr string) {
@@ -111,6 +112,39 @@ func TestTail(t *testing.T) {
 		}
 		if !strings.Contains(errOut, `"metadata mode":"binlog"`) {
 			t.Errorf("stderr does not log the metadata mode:\n%s", errOut)
+		}
+	})
+
+	t.Run("heartbeat", func(t *testing.T) {
+		// Nothing is written: only heartbeats, with the position read.
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		var out, errOut lockedBuffer
+		code := make(chan int, 1)
+		go func() {
+			code <- run(ctx, []string{"cdcout", "tail", "--dsn", srv.DSN, "--tables", db + ".t", "--heartbeat", "200ms",
+				"--server-id", "7002", "--log-format", "json"}, strings.NewReader(""), &out, &errOut)
+		}()
+		var lines []string
+		wait.Until(t, "two heartbeats", 20*time.Second, func() bool {
+			lines = strings.Split(strings.TrimSpace(out.String()), "\n")
+			return len(lines) >= 2
+		})
+		cancel()
+		if c := <-code; c != ExitOK {
+			t.Fatalf("exit %d, stderr:\n%s", c, errOut.String())
+		}
+		for _, l := range lines[:2] {
+			var hb struct {
+				Op     string
+				Source struct {
+					File    string
+					GTIDSet string `json:"gtid_set"`
+				}
+			}
+			if err := json.Unmarshal([]byte(l), &hb); err != nil || hb.Op != "hb" || hb.Source.File == "" && hb.Source.GTIDSet == "" {
+				t.Errorf("line %q (%v): want a heartbeat with the position", l, err)
+			}
 		}
 	})
 
