@@ -115,38 +115,7 @@ func TestTail(t *testing.T) {
 		}
 	})
 
-	t.Run("heartbeat", func(t *testing.T) {
-		// Nothing is written: only heartbeats, with the position read.
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		var out, errOut lockedBuffer
-		code := make(chan int, 1)
-		go func() {
-			code <- run(ctx, []string{"cdcout", "tail", "--dsn", srv.DSN, "--tables", db + ".t", "--heartbeat", "200ms",
-				"--server-id", "7002", "--log-format", "json"}, strings.NewReader(""), &out, &errOut)
-		}()
-		var lines []string
-		wait.Until(t, "two heartbeats", 20*time.Second, func() bool {
-			lines = strings.Split(strings.TrimSpace(out.String()), "\n")
-			return len(lines) >= 2
-		})
-		cancel()
-		if c := <-code; c != ExitOK {
-			t.Fatalf("exit %d, stderr:\n%s", c, errOut.String())
-		}
-		for _, l := range lines[:2] {
-			var hb struct {
-				Op     string
-				Source struct {
-					File    string
-					GTIDSet string `json:"gtid_set"`
-				}
-			}
-			if err := json.Unmarshal([]byte(l), &hb); err != nil || hb.Op != "hb" || hb.Source.File == "" && hb.Source.GTIDSet == "" {
-				t.Errorf("line %q (%v): want a heartbeat with the position", l, err)
-			}
-		}
-	})
+	t.Run("heartbeat", func(t *testing.T) { testTailHeartbeat(t, srv, db) })
 
 	t.Run("bad flags", func(t *testing.T) {
 		for _, args := range [][]string{
@@ -184,4 +153,39 @@ func TestTail(t *testing.T) {
 			t.Fatalf("exit %d, stderr:\n%s", code, errOut)
 		}
 	})
+}
+
+// testTailHeartbeat: with nothing written, tail --heartbeat prints
+// heartbeats with the position read.
+func testTailHeartbeat(t *testing.T, srv *mysqltest.Server, db string) {
+	// Nothing is written: only heartbeats, with the position read.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out, errOut lockedBuffer
+	code := make(chan int, 1)
+	go func() {
+		code <- run(ctx, []string{"cdcout", "tail", "--dsn", srv.DSN, "--tables", db + ".t", "--heartbeat", "200ms",
+			"--server-id", "7002", "--log-format", "json"}, strings.NewReader(""), &out, &errOut)
+	}()
+	var lines []string
+	wait.Until(t, "two heartbeats", 20*time.Second, func() bool {
+		lines = strings.Split(strings.TrimSpace(out.String()), "\n")
+		return len(lines) >= 2
+	})
+	cancel()
+	if c := <-code; c != ExitOK {
+		t.Fatalf("exit %d, stderr:\n%s", c, errOut.String())
+	}
+	for _, l := range lines[:2] {
+		var hb struct {
+			Op     string
+			Source struct {
+				File    string
+				GTIDSet string `json:"gtid_set"`
+			}
+		}
+		if err := json.Unmarshal([]byte(l), &hb); err != nil || hb.Op != "hb" || hb.Source.File == "" && hb.Source.GTIDSet == "" {
+			t.Errorf("line %q (%v): want a heartbeat with the position", l, err)
+		}
+	}
 }
