@@ -117,32 +117,34 @@ func (d *Drainer) sinkPendingBefore(ctx context.Context, pipe, before string) (b
 
 // pendingBefore reports whether pipe has a pending outbox row (with an id
 // below before, when set) or, with before set, a pending segment older
-// than before.
+// than before. Segments are read first: a segment becomes done in the
+// transaction that inserts its records that left it as rows, so a segment
+// seen done has its rows visible to the read that follows, while the
+// other order could miss both (done after the rows were read).
 func (d *Drainer) pendingBefore(ctx context.Context, pipe, before string) (bool, error) {
+	var one int
+	if before != "" {
+		err := d.cfg.DB.QueryRowContext(ctx, `SELECT 1 FROM `+d.segments+` WHERE pipe = ? AND status = 'pending' AND id < ? LIMIT 1`,
+			pipe, before).Scan(&one)
+		if err == nil {
+			return true, nil
+		}
+		if !errors.Is(err, sql.ErrNoRows) {
+			return false, fmt.Errorf("pending segments of %s: %w", pipe, err)
+		}
+	}
 	q := `SELECT 1 FROM ` + d.outbox + ` FORCE INDEX (due) WHERE pipe = ? AND status = 'pending'`
 	args := []any{pipe}
 	if before != "" {
 		q += ` AND id < ?`
 		args = append(args, before)
 	}
-	var one int
 	err := d.cfg.DB.QueryRowContext(ctx, q+` LIMIT 1`, args...).Scan(&one)
 	if err == nil {
 		return true, nil
 	}
 	if !errors.Is(err, sql.ErrNoRows) {
 		return false, fmt.Errorf("pending rows of %s: %w", pipe, err)
-	}
-	if before == "" {
-		return false, nil
-	}
-	err = d.cfg.DB.QueryRowContext(ctx, `SELECT 1 FROM `+d.segments+` WHERE pipe = ? AND status = 'pending' AND id < ? LIMIT 1`,
-		pipe, before).Scan(&one)
-	if err == nil {
-		return true, nil
-	}
-	if !errors.Is(err, sql.ErrNoRows) {
-		return false, fmt.Errorf("pending segments of %s: %w", pipe, err)
 	}
 	return false, nil
 }
