@@ -33,8 +33,8 @@ const (
 	idleMax = 2 * time.Second
 	// outcomeRetryFor bounds how long a delivered batch's outcome write, or
 	// the release of a row claim, is retried (database restart) before it
-	// is given up: a delivered batch is then left to its claim lease, which
-	// re-delivers it under the same deliveryKey; an unreleased claim is
+	// is given up: the outcome is then kept and written by the next pass
+	// (outcome.go writeKept, segdrain.go takeBack); an unreleased claim is
 	// taken back by the next claim pass (release.go).
 	outcomeRetryFor = 30 * time.Second
 	maxErrorLen     = 4096
