@@ -3,7 +3,6 @@ package command
 import (
 	"strings"
 	"testing"
-
 )
 
 // TestSinkPauseResume: the commands pause and resume a known sink,

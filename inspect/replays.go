@@ -72,7 +72,6 @@ func (r Reader) StartReplay(ctx context.Context, sink, from, to, by string, extr
 	return replay.Status{ID: id, Sink: sink, From: rng.From.Text, To: rng.To.Text, Status: replay.Running}, nil
 }
 
-
 // Replays lists the instance's running replays and its latest finished
 // ones; a running replay of a paused sink says it waits.
 func (r Reader) Replays(ctx context.Context) ([]replay.Status, error) {
