@@ -51,9 +51,10 @@ type replayer struct {
 	// stream is the replica's binlog configuration and routes the sinks'
 	// routes, for re-reading what the outbox no longer holds
 	// (replay_binlog.go); nil stream: not re-read.
-	stream   func() binlog.Config
-	routes   []*route
-	rereadMu sync.Mutex
+	stream      func() binlog.Config
+	routes      []*route
+	maxRowBytes int
+	rereadMu    sync.Mutex
 
 	mu      sync.Mutex
 	running map[string]bool // "<replay id>/<pipe>"

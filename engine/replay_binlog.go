@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -34,6 +35,11 @@ import (
 
 // rereadBatch is how many re-read records wait for one ordered delivery.
 const rereadBatch = 256
+
+// rereadIdle is how long a re-read bounded only by the log's end waits
+// without an event before it counts the log as read: the server sends
+// events as fast as the reader takes them until it is caught up.
+const rereadIdle = 3 * time.Second
 
 // rereadServerID is the replication id of a replica's re-read stream:
 // distinct from its stream's and its standby stream's
@@ -192,10 +198,16 @@ func (rp *replayer) reread(ctx context.Context, log *zap.Logger, st replay.Statu
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	var idle *idleWatch
+	if !heldOK {
+		// No held record bounds the re-read: it ends at the log's end,
+		// which an idle server may never pass with a commit.
+		idle = newIdleWatch(sctx, cancel, rereadIdle)
+	}
 	err = s.Run(sctx, func(_ context.Context, ev binlog.Event) error {
+		defer idle.busy()()
 		if c := ev.Commit; c != nil {
 			if atOrAfter(c.Pos.File, c.Pos.Pos, replay.Where{File: endFile, Pos: uint64(endPos)}) {
-				_ = flush()
 				return errRereadDone
 			}
 			if len(buf) >= rereadBatch {
@@ -206,25 +218,34 @@ func (rp *replayer) reread(ctx context.Context, log *zap.Logger, st replay.Statu
 		ch := ev.Change
 		w := replay.Where{GTID: ch.Source.GTID, File: ch.Source.File, Pos: uint64(ch.Source.Pos), CommitTime: time.UnixMilli(ch.Source.TsMs).UTC()}
 		if (heldOK && atOrAfter(ch.Source.File, ch.Source.Pos, held)) || rng.After(w) {
-			_ = flush()
 			return errRereadDone
 		}
 		if r == nil || !r.matches(ch) || !rng.Contains(w) {
 			return nil
 		}
-		rec, ok, dead := rereadRecord(log, r, p.Pipe, ch)
+		rec, ok, dead := rereadRecord(log, r, p.Pipe, ch, rp.maxRowBytes)
 		if ok {
 			buf = append(buf, rec)
 		}
-		if dead {
-			_ = replay.Progress(ctx, rp.db, rp.schema, st.ID, p.Pipe, "", 0, 1, "a re-read change the sink's filter cannot evaluate was not replayed", rp.holder)
+		if dead != "" {
+			_ = replay.Progress(ctx, rp.db, rp.schema, st.ID, p.Pipe, "", 0, 1, dead, rp.holder)
 		}
 		return nil
 	})
-	if stopped || (err != nil && !errors.Is(err, errRereadDone)) {
-		if err != nil && !errors.Is(err, errRereadDone) && ctx.Err() == nil {
-			return retry("re-read the binlog", err)
+	caughtUp := idle.fired() && ctx.Err() == nil
+	switch {
+	case stopped:
+		return false
+	case errors.Is(err, binlog.ErrPositionUnavailable):
+		return purged(err) // purged while it was read
+	case err != nil && !errors.Is(err, errRereadDone) && !caughtUp:
+		if ctx.Err() != nil {
+			return false
 		}
+		return retry("re-read the binlog", err)
+	}
+	_ = flush()
+	if stopped {
 		return false
 	}
 	// Through: the outbox part goes on after what retention deleted.
@@ -239,31 +260,93 @@ func (rp *replayer) reread(ctx context.Context, log *zap.Logger, st replay.Statu
 // rereadRecord is ch as the record route r's sink gets for pipe: masked
 // and filtered as the enqueuer does, under its derived id; ok is false
 // for a change the sink's filter keeps from it (or cannot evaluate on:
-// live delivery dead-letters it; here it is logged and counted failed,
-// dead true).
-func rereadRecord(log *zap.Logger, r *route, pipe string, ch *canonical.Change) (rec outbox.Record, ok, dead bool) {
-	if filtered, reason := r.filterOut(ch); filtered || reason != "" {
-		if reason != "" {
-			log.Warn("re-read change the sink's filter cannot evaluate: not replayed", zap.String("reason", reason),
-				zap.String("pos", fmt.Sprintf("%s:%d", ch.Source.File, ch.Source.Pos)), zap.Int("row", ch.Source.Row))
-		}
-		return rec, false, reason != ""
+// live delivery dead-letters it, as one whose row images exceed
+// maxRowBytes; here it is logged and counted failed, dead its reason).
+func rereadRecord(log *zap.Logger, r *route, pipe string, ch *canonical.Change, maxRowBytes int) (rec outbox.Record, ok bool, dead string) {
+	place := fmt.Sprintf("%s:%d:%d", ch.Source.File, ch.Source.Pos, ch.Source.Row)
+	filtered, dead := r.filterOut(ch)
+	if n := ch.ImageBytes(); dead == "" && !filtered && maxRowBytes > 0 && n > maxRowBytes {
+		dead = fmt.Sprintf("a re-read change's row images of %d bytes exceed max_row_bytes %d", n, maxRowBytes)
+	}
+	if dead != "" {
+		log.Warn("re-read change not replayed", zap.String("reason", dead), zap.String("place", place))
+	}
+	if filtered || dead != "" {
+		return rec, false, dead
 	}
 	c := *r.mask(ch)
-	place := fmt.Sprintf("%s:%d:%d", ch.Source.File, ch.Source.Pos, ch.Source.Row)
 	if c.ChangeKey == "" {
 		c.ChangeKey = "binlog:" + place
 	}
 	id := outbox.DerivedID(ch.Source.TsMs, r.sink+"\x00"+pipe+"\x00"+c.ChangeKey+"\x00"+place)
 	payload, err := canonical.MarshalEnvelope(&c, id)
 	if err != nil {
-		log.Warn("re-read change that does not encode: not replayed", zap.String("pos", place), zap.Error(err))
-		return rec, false, true
+		log.Warn("re-read change that does not encode: not replayed", zap.String("place", place), zap.Error(err))
+		return rec, false, "a re-read change does not encode: " + err.Error()
 	}
 	key := canonical.KeyJSONOf(&c)
 	if key == "" {
 		key = "null"
 	}
 	return outbox.Record{ID: id, Pipe: pipe, Sink: r.sink, DB: c.Source.DB, Table: c.Source.Table, Op: c.Op, Key: key,
-		Payload: payload, Attempt: 1, CommitTime: time.UnixMilli(ch.Source.TsMs).UTC()}, true, false
+		Payload: payload, Attempt: 1, CommitTime: time.UnixMilli(ch.Source.TsMs).UTC()}, true, ""
+}
+
+// idleWatch cancels a re-read that has had no event for a while, outside
+// its handler (a slow delivery is not idleness). A nil watch does
+// nothing.
+type idleWatch struct {
+	mu      sync.Mutex
+	inside  bool
+	last    time.Time
+	didFire bool
+}
+
+func newIdleWatch(ctx context.Context, cancel context.CancelFunc, after time.Duration) *idleWatch {
+	w := &idleWatch{last: time.Now()}
+	go func() {
+		t := time.NewTicker(after / 5)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			w.mu.Lock()
+			idle := !w.inside && time.Since(w.last) >= after
+			w.didFire = w.didFire || idle
+			w.mu.Unlock()
+			if idle {
+				cancel()
+				return
+			}
+		}
+	}()
+	return w
+}
+
+// busy marks the handler running; the returned func marks it done.
+func (w *idleWatch) busy() func() {
+	if w == nil {
+		return func() {}
+	}
+	w.mu.Lock()
+	w.inside = true
+	w.mu.Unlock()
+	return func() {
+		w.mu.Lock()
+		w.inside, w.last = false, time.Now()
+		w.mu.Unlock()
+	}
+}
+
+// fired reports whether the watch ended the re-read.
+func (w *idleWatch) fired() bool {
+	if w == nil {
+		return false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.didFire
 }

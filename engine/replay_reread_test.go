@@ -79,7 +79,9 @@ func (r *placeReceiver) count() int {
 // ones under their original ids, each key's in binlog order. A replay
 // from the first change's commit time gets the same 8 under the same
 // ids. other gets nothing of either. A range from a binlog the server
-// purged fails the replay, naming the oldest binlog the server has.
+// purged fails the replay, naming the oldest binlog the server has. Once
+// retention deleted all of hook's records, a replay re-reads all 8 up to
+// the log's end.
 func TestReplayReread(t *testing.T) {
 	hook, other := newPlaceReceiver(t), newPlaceReceiver(t)
 	s := newSource(t, "rr", "id INT PRIMARY KEY, v INT", func(cfg *config.Config) {
@@ -193,6 +195,29 @@ func TestReplayReread(t *testing.T) {
 	}
 	if msg := list[0].Pipes[0].LastError; !strings.Contains(msg, "its oldest binary log is "+oldest) {
 		t.Errorf("failed replay's error %q does not name the oldest binlog %s", msg, oldest)
+	}
+
+	// Retention deletes the rest (no replay runs): the pipe holds
+	// nothing, and a replay re-reads all 8, up to the log's end, none
+	// under its deleted id, the first 5 under the same ids as before.
+	if _, err := j.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := len(records(t, s.db, s.stateDB, "rr:%:hook")); got != 0 {
+		t.Fatalf("retention left %d of hook's records", got)
+	}
+	n := hook.count()
+	if st, err = reader.StartReplay(ctx, "hook", first.Source.GTID, "", "test"); err != nil {
+		t.Fatal(err)
+	}
+	waitReplayStatus(t, reader, st.ID, replay.Done)
+	all := hook.since(n)
+	checkRereadDelivery(t, all, append(slices.Clone(old), held...), nil)
+	before := ids(byGTID)
+	for _, p := range all {
+		if id, ok := before[p.place]; ok && slices.ContainsFunc(old, func(o placed) bool { return o.place == p.place }) && id != p.id {
+			t.Errorf("re-read %s under %s, before under %s", p.place, p.id, id)
+		}
 	}
 }
 

@@ -49,6 +49,18 @@ func (r Reader) StartReplay(ctx context.Context, sink, from, to, by string, extr
 	if err != nil {
 		return st, err
 	}
+	// A pipe retention emptied has no records but a mark: its part of
+	// the range is re-read from the binlog (engine/replay_binlog.go).
+	marks, err := r.store().RetentionMarks(ctx, r.pipePrefix())
+	if err != nil {
+		return st, err
+	}
+	for p := range marks {
+		if !slices.Contains(all, p) {
+			all = append(all, p)
+		}
+	}
+	slices.Sort(all)
 	var pipes []string
 	for _, p := range all {
 		if _, s := splitPipe(r.Instance, p); s == sink {
@@ -56,7 +68,7 @@ func (r Reader) StartReplay(ctx context.Context, sink, from, to, by string, extr
 		}
 	}
 	if len(pipes) == 0 {
-		return st, &ReplayError{Msg: fmt.Sprintf("sink %s of instance %s has no records in the outbox to replay", sink, r.Instance)}
+		return st, &ReplayError{Msg: fmt.Sprintf("sink %s of instance %s has no records in the outbox to replay, and retention deleted none", sink, r.Instance)}
 	}
 	maxID, err := r.store().NewestRecordID(ctx, pipes)
 	if err != nil {
