@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -88,24 +89,10 @@ func rereadFrom(ctx context.Context, probe *binlog.Stream, rng replay.Range) (st
 	before := strconv.FormatUint(rng.From.Seq-1, 10)
 	if probe.Info().Flavor == "mariadb" {
 		// domain-server-seq: the domain's sequence numbers are the order.
-		parts := splitGTID(rng.From.Text)
+		parts := strings.SplitN(rng.From.Text, "-", 3)
 		return parts[0] + "-" + parts[1] + "-" + before, nil
 	}
 	return rng.From.Source + ":1-" + before, nil
-}
-
-// splitGTID splits a MariaDB GTID "d-s-n" into its three parts.
-func splitGTID(g string) [3]string {
-	var out [3]string
-	i := 0
-	for j := 0; j < len(g) && i < 3; j++ {
-		if g[j] == '-' {
-			i++
-			continue
-		}
-		out[i] += string(g[j])
-	}
-	return out
 }
 
 // atOrAfter reports whether a change at file:pos lies at or after w in
@@ -142,40 +129,18 @@ func (rp *replayer) reread(ctx context.Context, log *zap.Logger, st replay.Statu
 		_ = replay.Progress(ctx, rp.db, rp.schema, st.ID, p.Pipe, "", 0, 0, what+": "+err.Error(), rp.holder)
 		return false // the next scan starts the pipe's replay again
 	}
-	cfg := rp.stream()
-	cfg.ServerID, cfg.From, cfg.Resume = rereadServerID(cfg.ServerID), "now", nil
-	cfg.Include, cfg.OwnMarkedDBs, cfg.OnTableDDL = []string{table}, nil, nil
-	cfg.Logger = log
-	probe, err := binlog.Open(ctx, cfg)
-	if err != nil {
-		return retry("open the binlog to re-read", err)
-	}
-	oldest, _ := probe.OldestBinlog(ctx)
-	endFile, endPos, err := probe.End(ctx)
-	if err == nil {
-		cfg.From, err = rereadFrom(ctx, probe, rng)
-	}
-	probe.Close()
-	purged := func(err error) bool {
+	s, from, end, oldest, err := rp.openReread(ctx, log, rng, table)
+	if errors.Is(err, binlog.ErrPositionUnavailable) {
+		log.Error("the binlog to re-read is purged", zap.Error(err))
 		return fail(fmt.Sprintf("the changes of %s from %s on are older than the outbox holds (retention deleted them) and the server "+
-			"no longer has the binlog they were in: its oldest binary log is %s; replay from a later point (%v)", p.Pipe, rng.From.Text, oldest, err))
-	}
-	if errors.Is(err, binlog.ErrPositionUnavailable) {
-		return purged(err)
-	}
-	if err != nil {
-		return retry("find where to re-read the binlog from", err)
-	}
-	s, err := binlog.Open(ctx, cfg)
-	if errors.Is(err, binlog.ErrPositionUnavailable) {
-		return purged(err)
+			"no longer has the binlog they were in: its oldest binary log is %s; replay from a later point", p.Pipe, rng.From.Text, oldest))
 	}
 	if err != nil {
 		return retry("open the binlog to re-read", err)
 	}
 	defer s.Close()
 	log.Info("re-reading the binlog for the part of the replay older than the outbox holds",
-		zap.String("from", cfg.From), zap.String("held_from", fmt.Sprintf("%s:%d", held.File, held.Pos)), zap.String("end", fmt.Sprintf("%s:%d", endFile, endPos)))
+		zap.String("from", from), zap.String("held_from", fmt.Sprintf("%s:%d", held.File, held.Pos)), zap.String("end", fmt.Sprintf("%s:%d", end.File, end.Pos)))
 	var r *route
 	for _, cand := range rp.routes {
 		if cand.sink == st.Sink {
@@ -207,7 +172,7 @@ func (rp *replayer) reread(ctx context.Context, log *zap.Logger, st replay.Statu
 	err = s.Run(sctx, func(_ context.Context, ev binlog.Event) error {
 		defer idle.busy()()
 		if c := ev.Commit; c != nil {
-			if atOrAfter(c.Pos.File, c.Pos.Pos, replay.Where{File: endFile, Pos: uint64(endPos)}) {
+			if atOrAfter(c.Pos.File, c.Pos.Pos, end) {
 				return errRereadDone
 			}
 			if len(buf) >= rereadBatch {
@@ -237,7 +202,9 @@ func (rp *replayer) reread(ctx context.Context, log *zap.Logger, st replay.Statu
 	case stopped:
 		return false
 	case errors.Is(err, binlog.ErrPositionUnavailable):
-		return purged(err) // purged while it was read
+		// Purged while it was read.
+		log.Error("the binlog being re-read was purged", zap.Error(err))
+		return fail(fmt.Sprintf("the server purged binlogs the re-read of %s still needed while it ran (its oldest binary log is now %s); replay from a later point", p.Pipe, oldestOf(ctx, s)))
 	case err != nil && !errors.Is(err, errRereadDone) && !caughtUp:
 		if ctx.Err() != nil {
 			return false
@@ -255,6 +222,41 @@ func (rp *replayer) reread(ctx context.Context, log *zap.Logger, st replay.Statu
 	}
 	log.Info("re-read of the binlog done", zap.Int("records", n))
 	return true
+}
+
+// openReread opens the re-read stream of table for rng: where it starts,
+// the log's end now, and the oldest binlog the server has (also when the
+// start is purged: the error wraps binlog.ErrPositionUnavailable).
+func (rp *replayer) openReread(ctx context.Context, log *zap.Logger, rng replay.Range, table string) (s *binlog.Stream, from string, end replay.Where, oldest string, err error) {
+	cfg := rp.stream()
+	cfg.ServerID, cfg.From, cfg.Resume = rereadServerID(cfg.ServerID), "now", nil
+	cfg.Include, cfg.OwnMarkedDBs, cfg.OnTableDDL = []string{table}, nil, nil
+	cfg.Logger = log
+	probe, err := binlog.Open(ctx, cfg)
+	if err != nil {
+		return nil, "", end, "", err
+	}
+	defer probe.Close()
+	oldest = oldestOf(ctx, probe)
+	endFile, endPos, err := probe.End(ctx)
+	if err != nil {
+		return nil, "", end, oldest, err
+	}
+	end = replay.Where{File: endFile, Pos: uint64(endPos)}
+	if cfg.From, err = rereadFrom(ctx, probe, rng); err != nil {
+		return nil, "", end, oldest, err
+	}
+	s, err = binlog.Open(ctx, cfg)
+	return s, cfg.From, end, oldest, err
+}
+
+// oldestOf is the oldest binlog s's server has, or why it is not known.
+func oldestOf(ctx context.Context, s *binlog.Stream) string {
+	oldest, err := s.OldestBinlog(ctx)
+	if err != nil {
+		return "unknown (" + err.Error() + ")"
+	}
+	return oldest
 }
 
 // rereadRecord is ch as the record route r's sink gets for pipe: masked
