@@ -78,6 +78,9 @@ type enqueuer struct {
 	// hook, when set, sees changes before routing (backfill watermarks;
 	// see backfill_hook.go).
 	hook WatermarkHook
+	// position, when set, is the stream's read position (the hook's
+	// Tick).
+	position func() binlog.Position
 	// tx is the open transaction's metadata (txmeta.go).
 	tx txMeta
 
@@ -199,6 +202,11 @@ func (q *enqueuer) handleCommit(ctx context.Context, c *binlog.Commit) error {
 	}
 	q.midTx = false
 	q.lastRow = -1
+	if q.hook != nil {
+		if err := q.hookCommitted(ctx, c.Pos); err != nil {
+			return err
+		}
+	}
 	q.cp = &outbox.Checkpoint{Source: q.source, Pos: c.Pos}
 	if q.since.IsZero() {
 		q.since = time.Now()
@@ -287,13 +295,18 @@ func (q *enqueuer) keyOpen() error {
 
 // tick writes a batch whose oldest commit has waited the flush interval;
 // the stream may be idle, so commits alone cannot be relied on to do it.
-func (q *enqueuer) tick(ctx context.Context) error {
+// busy: the hook wants the next tick soon.
+func (q *enqueuer) tick(ctx context.Context) (busy bool, err error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.cp == nil || time.Since(q.since) < q.interval {
-		return nil
+	if err := q.hookTick(ctx); err != nil {
+		return false, err
 	}
-	return q.flush(ctx, q.cp)
+	busy = q.hook != nil && q.hook.Busy()
+	if q.cp == nil || time.Since(q.since) < q.interval {
+		return busy, nil
+	}
+	return busy, q.flush(ctx, q.cp)
 }
 
 // final writes the complete transactions still buffered (graceful stop).
