@@ -83,16 +83,23 @@ func rereadFrom(ctx context.Context, probe *binlog.Stream, rng replay.Range) (st
 	case replay.KindTime:
 		return probe.FileAt(ctx, rng.From.Time)
 	}
-	if rng.From.Seq <= 1 {
-		return "start", nil
+	return gtidStartBefore(rng.From, probe.Info().Flavor == "mariadb"), nil
+}
+
+// gtidStartBefore is the stream start (binlog.Config.From) just before
+// the GTID p: the set of its source up to the one before it ("start" for
+// a source's first).
+func gtidStartBefore(p replay.Point, mariadb bool) string {
+	if p.Seq <= 1 {
+		return "start"
 	}
-	before := strconv.FormatUint(rng.From.Seq-1, 10)
-	if probe.Info().Flavor == "mariadb" {
+	before := strconv.FormatUint(p.Seq-1, 10)
+	if mariadb {
 		// domain-server-seq: the domain's sequence numbers are the order.
-		parts := strings.SplitN(rng.From.Text, "-", 3)
-		return parts[0] + "-" + parts[1] + "-" + before, nil
+		parts := strings.SplitN(p.Text, "-", 3)
+		return parts[0] + "-" + parts[1] + "-" + before
 	}
-	return rng.From.Source + ":1-" + before, nil
+	return p.Source + ":1-" + before
 }
 
 // atOrAfter reports whether a change at file:pos lies at or after w in
@@ -104,6 +111,19 @@ func atOrAfter(file string, pos uint32, w replay.Where) bool {
 		return false
 	}
 	return a.Num > b.Num || (a.Num == b.Num && a.Pos >= b.Pos)
+}
+
+// reached reports whether a change at w is at or after the held record
+// at held: by GTID when both have one of the same source (a MariaDB
+// domain, a MySQL server uuid), which holds on another server after a
+// failover too, else by file:pos.
+func reached(w, held replay.Where) bool {
+	a, errA := replay.ParsePoint(w.GTID)
+	b, errB := replay.ParsePoint(held.GTID)
+	if errA == nil && errB == nil && a.Kind == replay.KindGTID && b.Kind == replay.KindGTID && a.Source == b.Source {
+		return a.Seq >= b.Seq
+	}
+	return atOrAfter(w.File, uint32(w.Pos), held)
 }
 
 // errRereadDone ends the re-read stream at its bound.
@@ -182,7 +202,7 @@ func (rp *replayer) reread(ctx context.Context, log *zap.Logger, st replay.Statu
 		}
 		ch := ev.Change
 		w := replay.Where{GTID: ch.Source.GTID, File: ch.Source.File, Pos: uint64(ch.Source.Pos), CommitTime: time.UnixMilli(ch.Source.TsMs).UTC()}
-		if (heldOK && atOrAfter(ch.Source.File, ch.Source.Pos, held)) || rng.After(w) {
+		if (heldOK && reached(w, held)) || rng.After(w) {
 			return errRereadDone
 		}
 		if r == nil || !r.matches(ch) || !rng.Contains(w) {
