@@ -296,7 +296,8 @@ func (e *Engine) startDelivery(ctx context.Context, services *group, db *sql.DB,
 	drains.leases = pauseGate(paused, dl.get)
 	rp := &replayer{db: db, store: outbox.NewStore(db, cfg.StateDB, e.log), schema: cfg.StateDB, instance: cfg.Instance, holder: e.holder,
 		sinks: e.sinks, paused: paused, held: dl.get, known: dl.addPipes, log: e.log.Named("replay"), retryMin: 200 * time.Millisecond, retryMx: 5 * time.Second,
-		running: map[string]bool{}}
+		running: map[string]bool{}, routes: e.routes, maxRowBytes: cfg.MaxRowBytes,
+		stream: func() binlog.Config { return e.streamConfig(nil) }}
 	services.run(ctx, rp.run, nil) // replay.go
 	drains.notify = dl.addPipes
 	e.mu.Lock()

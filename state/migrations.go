@@ -287,4 +287,12 @@ var migrations = []migration{
 )` + tableOptions,
 		}
 	}},
+	{version: 7, name: "failed replays", stmts: func(s string) []string {
+		// A replay that cannot be carried out (the binlog it must re-read
+		// was purged) ends failed, with the reason on its pipe.
+		return []string{
+			`ALTER TABLE ` + Table(s, "replays") + ` MODIFY status ENUM('running','done','failed') NOT NULL DEFAULT 'running'`,
+			`ALTER TABLE ` + Table(s, "replay_pipes") + ` MODIFY status ENUM('running','done','failed') NOT NULL DEFAULT 'running'`,
+		}
+	}},
 }
