@@ -103,8 +103,8 @@ func rowColumns(sc config.Sink) (key, tmpl []string, err error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	if len(pt.Columns()) > 0 && (sc.Transactions || sc.Heartbeat > 0) {
-		return nil, nil, fmt.Errorf("template %q names row columns, but heartbeat and transactions records have no row", t)
+	if len(pt.Columns()) > 0 && (sc.Transactions || sc.Heartbeat > 0 || sc.DDL) {
+		return nil, nil, fmt.Errorf("template %q names row columns, but heartbeat, transactions and ddl records have no row", t)
 	}
 	return sc.Key, pt.Columns(), nil
 }

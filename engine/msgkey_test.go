@@ -184,3 +184,24 @@ func consumeAll(t *testing.T, c *kfake.Cluster, n int, topics ...string) []*kgo.
 	}
 	return out
 }
+
+// TestColumnTemplateNeedsRows: a {col:…} template is refused on a sink
+// that also takes records without a row (heartbeats, transactions, schema
+// changes), naming the template; without them it is accepted.
+func TestColumnTemplateNeedsRows(t *testing.T) {
+	base := config.Sink{Name: "k", URL: "kafka://127.0.0.1:9092/orders.{col:region}"}
+	if _, cols, err := rowColumns(base); err != nil || len(cols) != 1 || cols[0] != "region" {
+		t.Fatalf("rowColumns(plain) = %v, %v; want [region]", cols, err)
+	}
+	for name, set := range map[string]func(*config.Sink){
+		"heartbeat":    func(s *config.Sink) { s.Heartbeat = time.Second },
+		"transactions": func(s *config.Sink) { s.Transactions = true },
+		"ddl":          func(s *config.Sink) { s.DDL = true },
+	} {
+		sc := base
+		set(&sc)
+		if _, _, err := rowColumns(sc); err == nil || !strings.Contains(err.Error(), "orders.{col:region}") {
+			t.Errorf("%s: rowColumns = %v, want the template refused", name, err)
+		}
+	}
+}
