@@ -124,6 +124,8 @@ type Limiter struct {
 	ceil               float64
 	overloadedInWindow bool
 	waiters            []chan struct{} // Acquire calls waiting, oldest first
+	// onIdle runs when the last request in flight is done (WhenIdle).
+	onIdle func()
 }
 
 // NewLimiter returns a limiter starting at initial (DefaultInitialLimit
@@ -263,6 +265,11 @@ func (t *Token) Done(sig Signal, retryAfter time.Duration) (cut bool) {
 	defer l.mu.Unlock()
 	l.inflight--
 	defer l.wake()
+	if l.inflight == 0 && l.onIdle != nil {
+		f := l.onIdle
+		l.onIdle = nil
+		f()
+	}
 	if now.Sub(l.windowAt) > floorWindow {
 		l.floorPrev, l.floorCur, l.windowAt = l.floorCur, 0, now
 		if l.probe == 0 {
@@ -411,3 +418,20 @@ func roundMs(d time.Duration) float64 {
 
 // Millis returns the stats' RTT and Floor in milliseconds (three decimals).
 func (s LimiterStats) Millis() (rtt, floor float64) { return roundMs(s.RTT), roundMs(s.Floor) }
+
+// WhenIdle runs f once no request is in flight: at once if none is, else
+// when the last one is Done (a later call replaces an f still waiting).
+// No request is admitted while f runs. The webhook sink closes its idle
+// connections this way after a cut: net/http's CloseIdleConnections can
+// break a request under way on a connection it counts as idle
+// ("transport connection broken: http: CloseIdleConnections called"),
+// which made the receiver get that record twice.
+func (l *Limiter) WhenIdle(f func()) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.inflight == 0 {
+		f()
+		return
+	}
+	l.onIdle = f
+}

@@ -145,3 +145,31 @@ func TestLimiterWaiterAdmittedAfterPause(t *testing.T) {
 		t.Fatal("the waiter was never admitted after the pause")
 	}
 }
+
+// TestWhenIdle: f runs at once with nothing in flight, else only when the
+// request in flight is done, once; a later call replaces a waiting f.
+func TestWhenIdle(t *testing.T) {
+	l := NewLimiter(0, 0)
+	var runs []string
+	l.WhenIdle(func() { runs = append(runs, "idle") })
+	if len(runs) != 1 {
+		t.Fatalf("idle limiter: f ran %v, want once at once", runs)
+	}
+	tok, err := l.Acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.WhenIdle(func() { runs = append(runs, "first") })
+	l.WhenIdle(func() { runs = append(runs, "second") })
+	if len(runs) != 1 {
+		t.Fatalf("with a request in flight f ran: %v", runs)
+	}
+	tok.Done(Success, 0)
+	if len(runs) != 2 || runs[1] != "second" {
+		t.Fatalf("after the last Done: %v, want [idle second]", runs)
+	}
+	done(t, l, time.Millisecond, Success, 0)
+	if len(runs) != 2 {
+		t.Fatalf("f ran again on a later request: %v", runs)
+	}
+}

@@ -122,8 +122,8 @@ type Sink struct {
 	timeout    time.Duration
 	lim        *sink.Limiter
 	// closeIdle closes the transport's idle connections (our own
-	// transport only) when the limit is cut, so the connections open stay
-	// within the limit.
+	// transport only) once nothing is in flight after the limit was cut
+	// (Limiter.WhenIdle), so the connections open stay within the limit.
 	closeIdle func()
 	log       *zap.Logger
 
@@ -432,7 +432,7 @@ func (s *Sink) send(ctx context.Context, id string, h http.Header, body []byte) 
 		}
 		sig, ra, err := s.sendOnce(ctx, id, h, body)
 		if cut := tok.Done(sig, ra); cut && s.closeIdle != nil {
-			s.closeIdle()
+			s.lim.WhenIdle(s.closeIdle)
 		}
 		if err == nil || !sink.IsOverloaded(err) {
 			return err
