@@ -12,8 +12,6 @@ import (
 	"github.com/cdcout/cdcout/binlog"
 	"github.com/cdcout/cdcout/canonical"
 	"github.com/cdcout/cdcout/dedup"
-	"github.com/cdcout/cdcout/internal/pause"
-	"github.com/cdcout/cdcout/lease"
 	"github.com/cdcout/cdcout/outbox"
 )
 
@@ -83,6 +81,7 @@ type enqueuer struct {
 
 	mu    sync.Mutex
 	ready []outbox.Pending   // keyed rows, all before cp unless mid-flushed
+	spare []outbox.Pending   // a written batch's slice, for the next ready
 	open  []openChange       // the current transaction's rows, unkeyed
 	cp    *outbox.Checkpoint // last commit not yet written; nil when none
 	since time.Time          // when the oldest unwritten commit arrived
@@ -93,6 +92,15 @@ type enqueuer struct {
 	// lastRow is the ordinal of the last row of the current transaction
 	// (-1 at a transaction's start); a smaller or equal one is a replay.
 	lastRow int
+
+	// The write in flight (enqueuewrite.go): its batch, nil when none,
+	// and where its outcome arrives. failed is the error of a write that
+	// did not commit (sticky); unsent its batch when the tenure's end cut
+	// it short, for final.
+	inflight *batch
+	done     chan writeOutcome
+	failed   error
+	unsent   *batch
 
 	// Counters for logs and tests.
 	rowsWritten, flushes int64
@@ -287,72 +295,17 @@ func (q *enqueuer) keyOpen() error {
 
 // tick writes a batch whose oldest commit has waited the flush interval;
 // the stream may be idle, so commits alone cannot be relied on to do it.
+// It also collects a finished write, so an idle stream's last batch is
+// accounted (and its backfill chunks marked done) without waiting for
+// the next event.
 func (q *enqueuer) tick(ctx context.Context) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.cp == nil || time.Since(q.since) < q.interval {
+	if err := q.poll(ctx); err != nil {
+		return err
+	}
+	if q.inflight != nil || q.cp == nil || time.Since(q.since) < q.interval {
 		return nil
 	}
 	return q.flush(ctx, q.cp)
-}
-
-// final writes the complete transactions still buffered (graceful stop).
-// The open transaction's rows are dropped: it will be read again from the
-// checkpoint.
-func (q *enqueuer) final(ctx context.Context) error {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	q.open = q.open[:0]
-	if q.cp == nil && len(q.ready) == 0 {
-		return nil
-	}
-	return q.flush(ctx, q.cp)
-}
-
-// flush writes ready with cp (nil: no checkpoint move). Transient database
-// errors are retried until ctx ends; a fenced write ends the tenure.
-func (q *enqueuer) flush(ctx context.Context, cp *outbox.Checkpoint) error {
-	backoff := 100 * time.Millisecond
-	for {
-		if q.valid != nil && !q.valid() {
-			return fmt.Errorf("%w: local deadline passed without a renewal", errLeaseLost)
-		}
-		t0 := time.Now()
-		res, err := q.store.Enqueue(ctx, q.claimedBy, q.fence, q.ready, cp)
-		q.flushTime += time.Since(t0)
-		if q.report != nil && ctx.Err() == nil {
-			q.report(err)
-		}
-		if err == nil {
-			q.rowsWritten += int64(res.Inserted)
-			q.flushes++
-			clear(q.ready)
-			q.ready = q.ready[:0]
-			if cp == q.cp {
-				q.cp = nil
-				q.since = time.Time{}
-			}
-			if q.observe != nil {
-				q.observe(res)
-			}
-			if q.hook != nil {
-				q.hook.Written(ctx)
-			}
-			if len(res.Pipes) > 0 && q.written != nil {
-				q.written(res.Pipes)
-			}
-			return nil
-		}
-		if errors.Is(err, outbox.ErrFenced) || errors.Is(err, lease.ErrNotHeld) {
-			return fmt.Errorf("%w: %v", errLeaseLost, err)
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		q.log.Warn("enqueue failed; retrying", zap.Error(err), zap.Int("rows", len(q.ready)), zap.Duration("backoff", backoff))
-		if err := pause.For(ctx, backoff); err != nil {
-			return err
-		}
-		backoff = min(backoff*2, 5*time.Second)
-	}
 }

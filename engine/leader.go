@@ -370,6 +370,13 @@ func (t *tenure) enqueuer(stream *binlog.Stream, claims []string) (*enqueuer, er
 func (t *tenure) enqueue(ctx context.Context, q *enqueuer, stream *binlog.Stream, buffered []binlog.Event) error {
 	e := t.e
 	tickErr := t.startTicker(q)
+	defer func() {
+		// The term is over whatever ended it: end the write in flight (a
+		// graceful stop has collected it already) before the next term
+		// can start one.
+		t.cancel()
+		q.stop()
+	}()
 	handle := func(ctx context.Context, ev binlog.Event) error {
 		e.observeEvent(ev)
 		return q.handle(ctx, ev)

@@ -235,9 +235,11 @@ type Stats struct {
 	Batches     int64
 	// EnqueueTime is the time spent in outbox enqueue transactions.
 	EnqueueTime time.Duration
-	// Buffered is the rows read but not yet written; Unwritten reports a
-	// commit whose checkpoint is not written yet. MaxBuffered is the peak
-	// of Buffered (bounded by enqueue_max_buffer plus one change's fan-out).
+	// Buffered is the rows read but not yet written (the batch in flight
+	// included); Unwritten reports a commit whose checkpoint is not
+	// written yet. MaxBuffered is the peak of the rows buffered beside the
+	// batch in flight (bounded by enqueue_max_buffer plus one change's
+	// fan-out); with the batch in flight, at most twice that is held.
 	Buffered, MaxBuffered int
 	Unwritten             bool
 }
@@ -252,10 +254,15 @@ func (e *Engine) Stats() Stats {
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return Stats{
+	st := Stats{
 		RowsWritten: q.rowsWritten, Batches: q.flushes, EnqueueTime: q.flushTime,
 		Buffered: len(q.ready) + len(q.open), MaxBuffered: q.maxBuffered, Unwritten: q.cp != nil,
 	}
+	if b := q.inflight; b != nil {
+		st.Buffered += len(b.items)
+		st.Unwritten = st.Unwritten || b.cp != nil
+	}
+	return st
 }
 
 // Kinds of state writes readiness watches.
