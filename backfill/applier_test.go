@@ -59,7 +59,7 @@ func TestApplierWindow(t *testing.T) {
 		t.Fatal("a table change was consumed")
 	}
 	feed(wmChange(wm, "bfother", "i2", 0, markLow)) // another instance
-	mark := a.Handed() // a batch cut before the HIGH
+	mark := a.Handed()                              // a batch cut before the HIGH
 	c, rows := feed(wmChange(wm, "bf1", "i1", 0, markHigh))
 	if !c || len(rows) != 2 {
 		t.Fatalf("HIGH: consumed %v, %d rows, want 2", c, len(rows))
