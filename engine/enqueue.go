@@ -255,11 +255,46 @@ func withoutImages(ch *canonical.Change) *canonical.Change {
 	return &c
 }
 
+// maxKeptImageBytes bounds the changes whose encoded images are kept from
+// the digest for the envelope: a wide row's would stay live beside its
+// decoded images until its batch is written (invariant 6 holds a value
+// once per stage), so those are encoded again instead.
+const maxKeptImageBytes = 64 << 10
+
+// imagesOf is the change's encoded images, nil for a wide change or one
+// whose images cannot be encoded (the envelope reports those).
+func imagesOf(ch *canonical.Change) *canonical.Images {
+	if ch.ImageBytes() > maxKeptImageBytes {
+		return nil
+	}
+	im, err := canonical.EncodeImages(ch)
+	if err != nil {
+		return nil
+	}
+	return im
+}
+
+// digestOf is the change's digest for pipe, from its images when encoded.
+func digestOf(pipe string, ch *canonical.Change, im *canonical.Images) string {
+	if im == nil {
+		return canonical.DigestChange(pipe, ch)
+	}
+	return canonical.DigestImages(pipe, ch, im)
+}
+
 // keyOpen gives the open rows their change keys and moves them to ready.
 func (q *enqueuer) keyOpen() error {
+	// Pipes without transforms share the change: its images are encoded
+	// once for all of them (the digest differs by pipe).
+	var lastCh *canonical.Change
+	var lastImages *canonical.Images
 	for _, o := range q.open {
 		ch := o.ch
-		digest := canonical.DigestChange(o.pipe, ch)
+		if ch != lastCh {
+			lastCh, lastImages = ch, imagesOf(ch)
+		}
+		images := lastImages
+		digest := digestOf(o.pipe, ch, images)
 		var key, unit string
 		if ch.Op == canonical.OpTransaction {
 			key = ch.ChangeKey // txRecord: deterministic in either mode
@@ -281,12 +316,16 @@ func (q *enqueuer) keyOpen() error {
 		dead := o.dead
 		if q.maxRowBytes > 0 && dead == "" {
 			if n := ch.ImageBytes(); n > q.maxRowBytes {
+				images = nil
 				ch, dead = withoutImages(ch), fmt.Sprintf("row images of %d bytes exceed max_row_bytes %d: not delivered, its before and after dropped; re-sync the row", n, q.maxRowBytes)
 				q.log.Error("change exceeds max_row_bytes; dead-lettered without its row images",
 					zap.String("pipe", o.pipe), zap.String("change_key", key), zap.Int("bytes", n), zap.Int("max_row_bytes", q.maxRowBytes))
 			}
 		}
-		q.ready = append(q.ready, outbox.Pending{Pipe: o.pipe, Sink: o.sink, Change: ch, ChangeKey: key, Digest: digest, Unit: unit, Dead: dead, Filtered: o.filtered})
+		if dead != "" || o.filtered {
+			images = nil // no envelope
+		}
+		q.ready = append(q.ready, outbox.Pending{Pipe: o.pipe, Sink: o.sink, Change: ch, ChangeKey: key, Digest: digest, Unit: unit, Dead: dead, Filtered: o.filtered, Images: images})
 	}
 	clear(q.open)
 	q.open = q.open[:0]
