@@ -58,7 +58,7 @@ func (q *enqueuer) flush(ctx context.Context, cp *outbox.Checkpoint) error {
 	if q.hook != nil {
 		b.hookMark = q.hook.Handed()
 	}
-	q.ready, q.spare = q.spare[:0], nil
+	q.ready, q.spare, q.readyBytes = q.spare[:0], nil, 0
 	if cp == q.cp {
 		q.cp = nil
 		q.since = time.Time{}
@@ -85,7 +85,10 @@ func (q *enqueuer) wait(ctx context.Context) error {
 	if q.inflight == nil {
 		return nil
 	}
-	return q.finish(ctx, <-q.done)
+	t0 := time.Now()
+	w := <-q.done
+	q.waitTime += time.Since(t0)
+	return q.finish(ctx, w)
 }
 
 // poll collects a write that has finished, without waiting for one that
