@@ -80,14 +80,14 @@ type enqueuer struct {
 	tx txMeta
 
 	mu    sync.Mutex
-	ready []outbox.Pending   // keyed rows, all before cp unless mid-flushed
-	spare []outbox.Pending   // a written batch's slice, for the next ready
+	ready []outbox.Pending // keyed rows, all before cp unless mid-flushed
+	spare []outbox.Pending // a written batch's slice, for the next ready
 	// readyBytes is the row image bytes of ready (bounds its growth while
 	// a write is in flight, see growing).
 	readyBytes int
-	open  []openChange       // the current transaction's rows, unkeyed
-	cp    *outbox.Checkpoint // last commit not yet written; nil when none
-	since time.Time          // when the oldest unwritten commit arrived
+	open       []openChange       // the current transaction's rows, unkeyed
+	cp         *outbox.Checkpoint // last commit not yet written; nil when none
+	since      time.Time          // when the oldest unwritten commit arrived
 	// midTx is set once rows of the current transaction were written
 	// before its commit; a replay of that transaction is then not
 	// detectable here (see handleChange).
