@@ -105,7 +105,7 @@ func BenchmarkBackfill(b *testing.B) {
 		db1, dbOK := srv.CPUTime()
 		own := mysqltest.OwnCPUTime() - own0
 		st := e.Stats()
-		b.Logf("engine: %d rows in %d batches, %s in enqueue transactions", st.RowsWritten, st.Batches, st.EnqueueTime.Round(time.Millisecond))
+		b.Logf("engine: %d rows in %d batches, %s in enqueue transactions", st.RecordsWritten, st.Batches, st.EnqueueTime.Round(time.Millisecond))
 		releaseHeld()
 		cancel()
 		if err := <-done; err != nil {

@@ -347,8 +347,9 @@ func orderViolations(envs []envelope) []string {
 // outboxRow is one record of the state database's outbox: a row of the
 // outbox table or a record still inside its segment.
 type outboxRow struct {
-	id, pipe, changeKey, status string
-	env                         envelope
+	id, pipe, changeKey string
+	status              outbox.Status
+	env                 envelope
 }
 
 // readOutbox returns every record enqueued, each once, as

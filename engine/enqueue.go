@@ -80,7 +80,7 @@ type enqueuer struct {
 	tx txMeta
 
 	mu    sync.Mutex
-	ready []outbox.Pending // keyed rows, all before cp unless mid-flushed
+	ready []outbox.Pending // keyed records, all before cp unless mid-flushed
 	spare []outbox.Pending // a written batch's slice, for the next ready
 	// readyBytes is the row image bytes of ready (bounds its growth while
 	// a write is in flight, see growing).
@@ -106,10 +106,10 @@ type enqueuer struct {
 	unsent   *batch
 
 	// Counters for logs and tests.
-	rowsWritten, flushes int64
-	flushTime            time.Duration
-	waitTime             time.Duration // the handler waiting for the write in flight
-	maxBuffered          int
+	recordsWritten, flushes int64
+	flushTime               time.Duration
+	waitTime                time.Duration // the handler waiting for the write in flight
+	maxBuffered             int
 }
 
 // handle is the stream handler.

@@ -122,7 +122,7 @@ func (q *enqueuer) finish(ctx context.Context, w writeOutcome) error {
 		}
 		return w.err
 	}
-	q.rowsWritten += int64(w.res.Inserted)
+	q.recordsWritten += int64(w.res.Records)
 	q.flushes++
 	if q.hook != nil {
 		q.hook.Written(ctx, w.b.hookMark)

@@ -74,7 +74,7 @@ func TestEnqueuePipelineOneInFlight(t *testing.T) {
 		if cp.Pos.GTIDSet == "0-1-1" {
 			<-release
 		}
-		return outbox.EnqueueResult{Inserted: 1}, nil
+		return outbox.EnqueueResult{Records: 1}, nil
 	}}
 	q := testEnqueuer(f)
 	ctx := t.Context()
@@ -111,8 +111,8 @@ func TestEnqueuePipelineOneInFlight(t *testing.T) {
 	if len(calls) != 2 || calls[0] != "0-1-1" || calls[1] != "0-1-2" || maxIn != 1 {
 		t.Fatalf("store saw %v with up to %d in flight; want [0-1-1 0-1-2] one at a time", calls, maxIn)
 	}
-	if q.flushes != 2 || q.rowsWritten != 2 || q.growing(ctx) {
-		t.Fatalf("%d flushes, %d rows written, growing %v after both committed", q.flushes, q.rowsWritten, q.growing(ctx))
+	if q.flushes != 2 || q.recordsWritten != 2 || q.growing(ctx) {
+		t.Fatalf("%d flushes, %d records written, growing %v after both committed", q.flushes, q.recordsWritten, q.growing(ctx))
 	}
 }
 
@@ -153,7 +153,7 @@ func TestEnqueuePipelineFinalWritesCutBatchFirst(t *testing.T) {
 		mu.Lock()
 		committed = append(committed, cp.Pos.GTIDSet)
 		mu.Unlock()
-		return outbox.EnqueueResult{Inserted: 1}, nil
+		return outbox.EnqueueResult{Records: 1}, nil
 	}}
 	q := testEnqueuer(f)
 	stream, stop := context.WithCancel(t.Context())

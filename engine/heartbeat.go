@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"strings"
 	"sync"
 	"time"
 
@@ -32,7 +31,9 @@ func (h *heartbeats) enqueued(pipes []string) {
 		h.last = map[string]time.Time{}
 	}
 	for _, p := range pipes {
-		h.last[p[strings.LastIndexByte(p, ':')+1:]] = now
+		if _, _, sink, ok := outbox.SplitPipe(p); ok {
+			h.last[sink] = now
+		}
 	}
 }
 

@@ -406,7 +406,7 @@ func (t *tenure) enqueue(ctx context.Context, q *enqueuer, stream *binlog.Stream
 		if ferr != nil {
 			e.log.Warn("write last batch on stop; it is read again from the checkpoint", zap.Error(ferr))
 		}
-		e.log.Info("enqueue stopped", zap.Int64("rows_written", q.rowsWritten), zap.Int64("batches", q.flushes),
+		e.log.Info("enqueue stopped", zap.Int64("records_written", q.recordsWritten), zap.Int64("batches", q.flushes),
 			zap.Duration("in_transactions", q.flushTime), zap.Duration("waited", q.waitTime))
 		return nil
 	}

@@ -231,16 +231,16 @@ func (e *Engine) observation() fleet.Observation {
 
 // Stats are counters of the current tenure, for tests and logs.
 type Stats struct {
-	RowsWritten int64
-	Batches     int64
+	RecordsWritten int64
+	Batches        int64
 	// EnqueueTime is the time spent in outbox enqueue transactions;
 	// EnqueueWait the part of it the stream's handler waited for (the
 	// rest overlapped with reading the next batch).
 	EnqueueTime, EnqueueWait time.Duration
-	// Buffered is the rows read but not yet written (the batch in flight
-	// included); Unwritten reports a commit whose checkpoint is not
-	// written yet. MaxBuffered is the peak of the rows buffered beside the
-	// batch in flight (bounded by enqueue_max_buffer plus one change's
+	// Buffered is the records read but not yet written (the batch in
+	// flight included); Unwritten reports a commit whose checkpoint is not
+	// written yet. MaxBuffered is the peak of the records buffered beside
+	// the batch in flight (bounded by enqueue_max_buffer plus one change's
 	// fan-out); with the batch in flight, at most twice that is held.
 	Buffered, MaxBuffered int
 	Unwritten             bool
@@ -257,7 +257,7 @@ func (e *Engine) Stats() Stats {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	st := Stats{
-		RowsWritten: q.rowsWritten, Batches: q.flushes, EnqueueTime: q.flushTime, EnqueueWait: q.waitTime,
+		RecordsWritten: q.recordsWritten, Batches: q.flushes, EnqueueTime: q.flushTime, EnqueueWait: q.waitTime,
 		Buffered: len(q.ready) + len(q.open), MaxBuffered: q.maxBuffered, Unwritten: q.cp != nil,
 	}
 	if b := q.inflight; b != nil {

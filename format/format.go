@@ -62,7 +62,7 @@ func (debeziumFormat) ContentType() string                      { return "applic
 // Instance returns the cdcout instance a record belongs to: the first
 // segment of its pipe ("<instance>:<db.table>:<sink>").
 func Instance(rec outbox.Record) string {
-	inst, _, _ := strings.Cut(rec.Pipe, ":")
+	inst, _, _, _ := outbox.SplitPipe(rec.Pipe)
 	return inst
 }
 

@@ -268,14 +268,14 @@ func (r Reader) OutboxStats(ctx context.Context) ([]metrics.OutboxStat, error) {
 		// has an oldest undelivered record: it is reported on a zero
 		// "pending" stat.
 		if b.Pending > 0 || b.Undelivered {
-			out = append(out, metrics.OutboxStat{Pipe: pipe, Status: "pending", Rows: b.Pending, OldestPendingAge: b.OldestAge})
+			out = append(out, metrics.OutboxStat{Pipe: pipe, Status: metrics.OutboxPending, Records: b.Pending, OldestPendingAge: b.OldestAge})
 		}
 		for _, s := range []metrics.OutboxStat{
-			{Pipe: pipe, Status: "delivering", Rows: b.Delivering},
-			{Pipe: pipe, Status: "delivered", Rows: b.Delivered},
-			{Pipe: pipe, Status: "dead", Rows: b.Dead},
+			{Pipe: pipe, Status: metrics.OutboxDelivering, Records: b.Delivering},
+			{Pipe: pipe, Status: metrics.OutboxDelivered, Records: b.Delivered},
+			{Pipe: pipe, Status: metrics.OutboxDead, Records: b.Dead},
 		} {
-			if s.Rows > 0 {
+			if s.Records > 0 {
 				out = append(out, s)
 			}
 		}

@@ -435,7 +435,7 @@ func TestClaimedRowsCountAsDelivering(t *testing.T) {
 	got := map[string]int64{}
 	for _, s := range stats {
 		if s.Pipe == "inst:shop.orders:hook" {
-			got[s.Status] = s.Rows
+			got[s.Status] = s.Records
 		}
 	}
 	if want := map[string]int64{"pending": 6, "delivering": 4, "delivered": 7, "dead": 1}; !maps.Equal(got, want) {

@@ -200,7 +200,7 @@ func (m *Metrics) ObserveEnqueue(r outbox.EnqueueResult) {
 	if m == nil {
 		return
 	}
-	m.claims.WithLabelValues("inserted").Add(float64(r.Inserted))
+	m.claims.WithLabelValues("inserted").Add(float64(r.Records))
 	m.claims.WithLabelValues("already_ours").Add(float64(r.AlreadyOurs))
 	m.claims.WithLabelValues("others").Add(float64(r.OthersClaims))
 	m.digestMismatch.Add(float64(r.DigestMismatches))
@@ -258,16 +258,26 @@ func (m *Metrics) DrainMetrics() outbox.DrainMetrics {
 	}
 }
 
+// The status labels of cdcout_outbox_rows. OutboxDelivering is not a
+// status column value: it counts pending records a drainer has claimed.
+const (
+	OutboxPending    = "pending"
+	OutboxDelivering = "delivering"
+	OutboxDelivered  = "delivered"
+	OutboxDead       = "dead"
+)
+
 // OutboxStat is one pipe's record count in one status, read from the state
 // database.
 type OutboxStat struct {
 	Pipe   string
 	Status string
-	// Rows counts records: outbox rows plus the records still in
+	// Records counts records: outbox rows plus the records still in
 	// segments (enqueue writes a segment per transaction and pipe; only
-	// records that fail or wait behind a retry become rows). The name is
-	// the metric's, kept so dashboards and alerts carry on.
-	Rows int64
+	// records that fail or wait behind a retry become rows). The metric
+	// it feeds keeps its name, cdcout_outbox_rows, so dashboards and
+	// alerts carry on.
+	Records int64
 	// OldestPendingAge is set on the "pending" stat: how long the oldest
 	// undelivered record (a row or a segment's) has waited in the outbox.
 	OldestPendingAge time.Duration
@@ -343,11 +353,11 @@ func (c *outboxCollector) Collect(ch chan<- prometheus.Metric) {
 
 	oldest := map[string]float64{}
 	for _, s := range stats {
-		ch <- prometheus.MustNewConstMetric(c.rows, prometheus.GaugeValue, float64(s.Rows), s.Pipe, s.Status)
+		ch <- prometheus.MustNewConstMetric(c.rows, prometheus.GaugeValue, float64(s.Records), s.Pipe, s.Status)
 		if _, ok := oldest[s.Pipe]; !ok {
 			oldest[s.Pipe] = 0
 		}
-		if s.Status == "pending" {
+		if s.Status == OutboxPending {
 			oldest[s.Pipe] = s.OldestPendingAge.Seconds()
 		}
 	}

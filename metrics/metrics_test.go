@@ -19,7 +19,7 @@ import (
 func TestNilMetricsIsANoop(t *testing.T) {
 	var m *Metrics
 	m.ObserveChange("a", "b", "c")
-	m.ObserveEnqueue(outbox.EnqueueResult{Inserted: 1})
+	m.ObserveEnqueue(outbox.EnqueueResult{Records: 1})
 	m.ObserveDelivery("p", "delivered", time.Second)
 	m.SetLeaseHeld("x", true)
 	m.SetSourceLag(time.Second)
@@ -35,8 +35,8 @@ func TestNilMetricsIsANoop(t *testing.T) {
 
 func TestEnqueueAndDrainHooks(t *testing.T) {
 	m := New()
-	m.ObserveEnqueue(outbox.EnqueueResult{Inserted: 3, AlreadyOurs: 1, OthersClaims: 2, DigestMismatches: 1})
-	m.ObserveEnqueue(outbox.EnqueueResult{Inserted: 2})
+	m.ObserveEnqueue(outbox.EnqueueResult{Records: 3, AlreadyOurs: 1, OthersClaims: 2, DigestMismatches: 1})
+	m.ObserveEnqueue(outbox.EnqueueResult{Records: 2})
 	if got, want := value(t, m.claims.WithLabelValues("inserted")), 5.0; got != want {
 		t.Errorf("claims inserted = %v, want %v", got, want)
 	}
@@ -64,7 +64,7 @@ func TestWatchOutboxCachesAndKeepsLastGood(t *testing.T) {
 		if fail {
 			return nil, errors.New("state db down")
 		}
-		return []OutboxStat{{Pipe: "i:d.t:s", Status: "pending", Rows: 7, OldestPendingAge: 3 * time.Second}}, nil
+		return []OutboxStat{{Pipe: "i:d.t:s", Status: "pending", Records: 7, OldestPendingAge: 3 * time.Second}}, nil
 	}, time.Hour)
 	scrape := func() string {
 		rec := httptest.NewRecorder()

@@ -82,9 +82,9 @@ func FenceOf(l lease.Lease) Fence {
 
 // EnqueueResult counts what one Enqueue did with its items.
 type EnqueueResult struct {
-	// Inserted counts the records written now, in segments or as rows
+	// Records counts the records written now, in segments or as rows
 	// (claims taken now, or taken earlier by us and left without records).
-	Inserted int
+	Records int
 	// AlreadyOurs are items whose claim and row this replica wrote before
 	// (a replay after a crash or a retried batch).
 	AlreadyOurs int
@@ -104,9 +104,9 @@ type EnqueueResult struct {
 // (retention deleted it in between). The whole transaction is retried.
 var errClaimVanished = errors.New("claim vanished between insert and read-back")
 
-// pendingRow is a validated Pending with everything that does not depend on the
+// pendingRecord is a validated Pending with everything that does not depend on the
 // outbox id computed once, outside the retry loop.
-type pendingRow struct {
+type pendingRecord struct {
 	Pending
 	change   canonical.Change // a copy, with ChangeKey set
 	rowKey   string
@@ -121,7 +121,7 @@ type pendingRow struct {
 // or a single change.
 type claimUnit struct {
 	pipe, key, digest string
-	items             []*pendingRow
+	items             []*pendingRecord
 	state             claimState
 }
 
@@ -189,8 +189,8 @@ func (s *Store) Enqueue(ctx context.Context, claimedBy string, fence Fence, item
 // prepare validates items and computes their row data. Items repeating an
 // earlier item's (pipe, change_key) are dropped and counted: one change is
 // one row, even if a caller hands it over twice.
-func (s *Store) prepare(items []Pending) ([]*pendingRow, []*claimUnit, int, error) {
-	its := make([]*pendingRow, 0, len(items))
+func (s *Store) prepare(items []Pending) ([]*pendingRecord, []*claimUnit, int, error) {
+	its := make([]*pendingRecord, 0, len(items))
 	seen := make(map[[2]string]struct{}, len(items))
 	var units []*claimUnit
 	unitOf := map[[2]string]*claimUnit{}
@@ -207,7 +207,7 @@ func (s *Store) prepare(items []Pending) ([]*pendingRow, []*claimUnit, int, erro
 			continue
 		}
 		seen[k] = struct{}{}
-		it := &pendingRow{Pending: p, change: *p.Change}
+		it := &pendingRecord{Pending: p, change: *p.Change}
 		it.change.ChangeKey = p.ChangeKey
 		it.rowKey = canonical.KeyJSONOf(p.Change)
 		if it.rowKey == "" {
@@ -249,7 +249,7 @@ func (s *Store) prepare(items []Pending) ([]*pendingRow, []*claimUnit, int, erro
 
 // unitDigest is what a unit's claim stores to notice two decodings of the
 // same changes: the SHA-256 of its changes' digests in order.
-func unitDigest(items []*pendingRow) string {
+func unitDigest(items []*pendingRecord) string {
 	h := sha256.New()
 	for _, it := range items {
 		h.Write([]byte(it.Digest))
@@ -295,7 +295,7 @@ func printableASCII(s string, max int) bool {
 	return true
 }
 
-func (s *Store) enqueueOnce(ctx context.Context, claimedBy string, fence Fence, its []*pendingRow, units []*claimUnit, cp *Checkpoint) (EnqueueResult, error) {
+func (s *Store) enqueueOnce(ctx context.Context, claimedBy string, fence Fence, its []*pendingRecord, units []*claimUnit, cp *Checkpoint) (EnqueueResult, error) {
 	// READ COMMITTED: the locking read-back sees the latest committed claims,
 	// and InnoDB takes no gap locks, so concurrent enqueuers of neighbouring
 	// keys do not deadlock each other.
@@ -337,7 +337,7 @@ func (s *Store) enqueueOnce(ctx context.Context, claimedBy string, fence Fence, 
 		}
 	}
 
-	var ours []*pendingRow
+	var ours []*pendingRecord
 	seenPipe := map[string]bool{}
 	for _, it := range its {
 		switch it.unit.state {
@@ -366,7 +366,7 @@ func (s *Store) enqueueOnce(ctx context.Context, claimedBy string, fence Fence, 
 			return EnqueueResult{}, fmt.Errorf("enqueue: link claim %s to its rows: %w", u.key, err)
 		}
 	}
-	res.Inserted = len(ours)
+	res.Records = len(ours)
 
 	if cp != nil {
 		if err := s.advanceCheckpoint(ctx, tx, fence, cp); err != nil {
@@ -489,7 +489,7 @@ const wideSegmentBytes = 1 << 20
 
 // insertDead writes a change that is not to be delivered (Pending.Dead) as
 // a dead outbox row carrying the reason.
-func (s *Store) insertDead(ctx context.Context, tx *sql.Tx, it *pendingRow) error {
+func (s *Store) insertDead(ctx context.Context, tx *sql.Tx, it *pendingRecord) error {
 	payload, err := canonical.MarshalEnvelope(&it.change, it.id)
 	if err != nil {
 		return fmt.Errorf("enqueue: encode change %s for pipe %s: %w", it.ChangeKey, it.Pipe, err)
@@ -507,9 +507,9 @@ func (s *Store) insertDead(ctx context.Context, tx *sql.Tx, it *pendingRow) erro
 // item order, segments of at most maxSegmentRecords records and
 // maxSegmentBytes bytes, each one row and one statement. A segment's id is
 // its first record's, so segments of a pipe sort in commit order.
-func (s *Store) insertSegments(ctx context.Context, tx *sql.Tx, ours []*pendingRow) error {
+func (s *Store) insertSegments(ctx context.Context, tx *sql.Tx, ours []*pendingRecord) error {
 	var pipes []string
-	byPipe := map[string][]*pendingRow{}
+	byPipe := map[string][]*pendingRecord{}
 	for _, it := range ours {
 		if _, ok := byPipe[it.Pipe]; !ok {
 			pipes = append(pipes, it.Pipe)

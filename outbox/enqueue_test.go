@@ -44,7 +44,7 @@ func TestEnqueueWritesRowsClaimsAndCheckpoint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Inserted != len(items) || res.AlreadyOurs != 0 || res.OthersClaims != 0 || res.DigestMismatches != 0 {
+	if res.Records != len(items) || res.AlreadyOurs != 0 || res.OthersClaims != 0 || res.DigestMismatches != 0 {
 		t.Fatalf("result = %+v, want %d inserted", res, len(items))
 	}
 	if got, want := strings.Join(res.Pipes, ","), strings.Join(pipes, ","); got != want {
@@ -133,14 +133,14 @@ func TestEnqueueReplayWritesNothingNew(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Inserted != 20 || res.AlreadyOurs != 30 || res.OthersClaims != 0 {
+	if res.Records != 20 || res.AlreadyOurs != 30 || res.OthersClaims != 0 {
 		t.Fatalf("replay result = %+v, want 20 inserted, 30 already ours", res)
 	}
 	res, err = s.Enqueue(ctx, "r1", Fence{}, items, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Inserted != 0 || res.AlreadyOurs != 50 || len(res.Pipes) != 0 {
+	if res.Records != 0 || res.AlreadyOurs != 50 || len(res.Pipes) != 0 {
 		t.Fatalf("second replay = %+v, want 0 inserted", res)
 	}
 	if got := len(records(t, db, schema)); got != 50 {
@@ -152,7 +152,7 @@ func TestEnqueueReplayWritesNothingNew(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Inserted != 1 || res.AlreadyOurs != 1 {
+	if res.Records != 1 || res.AlreadyOurs != 1 {
 		t.Fatalf("duplicate in batch = %+v, want 1 inserted, 1 already ours", res)
 	}
 }
@@ -183,7 +183,7 @@ func TestEnqueueRacingReplicasOneRowEach(t *testing.T) {
 					errs[r] = err
 					return
 				}
-				results[r].Inserted += res.Inserted
+				results[r].Records += res.Records
 				results[r].OthersClaims += res.OthersClaims
 				results[r].AlreadyOurs += res.AlreadyOurs
 				results[r].DigestMismatches += res.DigestMismatches
@@ -197,11 +197,11 @@ func TestEnqueueRacingReplicasOneRowEach(t *testing.T) {
 			t.Fatalf("replica %d: %v", r, err)
 		}
 	}
-	if got := results[0].Inserted + results[1].Inserted; got != n {
-		t.Fatalf("inserted %d + %d, want %d in total", results[0].Inserted, results[1].Inserted, n)
+	if got := results[0].Records + results[1].Records; got != n {
+		t.Fatalf("inserted %d + %d, want %d in total", results[0].Records, results[1].Records, n)
 	}
 	for r, res := range results {
-		if res.Inserted+res.OthersClaims != n || res.DigestMismatches != 0 {
+		if res.Records+res.OthersClaims != n || res.DigestMismatches != 0 {
 			t.Fatalf("replica %d: %+v", r, res)
 		}
 	}
@@ -249,7 +249,7 @@ func TestEnqueueReentrantClaim(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Inserted != 1 || res.OthersClaims != 1 || res.AlreadyOurs != 0 {
+	if res.Records != 1 || res.OthersClaims != 1 || res.AlreadyOurs != 0 {
 		t.Fatalf("result = %+v, want 1 inserted, 1 others'", res)
 	}
 	recs := records(t, db, schema)
@@ -261,7 +261,7 @@ func TestEnqueueReentrantClaim(t *testing.T) {
 	}
 	// Finished once, it is not written again.
 	res, err = s.Enqueue(ctx, "me", Fence{}, []Pending{mine}, nil)
-	if err != nil || res.Inserted != 0 || res.AlreadyOurs != 1 {
+	if err != nil || res.Records != 0 || res.AlreadyOurs != 1 {
 		t.Fatalf("again = %+v, %v", res, err)
 	}
 }
@@ -308,7 +308,7 @@ func TestEnqueueFencedCommitsNothing(t *testing.T) {
 	empty("expired lease")
 
 	grantLease(t, db, schema, "enqueue/a", "r1", 5, time.Hour)
-	if res, err := s.Enqueue(ctx, "r1", good, items, cp); err != nil || res.Inserted != len(items) {
+	if res, err := s.Enqueue(ctx, "r1", good, items, cp); err != nil || res.Records != len(items) {
 		t.Fatalf("with the lease: %+v, %v", res, err)
 	}
 	// A takeover: the old holder's next enqueue is fenced and leaves the
@@ -378,7 +378,7 @@ func TestEnqueueDigestMismatchCounted(t *testing.T) {
 	drifted := a
 	drifted.Digest = strings.Repeat("e", 64)
 	res, err = s.Enqueue(ctx, "r2", Fence{}, []Pending{drifted}, nil)
-	if err != nil || res.OthersClaims != 1 || res.DigestMismatches != 1 || res.Inserted != 0 {
+	if err != nil || res.OthersClaims != 1 || res.DigestMismatches != 1 || res.Records != 0 {
 		t.Fatalf("drifted digest: %+v, %v; want 1 mismatch, 0 inserted", res, err)
 	}
 }
@@ -430,8 +430,8 @@ func TestEnqueueLargeBatchChunked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Inserted != n {
-		t.Fatalf("inserted %d, want %d", res.Inserted, n)
+	if res.Records != n {
+		t.Fatalf("inserted %d, want %d", res.Records, n)
 	}
 	// 20 claim statements + 10 segments + the checkpoint.
 	want := n/maxRowsPerStatement + n/maxSegmentRecords
@@ -489,8 +489,8 @@ func TestEnqueueSplitsByBytes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Inserted != len(items) {
-		t.Fatalf("inserted %d, want %d", res.Inserted, len(items))
+	if res.Records != len(items) {
+		t.Fatalf("inserted %d, want %d", res.Records, len(items))
 	}
 	full := 0
 	for _, r := range records(t, db, schema) {
@@ -591,7 +591,7 @@ func TestEnqueueUnitsShareOneClaim(t *testing.T) {
 		}
 	}
 	res, err := s.Enqueue(ctx, "r1", Fence{}, items, nil)
-	if err != nil || res.Inserted != len(items) {
+	if err != nil || res.Records != len(items) {
 		t.Fatalf("enqueue = %+v, %v; want %d inserted", res, err, len(items))
 	}
 	claims := claimsOf(t, db, schema)
@@ -615,12 +615,12 @@ func TestEnqueueUnitsShareOneClaim(t *testing.T) {
 	}
 	// A replay of the whole transaction is already ours, unit by unit.
 	res, err = s.Enqueue(ctx, "r1", Fence{}, items, nil)
-	if err != nil || res.Inserted != 0 || res.AlreadyOurs != len(items) || res.DigestMismatches != 0 {
+	if err != nil || res.Records != 0 || res.AlreadyOurs != len(items) || res.DigestMismatches != 0 {
 		t.Fatalf("replay = %+v, %v; want all already ours", res, err)
 	}
 	// Another replica meets the same units as others' claims.
 	res, err = s.Enqueue(ctx, "r2", Fence{}, items, nil)
-	if err != nil || res.Inserted != 0 || res.OthersClaims != len(items) {
+	if err != nil || res.Records != 0 || res.OthersClaims != len(items) {
 		t.Fatalf("other replica = %+v, %v; want all others' claims", res, err)
 	}
 	// A unit decoded differently is noticed.
@@ -660,11 +660,11 @@ func TestEnqueueBackfillChunkOnce(t *testing.T) {
 		}
 		return items
 	}
-	if res, err := s.Enqueue(ctx, "r1", Fence{}, reading(50, "first"), nil); err != nil || res.Inserted != 50 {
+	if res, err := s.Enqueue(ctx, "r1", Fence{}, reading(50, "first"), nil); err != nil || res.Records != 50 {
 		t.Fatalf("first reading = %+v, %v", res, err)
 	}
 	res, err := s.Enqueue(ctx, "r1", Fence{}, reading(48, "second"), nil)
-	if err != nil || res.Inserted != 0 || res.AlreadyOurs != 48 || res.DigestMismatches != 0 {
+	if err != nil || res.Records != 0 || res.AlreadyOurs != 48 || res.DigestMismatches != 0 {
 		t.Fatalf("second reading = %+v, %v; want all already ours, no mismatch", res, err)
 	}
 	if n := len(claimsOf(t, db, schema)); n != 1 {

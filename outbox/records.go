@@ -14,7 +14,7 @@ type StoredRecord struct {
 	ID, Pipe, Sink, ChangeKey, DB, Table, Op, Key string
 	// Status is pending, delivered or dead. A record of a done segment
 	// that has no row of its own was delivered.
-	Status  string
+	Status  Status
 	Payload []byte
 	// InSegment is the id of the segment holding the record, "" for a row.
 	InSegment string
@@ -56,7 +56,8 @@ FROM `+state.Table(schema, "segments")+` WHERE pipe LIKE ? ORDER BY id`, pipeLik
 	}
 	defer segs.Close()
 	for segs.Next() {
-		var id, pipe, sink, status string
+		var id, pipe, sink string
+		var status Status
 		var payload []byte
 		if err := segs.Scan(&id, &pipe, &sink, &status, &payload); err != nil {
 			return nil, fmt.Errorf("read outbox segments: %w", err)
@@ -65,9 +66,9 @@ FROM `+state.Table(schema, "segments")+` WHERE pipe LIKE ? ORDER BY id`, pipeLik
 		if err != nil {
 			return nil, fmt.Errorf("segment %s: %w", id, err)
 		}
-		st := "pending"
-		if status == "done" {
-			st = "delivered"
+		st := StatusPending
+		if status == StatusDone {
+			st = StatusDelivered
 		}
 		for _, r := range recs {
 			if seen[r.id] {

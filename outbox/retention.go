@@ -123,7 +123,7 @@ func (j *Janitor) Sweep(ctx context.Context) (Swept, error) {
 		return sw, fmt.Errorf("list outbox pipes: %w", err)
 	}
 	for _, pipe := range pipes {
-		for _, status := range []string{"delivered", "dead"} {
+		for _, status := range []Status{StatusDelivered, StatusDead} {
 			for {
 				rows, atts, err := j.sweepRows(ctx, pipe, status)
 				sw.Rows += rows
@@ -233,7 +233,7 @@ AND status = 'done' AND next_attempt_at < NOW(6) - INTERVAL ? MICROSECOND`, appe
 // due index (pipe, status, next_attempt_at, id): the outbox has no index
 // of its own for retention, which would cost every insert and every
 // delivery one more index write.
-func (j *Janitor) sweepRows(ctx context.Context, pipe, status string) (rows, atts int64, err error) {
+func (j *Janitor) sweepRows(ctx context.Context, pipe string, status Status) (rows, atts int64, err error) {
 	// READ COMMITTED: no gap locks on the due index, so the sweep never
 	// blocks the drainer moving rows to delivered meanwhile.
 	tx, err := j.cfg.DB.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
@@ -245,7 +245,7 @@ func (j *Janitor) sweepRows(ctx context.Context, pipe, status string) (rows, att
 	// either happens first (and the row is no longer chosen) or waits.
 	r, err := tx.QueryContext(ctx, `SELECT id FROM `+j.outbox+`
 WHERE pipe = ? AND status = ? AND next_attempt_at < NOW(6) - INTERVAL ? MICROSECOND
-ORDER BY next_attempt_at LIMIT ? FOR UPDATE`, pipe, status, j.cfg.Retention.Microseconds(), j.cfg.BatchSize)
+ORDER BY next_attempt_at LIMIT ? FOR UPDATE`, pipe, string(status), j.cfg.Retention.Microseconds(), j.cfg.BatchSize)
 	if err != nil {
 		return 0, 0, err
 	}

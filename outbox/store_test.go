@@ -59,7 +59,10 @@ func gtidItem(pipe string, txn, i int) Pending {
 	}
 }
 
-func sinkOf(pipe string) string { return pipe[strings.LastIndexByte(pipe, ':')+1:] }
+func sinkOf(pipe string) string {
+	_, _, sink, _ := SplitPipe(pipe)
+	return sink
+}
 
 func count(t testing.TB, db *sql.DB, query string, args ...any) int {
 	t.Helper()
