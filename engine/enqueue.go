@@ -198,7 +198,14 @@ func (q *enqueuer) flushOpen(ctx context.Context) error {
 		return err
 	}
 	q.midTx = true
-	return q.flush(ctx, nil)
+	if err := q.flush(ctx, nil); err != nil {
+		return err
+	}
+	// A part of a huge transaction is written before the next is read:
+	// the buffer's ceiling bounds memory (invariant 6), and reading on
+	// would hold a second ceiling's worth of rows (peak RSS of the
+	// 1,000,000-row transaction 172 → 218 MB on the loaded box).
+	return q.wait(ctx)
 }
 
 func (q *enqueuer) handleCommit(ctx context.Context, c *binlog.Commit) error {
