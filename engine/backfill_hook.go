@@ -66,7 +66,6 @@ func (q *enqueuer) hookChange(ctx context.Context, ch *canonical.Change) (bool, 
 				Pipe: pipe, Sink: r.sink, Change: c, ChangeKey: br.ChangeKey, Unit: br.Unit,
 				Digest: canonical.DigestChange(pipe, c), Filtered: filtered, Dead: dead,
 			})
-			q.readyBytes += c.ImageBytes()
 		}
 	}
 	q.maxBuffered = max(q.maxBuffered, len(q.ready)+len(q.open))

@@ -58,7 +58,7 @@ func (q *enqueuer) flush(ctx context.Context, cp *outbox.Checkpoint) error {
 	if q.hook != nil {
 		b.hookMark = q.hook.Handed()
 	}
-	q.ready, q.spare, q.readyBytes = q.spare[:0], nil, 0
+	q.ready, q.spare = q.spare[:0], nil
 	if cp == q.cp {
 		q.cp = nil
 		q.since = time.Time{}
