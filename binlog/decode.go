@@ -36,10 +36,10 @@ func (e *DecodeError) Error() string {
 
 func (e *DecodeError) Unwrap() error { return e.Err }
 
-// InTable returns err with the database and table filled in when it is a
+// inTable returns err with the database and table filled in when it is a
 // *DecodeError, so the message names db.table.column; other errors are
 // returned as they are.
-func InTable(err error, db, table string) error {
+func inTable(err error, db, table string) error {
 	var de *DecodeError
 	if errors.As(err, &de) && de.Table == "" {
 		cp := *de

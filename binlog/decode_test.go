@@ -201,7 +201,7 @@ func TestColumnDecodeErrors(t *testing.T) {
 			if !errors.As(err, &de) {
 				t.Fatalf("error %v is not a *DecodeError", err)
 			}
-			full := InTable(err, "shop", "items").Error()
+			full := inTable(err, "shop", "items").Error()
 			for _, want := range []string{"shop.items.col_x", tt.msg} {
 				if !strings.Contains(full, want) {
 					t.Fatalf("error %q does not mention %q", full, want)
@@ -209,8 +209,8 @@ func TestColumnDecodeErrors(t *testing.T) {
 			}
 		})
 	}
-	if err := InTable(errors.New("other"), "a", "b"); err.Error() != "other" {
-		t.Fatalf("InTable changed a foreign error: %v", err)
+	if err := inTable(errors.New("other"), "a", "b"); err.Error() != "other" {
+		t.Fatalf("inTable changed a foreign error: %v", err)
 	}
 }
 

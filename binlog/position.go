@@ -237,25 +237,14 @@ func (s *Stream) resolveStart(ctx context.Context) (startPoint, error) {
 	}
 	switch from.Kind {
 	case FromNow:
-		if mariadb {
-			var gs string
-			if err := s.db.QueryRowContext(ctx, "SELECT @@GLOBAL.gtid_binlog_pos").Scan(&gs); err != nil {
-				return startPoint{}, fmt.Errorf("read gtid_binlog_pos: %w", err)
+		if mariadb || s.info.GTIDMode {
+			name := "gtid_executed"
+			if mariadb {
+				name = "gtid_binlog_pos"
 			}
-			set, err := gomysql.ParseMariadbGTIDSet(gs)
+			set, err := globalGTIDSet(ctx, s.db, name, mariadb)
 			if err != nil {
-				return startPoint{}, fmt.Errorf("parse gtid_binlog_pos %q: %w", gs, err)
-			}
-			return startPoint{gset: set, useGTID: true}, nil
-		}
-		if s.info.GTIDMode {
-			var gs string
-			if err := s.db.QueryRowContext(ctx, "SELECT @@GLOBAL.gtid_executed").Scan(&gs); err != nil {
-				return startPoint{}, fmt.Errorf("read gtid_executed: %w", err)
-			}
-			set, err := gomysql.ParseMysqlGTIDSet(strings.ReplaceAll(gs, "\n", ""))
-			if err != nil {
-				return startPoint{}, fmt.Errorf("parse gtid_executed: %w", err)
+				return startPoint{}, err
 			}
 			return startPoint{gset: set, useGTID: true}, nil
 		}
@@ -275,13 +264,9 @@ func (s *Stream) resolveStart(ctx context.Context) (startPoint, error) {
 			}
 			sp.gset = set
 		} else if s.info.GTIDMode {
-			var gs string
-			if err := s.db.QueryRowContext(ctx, "SELECT @@GLOBAL.gtid_purged").Scan(&gs); err != nil {
-				return startPoint{}, fmt.Errorf("read gtid_purged: %w", err)
-			}
-			set, err := gomysql.ParseMysqlGTIDSet(strings.ReplaceAll(gs, "\n", ""))
+			set, err := globalGTIDSet(ctx, s.db, "gtid_purged", false)
 			if err != nil {
-				return startPoint{}, fmt.Errorf("parse gtid_purged: %w", err)
+				return startPoint{}, err
 			}
 			sp.gset = set
 		}
@@ -317,19 +302,38 @@ func (s *Stream) gtidStart(ctx context.Context, text, oldest string) (startPoint
 			}
 		}
 	} else {
-		var purged string
-		if err := s.db.QueryRowContext(ctx, "SELECT @@GLOBAL.gtid_purged").Scan(&purged); err != nil {
-			return startPoint{}, fmt.Errorf("read gtid_purged: %w", err)
-		}
-		ps, err := gomysql.ParseMysqlGTIDSet(strings.ReplaceAll(purged, "\n", ""))
+		ps, err := globalGTIDSet(ctx, s.db, "gtid_purged", false)
 		if err != nil {
-			return startPoint{}, fmt.Errorf("parse gtid_purged: %w", err)
+			return startPoint{}, err
 		}
 		if !set.Contain(ps) {
 			return startPoint{}, purgedError("gtid "+text, "gtid_purged "+ps.String(), s.cfg.Resume != nil)
 		}
 	}
 	return startPoint{gset: set, useGTID: true}, nil
+}
+
+// globalGTIDSet reads and parses the GTID set in a global variable:
+// gtid_executed or gtid_purged, or MariaDB's gtid_binlog_pos.
+func globalGTIDSet(ctx context.Context, db *sql.DB, name string, mariadb bool) (gomysql.GTIDSet, error) {
+	var gs string
+	if err := db.QueryRowContext(ctx, "SELECT @@GLOBAL."+name).Scan(&gs); err != nil {
+		return nil, fmt.Errorf("read %s: %w", name, err)
+	}
+	var (
+		set gomysql.GTIDSet
+		err error
+	)
+	if mariadb {
+		set, err = gomysql.ParseMariadbGTIDSet(gs)
+	} else {
+		// MySQL wraps a long set over lines.
+		set, err = gomysql.ParseMysqlGTIDSet(strings.ReplaceAll(gs, "\n", ""))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("parse %s %q: %w", name, gs, err)
+	}
+	return set, nil
 }
 
 func (s *Stream) filePosStart(ctx context.Context, file string, pos uint32, files []string, mariadb bool) (startPoint, error) {

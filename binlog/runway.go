@@ -12,7 +12,8 @@ import (
 
 	gomysql "github.com/go-mysql-org/go-mysql/mysql"
 	"github.com/go-mysql-org/go-mysql/replication"
-	"github.com/go-sql-driver/mysql"
+
+	"github.com/cdcout/cdcout/state"
 )
 
 // Runway is how long the server keeps the binlog file a checkpoint is in:
@@ -121,8 +122,7 @@ func readRetention(ctx context.Context, db *sql.DB) (retention, error) {
 func rdsRetentionHours(ctx context.Context, db *sql.DB) (hours sql.NullInt64, found bool, err error) {
 	rows, err := db.QueryContext(ctx, "CALL mysql.rds_show_configuration")
 	if err != nil {
-		var me *mysql.MySQLError
-		if errors.As(err, &me) && me.Number == 1305 { // ER_SP_DOES_NOT_EXIST
+		if state.Errno(err) == state.ErrnoSPDoesNotExist {
 			return hours, false, nil
 		}
 		return hours, false, fmt.Errorf("read RDS binlog retention (CALL mysql.rds_show_configuration): %w", err)
@@ -237,15 +237,15 @@ type runwayProbe struct {
 	rate     float64
 }
 
-// RunwayServerID is the replication id of the short connection that reads
+// runwayServerID is the replication id of the short connection that reads
 // a binlog file's first event: distinct from the stream's id (id) and a
 // standby's (bit 31), so it never displaces either.
-func RunwayServerID(id uint32) uint32 { return id ^ 1<<30 }
+func runwayServerID(id uint32) uint32 { return id ^ 1<<30 }
 
 // Runway reads how long the server keeps the binlog file holding
 // checkpoint (see Runway). It needs the time that file was closed, which
 // only the first event of the next file tells remotely; it is read once
-// per file over a replication connection of its own (RunwayServerID).
+// per file over a replication connection of its own (runwayServerID).
 func (s *Stream) Runway(ctx context.Context, checkpoint Position) (Runway, error) {
 	if checkpoint.File == "" {
 		return Runway{}, errors.New("binlog runway: the checkpoint has no file")
@@ -314,7 +314,7 @@ func (s *Stream) fileStart(ctx context.Context, file string) (time.Time, error) 
 	if err != nil {
 		return time.Time{}, err
 	}
-	cfg.ServerID = RunwayServerID(s.cfg.ServerID)
+	cfg.ServerID = runwayServerID(s.cfg.ServerID)
 	cfg.RowsEventDecodeFunc = nil
 	cfg.EventCacheCount = 4
 	syncer := replication.NewBinlogSyncer(cfg)

@@ -26,7 +26,7 @@ import (
 // dozen bytes; a minute's detection, as with 5 s and 30 s, let readiness
 // lie for that long (issue 14).
 const (
-	DefaultHeartbeatPeriod = time.Second
+	defaultHeartbeatPeriod = time.Second
 	DefaultReadTimeout     = 10 * time.Second
 )
 
@@ -93,7 +93,7 @@ func Open(ctx context.Context, cfg Config) (*Stream, error) {
 		cfg.Logger = zap.NewNop()
 	}
 	if cfg.HeartbeatPeriod <= 0 {
-		cfg.HeartbeatPeriod = DefaultHeartbeatPeriod
+		cfg.HeartbeatPeriod = defaultHeartbeatPeriod
 	}
 	if cfg.ReadTimeout <= 0 {
 		cfg.ReadTimeout = DefaultReadTimeout

@@ -232,12 +232,8 @@ func digest(pipe string, c *Change, im *Images) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// AppendDigestInput appends the document Digest hashes to dst; exported so
-// tests and tools can show what a digest covers.
-func AppendDigestInput(dst []byte, pipe string, op Op, key, next, prev Row) ([]byte, error) {
-	return appendDigestInput(dst, pipe, &Change{Op: op, Key: key, After: next, Before: prev}, nil)
-}
-
+// appendDigestInput appends the document DigestChange hashes to dst, with
+// c's images from im when it is not nil.
 func appendDigestInput(dst []byte, pipe string, c *Change, im *Images) ([]byte, error) {
 	e := getEncoder()
 	defer putEncoder(e)

@@ -13,11 +13,12 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/go-sql-driver/mysql"
 	"github.com/urfave/cli/v2"
 
 	"github.com/cdcout/cdcout/binlog"
+	"github.com/cdcout/cdcout/engine"
 	"github.com/cdcout/cdcout/internal/buildinfo"
+	"github.com/cdcout/cdcout/state"
 )
 
 // Exit codes.
@@ -127,11 +128,14 @@ func classify(err error) error {
 	if errors.As(err, &ce) {
 		return err
 	}
-	var me *mysql.MySQLError
 	switch {
-	case errors.As(err, &me) && (me.Number == 1045 || me.Number == 1044 || me.Number == 1049):
+	case state.Refused(err):
 		return &configError{fmt.Errorf("%w (check the user, password and database in the DSN)", err)}
 	case errors.Is(err, binlog.ErrServerNotReady):
+		return &configError{err}
+	}
+	var col *engine.ColumnError
+	if errors.As(err, &col) {
 		return &configError{err}
 	}
 	return err

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/cdcout/cdcout/internal/mysqltest"
+	"github.com/cdcout/cdcout/internal/statetest"
 	"github.com/cdcout/cdcout/state"
 )
 
@@ -24,11 +25,7 @@ func runCLI(t *testing.T, args ...string) (code int, stdout, stderr string) {
 
 func TestDeadListAndRetryCommands(t *testing.T) {
 	srv := mysqltest.Shared(t)
-	schema := srv.CreateDB(t, "deadcmd")
-	db := srv.Open(t)
-	if err := state.Migrate(context.Background(), db, schema); err != nil {
-		t.Fatal(err)
-	}
+	db, schema := statetest.New(t, "deadcmd")
 	tbl := state.Table(schema, "outbox")
 	ins := func(id, pipe, status, lastErr string) {
 		t.Helper()

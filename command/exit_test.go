@@ -2,6 +2,8 @@ package command
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -60,5 +62,26 @@ func TestNoStateDatabase(t *testing.T) {
 			!strings.Contains(line, "--state-db") || strings.Contains(line, "doesn't exist") {
 			t.Errorf("%v: exit %d, error %q", args, code, line)
 		}
+	}
+}
+
+// TestRunRefusesUnknownKeyColumn: a sink's key: naming a column a table
+// it takes lacks is a configuration to fix (exit 2), named with the sink,
+// the column and the table.
+func TestRunRefusesUnknownKeyColumn(t *testing.T) {
+	srv := mysqltest.Shared(t)
+	src := srv.CreateDB(t, "keycol")
+	srv.Exec(t, "CREATE TABLE `"+src+"`.orders (id INT PRIMARY KEY, customer INT)")
+	file := filepath.Join(t.TempDir(), "cdcout.yaml")
+	cfg := "dsn: '" + srv.DSN + "'\nstate_db: " + src + "_state\nhttp_addr: 'off'\ntables: ['" + src + ".*']\n" +
+		"sinks:\n  - name: k\n    url: kafka://127.0.0.1:1/t\n    key: [custmer]\n"
+	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	code, _, stderr := runArgs(t, ctx, "run", "--config", file)
+	if want := `sinks[0] (k).key: column "custmer" is not a column of ` + src + ".orders"; code != ExitConfig || !strings.Contains(stderr, want) {
+		t.Fatalf("exit %d, %s; want exit 2 with %q", code, stderr, want)
 	}
 }

@@ -46,6 +46,21 @@ func TestTwoInstallationsAndCreateSelect(t *testing.T) {
 	// after it (CI saw b.jsonl stay empty once).
 	from := mysqltest.GTIDPos(t, db)
 	deadline := time.Now().Add(60 * time.Second)
+	// until polls cond until it holds; a replica that exits first, or the
+	// deadline, fails the test (timedOut says why).
+	until := func(cond func() bool, timedOut func()) {
+		for !cond() {
+			select {
+			case r := <-exited:
+				t.Fatalf("a replica exited (%d): %s", r.code, r.stderr)
+			default:
+			}
+			if time.Now().After(deadline) {
+				timedOut()
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
 	// One after the other: urfave/cli's flag parsing is not safe for two
 	// apps at once in one process.
 	for _, a := range [][2]string{{stateA, outA}, {stateB, outB}} {
@@ -55,58 +70,42 @@ func TestTwoInstallationsAndCreateSelect(t *testing.T) {
 				"--sink", "f=file://"+a[1], "--http-addr", "off", "--log-level", "warn")
 			exited <- result{code, stderr}
 		}()
-		for {
+		until(func() bool {
 			var n int
 			_ = db.QueryRow("SELECT COUNT(*) FROM `" + s + "`.replicas WHERE payload LIKE '%\"role\":\"leader\"%'").Scan(&n)
-			if n > 0 {
-				break
-			}
-			select {
-			case r := <-exited:
-				t.Fatalf("a replica exited (%d): %s", r.code, r.stderr)
-			default:
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s never led", s)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+			return n > 0
+		}, func() { t.Fatalf("%s never led", s) })
 	}
 	srv.Exec(t, "CREATE TABLE `"+user+"`.copy (PRIMARY KEY (id)) SELECT id, v FROM `"+user+"`.src",
 		"INSERT INTO `"+user+"`.copy VALUES (4, 4)")
 
 	for _, out := range []string{outA, outB} {
-		for {
-			b, _ := os.ReadFile(out)
-			var copies []string
+		var (
+			b      []byte
+			copies []string
+		)
+		until(func() bool {
+			b, _ = os.ReadFile(out)
+			copies = nil
 			for _, line := range strings.Split(string(b), "\n") {
 				if strings.Contains(line, `"table":"copy"`) {
 					copies = append(copies, line)
 				}
 			}
-			if len(copies) == 4 {
-				for _, line := range copies {
-					if strings.Contains(line, `"gtid":""`) || !strings.Contains(line, `"change_key":"g:`) {
-						t.Errorf("%s: change without its GTID key: %s", filepath.Base(out), line)
-					}
-				}
-				for _, s := range []string{stateA, stateB} {
-					if strings.Contains(string(b), `"db":"`+s+`"`) {
-						t.Errorf("%s captured cdcout state of %s", filepath.Base(out), s)
-					}
-				}
-				break
+			return len(copies) == 4
+		}, func() {
+			dump()
+			t.Fatalf("%s: %d changes of copy, want 4:\n%s", filepath.Base(out), len(copies), lastN(string(b), 3000))
+		})
+		for _, line := range copies {
+			if strings.Contains(line, `"gtid":""`) || !strings.Contains(line, `"change_key":"g:`) {
+				t.Errorf("%s: change without its GTID key: %s", filepath.Base(out), line)
 			}
-			select {
-			case r := <-exited:
-				t.Fatalf("a replica exited (%d): %s", r.code, r.stderr)
-			default:
+		}
+		for _, s := range []string{stateA, stateB} {
+			if strings.Contains(string(b), `"db":"`+s+`"`) {
+				t.Errorf("%s captured cdcout state of %s", filepath.Base(out), s)
 			}
-			if time.Now().After(deadline) {
-				dump()
-				t.Fatalf("%s: %d changes of copy, want 4:\n%s", filepath.Base(out), len(copies), lastN(string(b), 3000))
-			}
-			time.Sleep(50 * time.Millisecond)
 		}
 	}
 }

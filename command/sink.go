@@ -46,12 +46,49 @@ func sinkCommand() *cli.Command {
 	}
 	flags := append(stateDBFlags(),
 		&cli.StringFlag{Name: "instance", EnvVars: []string{"CDCOUT_INSTANCE"}, Value: "default", Usage: "instance the sink belongs to"})
+	replayFlags := append(append([]cli.Flag{}, flags...),
+		&cli.StringFlag{Name: "from", Required: true, Usage: "first record to re-deliver: a GTID (0-1-42, uuid:42), a binlog position (mysql-bin.000003:1234) or an RFC 3339 time"},
+		&cli.StringFlag{Name: "to", Usage: "last record to re-deliver, the same kind as --from (default: the newest the outbox holds now)"})
 	return &cli.Command{
 		Name:  "sink",
-		Usage: "pause or resume a sink on every replica",
+		Usage: "pause, resume or replay a sink on every replica",
 		Subcommands: []*cli.Command{
 			{Name: "pause", Usage: "stop delivering to sink NAME (its records are kept) until it is resumed", ArgsUsage: "NAME", Flags: flags, Action: action(true)},
 			{Name: "resume", Usage: "deliver to sink NAME again, from where it stopped", ArgsUsage: "NAME", Flags: flags, Action: action(false)},
+			{Name: "replay", Usage: "re-deliver sink NAME's records of a range again, under their original ids", ArgsUsage: "NAME", Flags: replayFlags, Action: replayAction},
 		},
 	}
+}
+
+// replayAction records a replay; the replicas holding the sink's pipes
+// carry it out, and cdcout status shows its progress.
+func replayAction(c *cli.Context) error {
+	if c.NArg() != 1 {
+		return ConfigErrorf("name one sink: cdcout sink replay NAME --from …")
+	}
+	sink := c.Args().First()
+	db, schema, err := deadStateDB(c)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	r := inspect.Reader{DB: db, Schema: schema, Instance: c.String("instance")}
+	st, err := r.StartReplay(c.Context, sink, c.String("from"), c.String("to"), "cli")
+	var (
+		unknown *inspect.ErrUnknownSink
+		bad     *inspect.ReplayError
+	)
+	if errors.As(err, &unknown) || errors.As(err, &bad) {
+		return ConfigErrorf("%v", err)
+	}
+	if err != nil {
+		return err
+	}
+	rng := "from " + st.From
+	if st.To != "" {
+		rng += " to " + st.To
+	}
+	fmt.Fprintf(c.App.Writer, "replay %d of sink %s of instance %s %s asked for: the replicas holding its pipes re-deliver it (cdcout status shows the progress)\n",
+		st.ID, sink, r.Instance, rng)
+	return nil
 }

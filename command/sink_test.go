@@ -3,6 +3,8 @@ package command
 import (
 	"strings"
 	"testing"
+
+	"github.com/cdcout/cdcout/internal/mysqltest"
 )
 
 // TestSinkPauseResume: the commands pause and resume a known sink,
@@ -37,5 +39,40 @@ func TestSinkPauseResume(t *testing.T) {
 	}
 	if code, _, errOut := runCmd(t, "sink", "pause", "--dsn", dsn, "--state-db", schema); code != ExitConfig || !strings.Contains(errOut, "cdcout sink pause NAME") {
 		t.Errorf("pause without a name: exit %d, %s", code, errOut)
+	}
+}
+
+// TestSinkReplay: the command checks the sink and the range, refuses a
+// range older than the outbox holds, records a replay that status then
+// shows, and refuses a second one while it runs.
+func TestSinkReplay(t *testing.T) {
+	dsn, schema := statusFixture(t)
+	// Retention has deleted older records of the pipe.
+	mysqltest.Shared(t).Exec(t, "INSERT INTO `"+schema+"`.retention_marks (pipe, deleted_to) VALUES ('shop:app.orders:hook', '0190a000-0000-7000-8000-000000000000')")
+	args := func(rest ...string) []string {
+		return append([]string{"sink", "replay", "--dsn", dsn, "--state-db", schema, "--instance", "shop"}, rest...)
+	}
+	for _, step := range []struct {
+		args []string
+		code int
+		out  string // stdout, or stderr when code is not 0
+	}{
+		{args("--from", "0-1-1", "hooks"), ExitConfig, `instance shop has no sink "hooks"`},
+		{args("--from", "last tuesday", "hook"), ExitConfig, `--from: "last tuesday" is not a GTID`},
+		{args("--from", "2000-01-01T00:00:00Z", "hook"), ExitConfig, "retention deleted older records of shop:app.orders:hook; the outbox holds sink hook's records of it from commit time "},
+		{args("--from", "2100-01-01T00:00:00Z", "hook"), ExitOK, "replay 1 of sink hook of instance shop from 2100-01-01T00:00:00Z asked for"},
+		{args("--from", "2100-01-01T00:00:00Z", "hook"), ExitConfig, "the sink has a replay running (replay 1)"},
+	} {
+		code, out, errOut := runCmd(t, step.args...)
+		if code != ExitOK {
+			out = errOut
+		}
+		if code != step.code || !strings.Contains(out, step.out) {
+			t.Fatalf("%v: exit %d, %q; want exit %d with %q", step.args, code, out, step.code, step.out)
+		}
+	}
+	code, out, errOut := runCmd(t, "status", "--dsn", dsn, "--state-db", schema, "--instance", "shop")
+	if code != ExitOK || !strings.Contains(out, "REPLAYS") || !strings.Contains(out, "from 2100-01-01T00:00:00Z  running") {
+		t.Fatalf("status: exit %d, %s%s", code, out, errOut)
 	}
 }

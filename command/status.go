@@ -14,6 +14,7 @@ import (
 
 	"github.com/cdcout/cdcout/fleet"
 	"github.com/cdcout/cdcout/inspect"
+	"github.com/cdcout/cdcout/replay"
 )
 
 // stateDBFlags are the flags that locate the state database; deadStateDB
@@ -92,6 +93,10 @@ func writeStatus(w io.Writer, st inspect.Status) error {
 		}
 	}
 	if err := tw.Flush(); err != nil {
+		return err
+	}
+
+	if err := writeReplays(w, st.Replays); err != nil {
 		return err
 	}
 
@@ -187,4 +192,36 @@ func writeRunway(w io.Writer, r *inspect.RunwayView) {
 		fmt.Fprintf(w, "binlog runway %s: the server may purge %s (it holds the checkpoint) from %s (%s)\n",
 			(time.Duration(*r.Seconds) * time.Second).String(), r.File, r.PurgeAt.UTC().Format(time.RFC3339), r.Limit)
 	}
+}
+
+// writeReplays lists the running and latest finished replays, if any.
+func writeReplays(w io.Writer, replays []replay.Status) error {
+	if len(replays) == 0 {
+		return nil
+	}
+	fmt.Fprintln(w, "\nREPLAYS")
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  ID\tSINK\tRANGE\tSTATE\tDELIVERED\tFAILED\tPIPES DONE\tASKED")
+	for _, r := range replays {
+		rng := "from " + r.From
+		if r.To != "" {
+			rng += " to " + r.To
+		}
+		state := r.Status
+		switch {
+		case r.Waiting != "":
+			state += " (waiting: sink paused)"
+		case r.FinishedAt != nil:
+			state += " " + r.FinishedAt.UTC().Format(time.RFC3339)
+		}
+		done := 0
+		for _, p := range r.Pipes {
+			if p.Status == replay.Done {
+				done++
+			}
+		}
+		fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%d\t%d\t%d/%d\t%s by %s\n", r.ID, r.Sink, rng, state, r.Delivered, r.Failed,
+			done, len(r.Pipes), r.RequestedAt.UTC().Format(time.RFC3339), dash(r.RequestedBy))
+	}
+	return tw.Flush()
 }

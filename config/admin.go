@@ -8,11 +8,11 @@ import (
 	"strings"
 )
 
-// MinSecretLen is the shortest admin token and hash key accepted: a
+// minSecretLen is the shortest admin token and hash key accepted: a
 // bearer token guards writes that re-queue and pause deliveries, and an
 // HMAC is as strong as its key (a short one can be searched for from a
 // known value), so a guessable one is refused at start.
-const MinSecretLen = 16
+const minSecretLen = 16
 
 // AdminTokenValue is the admin API's bearer token: admin_token, or the
 // contents of admin_token_file read by Validate (trailing whitespace,
@@ -26,8 +26,8 @@ func (c *Config) validateAdmin(errs *Errors) {
 	c.adminFileToken = readSecretFile(errs, "", "admin_token", "admin_token_file", c.AdminToken, c.AdminTokenFile)
 	tok := c.AdminTokenValue()
 	if tok != "" {
-		if len(tok.Value()) < MinSecretLen {
-			errs.add(c.adminTokenField(), "the token is %d characters long; use at least %d (e.g. openssl rand -hex 32)", len(tok.Value()), MinSecretLen)
+		if len(tok.Value()) < minSecretLen {
+			errs.add(c.adminTokenField(), "the token is %d characters long; use at least %d (e.g. openssl rand -hex 32)", len(tok.Value()), minSecretLen)
 		}
 		if strings.ContainsAny(tok.Value(), " \t\r\n") {
 			errs.add(c.adminTokenField(), "the token contains whitespace; a bearer token cannot")

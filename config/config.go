@@ -128,6 +128,12 @@ type Sink struct {
 	HashKey        Secret   `yaml:"hash_key"`
 	HashKeyFile    string   `yaml:"hash_key_file"`
 	hashFileKey    Secret
+	// Key lists the columns whose values make the message key of the
+	// sink's row records (Kafka record key and partition, Pub/Sub ordering
+	// key, the Redis field "key", {key} in name templates), in this order;
+	// empty means the row key. Per-key delivery order is the row key's
+	// (README, "Message keys and name templates").
+	Key []string `yaml:"key"`
 	// Filter is a CEL expression over op, before, after and source; the
 	// sink gets only the changes it is true for (package filter).
 	Filter string `yaml:"filter"`

@@ -186,7 +186,7 @@ func TestFileErrors(t *testing.T) {
 		{"wrong shape", "tables: shop.*\n", []string{"tables: want a list"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := Parse(Default(), []byte(tc.yaml))
+			err := parseYAML(Default(), []byte(tc.yaml))
 			if err == nil {
 				t.Fatal("no error")
 			}
@@ -203,7 +203,7 @@ func TestFileErrors(t *testing.T) {
 }
 
 func TestFileNeverEchoesSecret(t *testing.T) {
-	err := Parse(Default(), []byte("sinks:\n  - url: http://h/\n    secret: [topsecretvalue]\n"))
+	err := parseYAML(Default(), []byte("sinks:\n  - url: http://h/\n    secret: [topsecretvalue]\n"))
 	if err == nil {
 		t.Fatal("no error for a list as secret")
 	}
@@ -433,7 +433,7 @@ func TestSecretFromEnvironment(t *testing.T) {
 	t.Setenv("CDCOUT_TEST_HOOK_SECRET", "whsec_c2VjcmV0LWZyb20tZW52")
 	t.Setenv("CDCOUT_TEST_TOKEN", "tok-from-env")
 	cfg := Default()
-	err := Parse(cfg, []byte("sinks:\n  - url: http://h/\n    secret: ${CDCOUT_TEST_HOOK_SECRET}\n    headers: {Authorization: \"${CDCOUT_TEST_TOKEN}\"}\n  - url: http://h2/\n    secret: plain-$ecret-{x}\n"))
+	err := parseYAML(cfg, []byte("sinks:\n  - url: http://h/\n    secret: ${CDCOUT_TEST_HOOK_SECRET}\n    headers: {Authorization: \"${CDCOUT_TEST_TOKEN}\"}\n  - url: http://h2/\n    secret: plain-$ecret-{x}\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -446,7 +446,7 @@ func TestSecretFromEnvironment(t *testing.T) {
 	if got, want := cfg.Sinks[1].Secret.Value(), "plain-$ecret-{x}"; got != want {
 		t.Errorf("literal secret = %q, want %q", got, want)
 	}
-	err = Parse(Default(), []byte("sinks:\n  - url: http://h/\n    secret: ${CDCOUT_TEST_UNSET_SECRET}\n"))
+	err = parseYAML(Default(), []byte("sinks:\n  - url: http://h/\n    secret: ${CDCOUT_TEST_UNSET_SECRET}\n"))
 	if err == nil || !strings.Contains(err.Error(), "sinks[0].secret: environment variable CDCOUT_TEST_UNSET_SECRET is not set") {
 		t.Fatalf("unset variable: %v", err)
 	}

@@ -50,3 +50,40 @@ func TestSinkTransformsChecked(t *testing.T) {
 		}
 	}
 }
+
+// TestSinkKeyChecked: key: needs a sink with a message key and columns
+// the delivered row keeps. The columns' existence is the engine's check
+// against the source schema.
+func TestSinkKeyChecked(t *testing.T) {
+	for _, tc := range []struct{ url, sink, want string }{
+		{"'stdout:'", "key: [customer]", "sinks[0].key: only kafka, nats, redis and pubsub sinks have a message key"},
+		{"kafka://k:9092/t", "key: [a, a]", `sinks[0].key[1]: "a" is listed twice`},
+		{"kafka://k:9092/t", "key: [a.b]", `sinks[0].key[0]: "a.b": want a column name`},
+		{"kafka://k:9092/t", "key: [email]\n    drop_columns: [email]", `sinks[0].key[0]: "email" is in drop_columns`},
+		{"kafka://k:9092/t", "key: [email]\n    include_columns: [id]", `sinks[0].key[0]: "email" is not in include_columns`},
+		{"nats://n:4222/s.{key}", "key: [customer, region]", ""},
+	} {
+		file := writeFile(t, "dsn: "+goodDSN+"\nsinks:\n  - url: "+tc.url+"\n    "+tc.sink+"\n")
+		_, err := Load(Sources{Flags: []Setting{{"config", file}}})
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: %v", tc.sink, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s: Load = %v, want %q", tc.sink, err, tc.want)
+		}
+	}
+}
+
+// TestHashKeyFromEnvironment: hash_key may name an environment variable
+// (the third source besides the file and hash_key_file).
+func TestHashKeyFromEnvironment(t *testing.T) {
+	t.Setenv("CDCOUT_TEST_HASH_KEY", "env-key-0123456789abcdef")
+	file := writeFile(t, "dsn: "+goodDSN+"\nsinks:\n  - url: 'stdout:'\n    hash_columns: [email]\n    hash_key: ${CDCOUT_TEST_HASH_KEY}\n")
+	cfg, err := Load(Sources{Flags: []Setting{{"config", file}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.Sinks[0].HashKeyValue().Value(); got != "env-key-0123456789abcdef" {
+		t.Fatalf("hash key %q, want the variable's", got)
+	}
+}

@@ -140,41 +140,30 @@ func setBytes(dst *int, v string) error {
 	return nil
 }
 
-func setDuration(dst *time.Duration, v string) error {
-	d, err := time.ParseDuration(strings.TrimSpace(v))
+// setParsed sets *dst to v parsed (spaces trimmed), or says what v must be.
+func setParsed[T any](dst *T, v string, parse func(string) (T, error), want string) error {
+	x, err := parse(strings.TrimSpace(v))
 	if err != nil {
-		return fmt.Errorf("%q is not a duration (use Go syntax like 500ms, 15s, 5m)", v)
+		return fmt.Errorf("%q is not %s", v, want)
 	}
-	*dst = d
+	*dst = x
 	return nil
 }
 
-func setInt(dst *int, v string) error {
-	n, err := strconv.Atoi(strings.TrimSpace(v))
-	if err != nil {
-		return fmt.Errorf("%q is not an integer", v)
-	}
-	*dst = n
-	return nil
+func setDuration(dst *time.Duration, v string) error {
+	return setParsed(dst, v, time.ParseDuration, "a duration (use Go syntax like 500ms, 15s, 5m)")
 }
+
+func setInt(dst *int, v string) error { return setParsed(dst, v, strconv.Atoi, "an integer") }
 
 func setUint32(dst *uint32, v string) error {
-	n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 32)
-	if err != nil {
-		return fmt.Errorf("%q is not an integer between 0 and 4294967295", v)
-	}
-	*dst = uint32(n)
-	return nil
+	return setParsed(dst, v, func(s string) (uint32, error) {
+		n, err := strconv.ParseUint(s, 10, 32)
+		return uint32(n), err
+	}, "an integer between 0 and 4294967295")
 }
 
-func setBool(dst *bool, v string) error {
-	b, err := strconv.ParseBool(strings.TrimSpace(v))
-	if err != nil {
-		return fmt.Errorf("%q is not true or false", v)
-	}
-	*dst = b
-	return nil
-}
+func setBool(dst *bool, v string) error { return setParsed(dst, v, strconv.ParseBool, "true or false") }
 
 // splitList splits a comma-separated list, dropping empty items.
 func splitList(v string) []string {
@@ -351,7 +340,7 @@ func LoadFile(cfg *Config, path string) error {
 		return Errors{{Path: "--config", Msg: fmt.Sprintf("read %s: %v", path, unwrapPathError(err))}}
 	}
 	cfg.File = path
-	err = Parse(cfg, data)
+	err = parseYAML(cfg, data)
 	var errs Errors
 	if errors.As(err, &errs) {
 		for i := range errs {
@@ -386,9 +375,9 @@ func unwrapPathError(err error) error {
 	return err
 }
 
-// Parse decodes YAML into cfg. Unknown keys and values of the wrong type
+// parseYAML decodes YAML into cfg. Unknown keys and values of the wrong type
 // are reported with their field path and line, all of them at once.
-func Parse(cfg *Config, data []byte) error {
+func parseYAML(cfg *Config, data []byte) error {
 	var root yaml.Node
 	if err := yaml.Unmarshal(data, &root); err != nil {
 		return Errors{{Path: fileLevel, Msg: yamlError(err)}}

@@ -35,12 +35,15 @@ func (s Secret) GoString() string { return s.String() }
 
 // Format implements fmt.Formatter so that %s, %v, %q, %x and friends all
 // print the redacted form.
-func (s Secret) Format(f fmt.State, verb rune) {
+func (s Secret) Format(f fmt.State, verb rune) { formatRedacted(f, verb, s.String()) }
+
+// formatRedacted prints a secret's redacted form for any verb, quoted for %q.
+func formatRedacted(f fmt.State, verb rune, redacted string) {
 	if verb == 'q' {
-		fmt.Fprintf(f, "%q", s.String())
+		fmt.Fprintf(f, "%q", redacted)
 		return
 	}
-	fmt.Fprint(f, s.String())
+	fmt.Fprint(f, redacted)
 }
 
 // UnmarshalYAML reads a secret written as is, or as "${NAME}": the value
@@ -91,13 +94,7 @@ func (d DSN) String() string { return RedactDSN(string(d)) }
 func (d DSN) GoString() string { return d.String() }
 
 // Format implements fmt.Formatter.
-func (d DSN) Format(f fmt.State, verb rune) {
-	if verb == 'q' {
-		fmt.Fprintf(f, "%q", d.String())
-		return
-	}
-	fmt.Fprint(f, d.String())
-}
+func (d DSN) Format(f fmt.State, verb rune) { formatRedacted(f, verb, d.String()) }
 
 // MarshalJSON implements json.Marshaler.
 func (d DSN) MarshalJSON() ([]byte, error) { return []byte(fmt.Sprintf("%q", d.String())), nil }

@@ -282,6 +282,7 @@ func (s *Sink) validate(errs *Errors, at string, claimLease time.Duration) {
 	}
 	checkColumns(errs, at+".drop_columns", s.DropColumns)
 	s.validateTransforms(errs, at)
+	s.validateKey(errs, at, scheme)
 	if s.Filter != "" {
 		if _, err := filter.Compile(s.Filter); err != nil {
 			errs.add(at+".filter", "%v", err)

@@ -55,25 +55,17 @@ func List(ctx context.Context, db *sql.DB, schema, instance string) ([]SinkState
 	if err := state.CheckName(schema); err != nil {
 		return nil, err
 	}
-	rows, err := db.QueryContext(ctx, `SELECT sink, paused, changed_by, changed_at FROM `+state.Table(schema, "sink_controls")+`
-WHERE instance = ? ORDER BY sink`, instance)
-	if err != nil {
-		return nil, fmt.Errorf("read sink controls: %w", err)
-	}
-	defer rows.Close()
-	var out []SinkState
-	for rows.Next() {
+	out, err := state.Collect(ctx, db, `SELECT sink, paused, changed_by, changed_at FROM `+state.Table(schema, "sink_controls")+`
+WHERE instance = ? ORDER BY sink`, []any{instance}, func(rows *sql.Rows) (SinkState, error) {
 		var (
 			s  SinkState
 			at state.Time
 		)
-		if err := rows.Scan(&s.Sink, &s.Paused, &s.ChangedBy, &at); err != nil {
-			return nil, fmt.Errorf("read sink controls: %w", err)
-		}
+		err := rows.Scan(&s.Sink, &s.Paused, &s.ChangedBy, &at)
 		s.ChangedAt = at.T
-		out = append(out, s)
-	}
-	if err := rows.Err(); err != nil {
+		return s, err
+	})
+	if err != nil {
 		return nil, fmt.Errorf("read sink controls: %w", err)
 	}
 	return out, nil

@@ -7,14 +7,16 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/cdcout/cdcout/internal/pause"
 )
 
-// WatchEvery is how often a Watcher reads the paused sinks: a pause or
+// watchEvery is how often a Watcher reads the paused sinks: a pause or
 // resume takes effect on every replica within about this.
-const WatchEvery = time.Second
+const watchEvery = time.Second
 
 // Watcher is one replica's view of its instance's paused sinks, read
-// from the state database every WatchEvery. A read that fails keeps the
+// from the state database every watchEvery. A read that fails keeps the
 // last state read in force.
 type Watcher struct {
 	db               *sql.DB
@@ -30,7 +32,7 @@ type Watcher struct {
 
 // Watch reads the paused sinks once — a replica that starts must not
 // deliver a paused sink's records before it has looked — and then every
-// WatchEvery until Stop. resumed (may be nil) is told each sink that
+// watchEvery until Stop. resumed (may be nil) is told each sink that
 // stopped being paused.
 func Watch(ctx context.Context, db *sql.DB, schema, instance string, log *zap.Logger, resumed func(sink string)) (*Watcher, error) {
 	w := &Watcher{db: db, schema: schema, instance: instance, log: log, resumed: resumed}
@@ -41,21 +43,15 @@ func Watch(ctx context.Context, db *sql.DB, schema, instance string, log *zap.Lo
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		t := time.NewTicker(WatchEvery)
-		defer t.Stop()
 		failing := false
-		for {
-			select {
-			case <-rctx.Done():
-				return
-			case <-t.C:
-			}
+		_ = pause.Every(rctx, watchEvery, func() error {
 			err := w.refresh(rctx)
 			if err != nil && !failing && rctx.Err() == nil {
 				w.log.Warn("read paused sinks; keeping the last state read", zap.Error(err))
 			}
 			failing = err != nil
-		}
+			return nil
+		})
 	}()
 	w.stop = func() { cancel(); <-done }
 	return w, nil

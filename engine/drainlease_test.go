@@ -7,9 +7,8 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/cdcout/cdcout/internal/mysqltest"
+	"github.com/cdcout/cdcout/internal/statetest"
 	"github.com/cdcout/cdcout/lease"
-	"github.com/cdcout/cdcout/state"
 )
 
 // TestDrainLeasesFairShareOnDatabase runs the drain lease manager of three
@@ -18,12 +17,7 @@ import (
 // a replica that stops renewing (dead) has its pipes taken within about a
 // TTL; a graceful stop releases at once.
 func TestDrainLeasesFairShareOnDatabase(t *testing.T) {
-	srv := mysqltest.Shared(t)
-	stateDB := srv.CreateDB(t, "engine_drainlease")
-	db := srv.Open(t)
-	if err := state.Migrate(t.Context(), db, stateDB); err != nil {
-		t.Fatal(err)
-	}
+	db, stateDB := statetest.New(t, "engine_drainlease")
 	m := lease.NewManager(db, stateDB)
 	const ttl = time.Second
 	var pipes []string

@@ -14,16 +14,12 @@ import (
 	"context"
 	"crypto/rand"
 	"database/sql"
-	"database/sql/driver"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
-	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -38,6 +34,7 @@ import (
 	"github.com/cdcout/cdcout/lease"
 	"github.com/cdcout/cdcout/metrics"
 	"github.com/cdcout/cdcout/outbox"
+	"github.com/cdcout/cdcout/replay"
 	"github.com/cdcout/cdcout/state"
 )
 
@@ -90,8 +87,9 @@ type Engine struct {
 	// what they are for (readiness: a replica that cannot write its
 	// leases, outbox rows or checkpoint is not making progress).
 	writeFails map[string]writeFailure
-	runway     runwayState // runway.go
-	hb         heartbeats  // heartbeat.go
+	runway     runwayState      // runway.go
+	rowCols    []sinkRowColumns // msgkey.go
+	hb         heartbeats       // heartbeat.go
 }
 
 // New validates cfg and builds the sinks. Nothing connects to a database
@@ -127,7 +125,13 @@ func New(cfg *config.Config, logger *zap.Logger, opts ...Option) (*Engine, error
 			e.closeSinks()
 			return nil, fmt.Errorf("sinks[%d] (%s): %w", i, sc.Name, err)
 		}
-		e.sinks[sc.Name] = sinkEntry{cfg: sc, sink: s}
+		key, tmpl, err := rowColumns(sc)
+		if err != nil {
+			e.closeSinks()
+			return nil, fmt.Errorf("sinks[%d] (%s).url: %w", i, sc.Name, err)
+		}
+		e.rowCols = append(e.rowCols, sinkRowColumns{name: sc.Name, tables: sc.Tables, key: key, tmpl: tmpl})
+		e.sinks[sc.Name] = sinkEntry{cfg: sc, sink: withMessageKey(sc, s)}
 		r, err := newRoute(sc)
 		if err != nil {
 			e.closeSinks()
@@ -152,6 +156,9 @@ func (e *Engine) Run(parent context.Context) error {
 	ctx, stopRun := context.WithCancel(parent)
 	defer stopRun()
 	if err := e.preflight(ctx); err != nil {
+		return err
+	}
+	if err := e.checkRowColumns(ctx); err != nil {
 		return err
 	}
 	db, err := e.openState(ctx)
@@ -195,7 +202,7 @@ func (e *Engine) preflight(ctx context.Context) error {
 	pcancel()
 	switch {
 	case err == nil || ctx.Err() != nil:
-	case errors.Is(err, binlog.ErrServerNotReady) || refused(err):
+	case errors.Is(err, binlog.ErrServerNotReady) || state.Refused(err):
 		// No retry can fix these (wrong password, no access, unknown
 		// database, binary log off): stop now instead of promising one.
 		return err
@@ -279,6 +286,10 @@ func (e *Engine) startDelivery(ctx context.Context, services *group, db *sql.DB,
 	// for the drainers that are still finishing.
 	services.onStop(paused.Stop)
 	drains.leases = pauseGate(paused, dl.get)
+	rp := &replayer{db: db, store: outbox.NewStore(db, cfg.StateDB, e.log), schema: cfg.StateDB, instance: cfg.Instance, holder: e.holder,
+		sinks: e.sinks, paused: paused, held: dl.get, known: dl.addPipes, log: e.log.Named("replay"), retryMin: 200 * time.Millisecond, retryMx: 5 * time.Second,
+		running: map[string]bool{}}
+	services.run(ctx, rp.run, nil) // replay.go
 	drains.notify = dl.addPipes
 	e.mu.Lock()
 	e.dl = dl
@@ -305,6 +316,7 @@ func (e *Engine) startDelivery(ctx context.Context, services *group, db *sql.DB,
 		Schema:      cfg.StateDB,
 		Retention:   time.Duration(cfg.RetentionHours) * time.Hour,
 		DedupWindow: cfg.EffectiveDedupWindow(),
+		Hold:        func(ctx context.Context) (map[string]bool, error) { return replay.HeldPipes(ctx, db, cfg.StateDB) },
 		Logger:      e.log,
 	})
 	if err != nil {
@@ -385,13 +397,6 @@ func openDB(dsn string, leaseTTL time.Duration) (*sql.DB, error) {
 	return p.DB, nil
 }
 
-// refused reports a server's refusal that no retry fixes: access denied
-// (1044, 1045) or an unknown database (1049).
-func refused(err error) bool {
-	var me *mysql.MySQLError
-	return errors.As(err, &me) && (me.Number == 1044 || me.Number == 1045 || me.Number == 1049)
-}
-
 // sameServer reports whether two DSNs name one server address.
 func sameServer(a, b string) bool {
 	ca, err1 := mysql.ParseDSN(a)
@@ -400,28 +405,8 @@ func sameServer(a, b string) bool {
 }
 
 // transient reports whether err is the database going away (restart,
-// network) rather than something a retry cannot fix.
+// network) rather than something a retry cannot fix. A purged checkpoint
+// position is never transient, however the server said it.
 func transient(err error) bool {
-	if errors.Is(err, binlog.ErrPositionUnavailable) {
-		return false
-	}
-	var ne net.Error
-	if errors.As(err, &ne) || errors.Is(err, driver.ErrBadConn) || errors.Is(err, mysql.ErrInvalidConn) ||
-		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) {
-		return true
-	}
-	var me *mysql.MySQLError
-	if errors.As(err, &me) {
-		switch me.Number {
-		case 1053, 1077, 1927, 2002, 2003, 2006, 2013: // shutdown in progress, normal shutdown, connection killed, connection lost
-			return true
-		}
-	}
-	msg := err.Error()
-	for _, m := range []string{"connection refused", "invalid connection", "bad connection", "broken pipe", "connection reset", "server shutdown", "EOF"} {
-		if strings.Contains(msg, m) {
-			return true
-		}
-	}
-	return false
+	return !errors.Is(err, binlog.ErrPositionUnavailable) && state.ConnectionLost(err)
 }

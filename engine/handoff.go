@@ -10,6 +10,7 @@ import (
 
 	"github.com/cdcout/cdcout/binlog"
 	"github.com/cdcout/cdcout/canonical"
+	"github.com/cdcout/cdcout/internal/pause"
 )
 
 // bufEvent is one event a standby observed: a row change, or the commit
@@ -309,18 +310,12 @@ func (e *Engine) follow(ctx context.Context, h *handoff, load func(context.Conte
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			t := time.NewTicker(time.Second)
-			defer t.Stop()
-			for {
-				select {
-				case <-mctx.Done():
-					return
-				case <-t.C:
-				}
+			_ = pause.Every(mctx, time.Second, func() error {
 				if cp, err := load(mctx); err == nil && cp != nil {
 					h.markCheckpoint(*cp)
 				}
-			}
+				return nil
+			})
 		}()
 		err = s.Run(ctx, h.handle)
 		stopMark()

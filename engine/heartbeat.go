@@ -9,6 +9,7 @@ import (
 
 	"github.com/cdcout/cdcout/canonical"
 	"github.com/cdcout/cdcout/internal/buildinfo"
+	"github.com/cdcout/cdcout/internal/pause"
 	"github.com/cdcout/cdcout/outbox"
 )
 
@@ -31,9 +32,7 @@ func (h *heartbeats) enqueued(pipes []string) {
 		h.last = map[string]time.Time{}
 	}
 	for _, p := range pipes {
-		if _, _, sink, ok := outbox.SplitPipe(p); ok {
-			h.last[sink] = now
-		}
+		h.last[outbox.PipeSink(p)] = now
 	}
 }
 
@@ -81,20 +80,14 @@ func (e *Engine) runHeartbeats(ctx context.Context) {
 		return
 	}
 	start := time.Now()
-	t := time.NewTicker(min(max(every/5, 20*time.Millisecond), time.Second))
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	_ = pause.Every(ctx, min(max(every/5, 20*time.Millisecond), time.Second), func() error {
 		for name, se := range e.sinks {
 			if se.cfg.Heartbeat > 0 && e.isLeader() && e.hb.due(name, se.cfg.Heartbeat, start) {
 				e.sendHeartbeat(ctx, name, se)
 			}
 		}
-	}
+		return nil
+	})
 }
 
 func (e *Engine) isLeader() bool {

@@ -423,21 +423,10 @@ func (t *tenure) startTicker(q *enqueuer) <-chan error {
 	t.wg.Add(1)
 	go func() {
 		defer t.wg.Done()
-		tk := time.NewTicker(max(t.e.cfg.EnqueueFlushInterval/2, 5*time.Millisecond))
-		defer tk.Stop()
-		for {
-			select {
-			case <-t.ctx.Done():
-				return
-			case <-tk.C:
-				if err := q.tick(t.ctx); err != nil {
-					if t.ctx.Err() == nil {
-						tickErr <- err
-						t.cancel()
-					}
-					return
-				}
-			}
+		err := pause.Every(t.ctx, max(t.e.cfg.EnqueueFlushInterval/2, 5*time.Millisecond), func() error { return q.tick(t.ctx) })
+		if err != nil && t.ctx.Err() == nil {
+			tickErr <- err
+			t.cancel()
 		}
 	}()
 	return tickErr

@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/cdcout/cdcout/binlog"
+	"github.com/cdcout/cdcout/internal/pause"
 	"github.com/cdcout/cdcout/outbox"
 )
 
@@ -40,20 +41,12 @@ func (r *runwayState) get() (*binlog.Runway, string) {
 // read by the replica holding the enqueue lease, which is the one whose
 // stream has the source's connection and whose checkpoint it is.
 func (e *Engine) watchRunway(ctx context.Context, store *outbox.Store) {
-	t := time.NewTimer(0)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	pause.Repeat(ctx, func() time.Duration {
 		if e.readRunway(ctx, store) {
-			t.Reset(cmp.Or(e.runway.every, runwayEvery))
-		} else {
-			t.Reset(runwayRetry)
+			return cmp.Or(e.runway.every, runwayEvery)
 		}
-	}
+		return runwayRetry
+	})
 }
 
 // readRunway takes one reading; false when there is none to take yet (a

@@ -70,19 +70,12 @@ func (e *Engine) buildSink(sc config.Sink) (outbox.Sink, error) {
 		}
 		o := kafkasink.Options{Brokers: brokers, TopicTemplate: topic, Format: sc.Format, Logger: e.log}
 		if k := sc.Kafka; k != nil {
-			if t := k.TLS; t != nil {
-				o.TLS = &kafkasink.TLSOptions{CAFile: t.CAFile, CertFile: t.CertFile, KeyFile: t.KeyFile, InsecureSkipVerify: t.InsecureSkipVerify}
-			}
+			o.TLS = tlsOptions(k.TLS)
 			if a := k.SASL; a != nil {
 				o.SASL = &kafkasink.SASLOptions{Mechanism: a.Mechanism, Username: a.Username, Password: a.Password.Value()}
 			}
 		}
-		s, err := kafkasink.New(context.Background(), o)
-		if err != nil {
-			return nil, err
-		}
-		e.closers = append(e.closers, closerFunc(s.Close))
-		return s, nil
+		return e.closing(kafkasink.New(context.Background(), o))
 	case "nats":
 		server, subject, err := natssink.ParseURL(sc.URL)
 		if err != nil {
@@ -91,16 +84,9 @@ func (e *Engine) buildSink(sc config.Sink) (outbox.Sink, error) {
 		o := natssink.Options{URL: server, SubjectTemplate: subject, Format: sc.Format, Logger: e.log}
 		if n := sc.NATS; n != nil {
 			o.CredentialsFile, o.User, o.Password, o.Token = n.CredentialsFile, n.User, n.Password.Value(), n.Token.Value()
-			if t := n.TLS; t != nil {
-				o.TLS = &natssink.TLSOptions{CAFile: t.CAFile, CertFile: t.CertFile, KeyFile: t.KeyFile, InsecureSkipVerify: t.InsecureSkipVerify}
-			}
+			o.TLS = tlsOptions(n.TLS)
 		}
-		s, err := natssink.New(context.Background(), o)
-		if err != nil {
-			return nil, err
-		}
-		e.closers = append(e.closers, closerFunc(s.Close))
-		return s, nil
+		return e.closing(natssink.New(context.Background(), o))
 	case "redis", "rediss":
 		return e.redisSink(sc)
 	case "pubsub":
@@ -114,6 +100,31 @@ func (e *Engine) buildSink(sc config.Sink) (outbox.Sink, error) {
 type closerFunc func()
 
 func (f closerFunc) Close() error { f(); return nil }
+
+// clientSink is a sink that holds a client to close at shutdown (kafka,
+// nats, redis, pubsub).
+type clientSink interface {
+	outbox.Sink
+	Close()
+}
+
+// closing takes what a client sink's New returned: on success the sink's
+// Close runs when the engine closes its sinks.
+func (e *Engine) closing(s clientSink, err error) (outbox.Sink, error) {
+	if err != nil {
+		return nil, err
+	}
+	e.closers = append(e.closers, closerFunc(s.Close))
+	return s, nil
+}
+
+// tlsOptions is a sink's TLS configuration; nil without one.
+func tlsOptions(t *config.TLS) *sink.TLSOptions {
+	if t == nil {
+		return nil
+	}
+	return &sink.TLSOptions{CAFile: t.CAFile, CertFile: t.CertFile, KeyFile: t.KeyFile, InsecureSkipVerify: t.InsecureSkipVerify}
+}
 
 func (e *Engine) closeSinks() {
 	for _, c := range e.closers {

@@ -17,12 +17,7 @@ func (e *Engine) redisSink(sc config.Sink) (outbox.Sink, error) {
 		return nil, err
 	}
 	o.Format, o.Logger = sc.Format, e.log
-	s, err := redissink.New(o)
-	if err != nil {
-		return nil, err
-	}
-	e.closers = append(e.closers, closerFunc(s.Close))
-	return s, nil
+	return e.closing(redissink.New(o))
 }
 
 // pubsubSink builds a pubsub:// sink; credentials are the client
@@ -33,10 +28,5 @@ func (e *Engine) pubsubSink(sc config.Sink) (outbox.Sink, error) {
 		return nil, err
 	}
 	o.Format, o.Timeout = sc.Format, sc.Timeout
-	s, err := pubsubsink.New(context.Background(), o)
-	if err != nil {
-		return nil, err
-	}
-	e.closers = append(e.closers, closerFunc(s.Close))
-	return s, nil
+	return e.closing(pubsubsink.New(context.Background(), o))
 }

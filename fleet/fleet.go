@@ -32,10 +32,10 @@ const (
 	DefaultStaleAfter = 120 * time.Second
 	// DefaultWriteEvery is the Heartbeat's write interval.
 	DefaultWriteEvery = 30 * time.Second
-	// MembershipWindow multiplies staleAfter to bound how long a replica
+	// membershipWindow multiplies staleAfter to bound how long a replica
 	// that holds no lease still counts as a member on the strength of its
 	// row alone (see Members).
-	MembershipWindow = 3
+	membershipWindow = 3
 )
 
 // KindEngine is the kind of the row a `cdcout run` replica writes.
@@ -118,13 +118,7 @@ FROM ` + state.Table(schema, "replicas")
 		args = append(args, kind)
 	}
 	q += ` ORDER BY replica_id, kind`
-	rows, err := db.QueryContext(ctx, q, args...)
-	if err != nil {
-		return nil, fmt.Errorf("read fleet observations: %w", err)
-	}
-	defer rows.Close()
-	var out []Row
-	for rows.Next() {
+	out, err := state.Collect(ctx, db, q, args, func(rows *sql.Rows) (Row, error) {
 		var (
 			r              Row
 			payload, reach sql.NullString
@@ -132,20 +126,17 @@ FROM ` + state.Table(schema, "replicas")
 			ageUS          int64
 		)
 		if err := rows.Scan(&r.ReplicaID, &r.Kind, &started, &r.Version, &payload, &reach, &wrote, &ageUS); err != nil {
-			return nil, fmt.Errorf("read fleet observations: %w", err)
+			return r, err
 		}
 		r.StartedAt, r.WrittenAt = started.T, wrote.T
 		if payload.Valid {
 			r.Payload = json.RawMessage(payload.String)
 		}
 		r.ReachableAt = reach.String
-		r.Age = time.Duration(ageUS) * time.Microsecond
-		if r.Age < 0 {
-			r.Age = 0
-		}
-		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
+		r.Age = max(time.Duration(ageUS)*time.Microsecond, 0)
+		return r, nil
+	})
+	if err != nil {
 		return nil, fmt.Errorf("read fleet observations: %w", err)
 	}
 	return out, nil
@@ -177,7 +168,7 @@ func Forget(ctx context.Context, db *sql.DB, schema, replicaID string) (int64, e
 //     drain/<instance>:…); the replica id is the holder up to its last "/"
 //     (holders are "<replica-id>/<boot nonce>"), and
 //   - every replica whose row (of this kind, in rows) was written within
-//     staleAfter × MembershipWindow.
+//     staleAfter × membershipWindow.
 //
 // Leases are the authority on who is alive and working: a replica holding
 // one but writing no row (an older binary, a failing write) is exactly the
@@ -220,7 +211,7 @@ WHERE expires_at > NOW(6) AND holder <> '' AND (name LIKE ? OR name LIKE ?)`, "%
 		return nil, fmt.Errorf("read fleet membership: %w", err)
 	}
 	for _, r := range rows {
-		if !seen[r.ReplicaID] && r.Age <= staleAfter*MembershipWindow {
+		if !seen[r.ReplicaID] && r.Age <= staleAfter*membershipWindow {
 			seen[r.ReplicaID] = true
 			out = append(out, Member{ID: r.ReplicaID, StartedAt: r.StartedAt})
 		}

@@ -7,19 +7,15 @@ import (
 	"time"
 
 	"github.com/cdcout/cdcout/internal/mysqltest"
-	"github.com/cdcout/cdcout/state"
+	"github.com/cdcout/cdcout/internal/statetest"
 )
 
 func TestMain(m *testing.M) { mysqltest.RunMain(m) }
 
 func TestWriteReadForgetMembers(t *testing.T) {
 	srv := mysqltest.Shared(t)
-	schema := srv.CreateDB(t, "fleet")
-	db := srv.Open(t)
+	db, schema := statetest.New(t, "fleet")
 	ctx := context.Background()
-	if err := state.Migrate(ctx, db, schema); err != nil {
-		t.Fatal(err)
-	}
 	start := time.Date(2026, 3, 1, 10, 0, 0, 123000, time.UTC)
 	for _, o := range []Observation{
 		{ReplicaID: "r1", Kind: KindEngine, StartedAt: start, Version: "v1", Payload: payload{Pipes: 3}, ReachableAt: "10.0.0.1:8080"},
@@ -101,12 +97,7 @@ func TestWriteReadForgetMembers(t *testing.T) {
 }
 
 func TestHeartbeatWrites(t *testing.T) {
-	srv := mysqltest.Shared(t)
-	schema := srv.CreateDB(t, "fleethb")
-	db := srv.Open(t)
-	if err := state.Migrate(context.Background(), db, schema); err != nil {
-		t.Fatal(err)
-	}
+	db, schema := statetest.New(t, "fleethb")
 	ctx, cancel := context.WithCancel(context.Background())
 	n := 0
 	hb := &Heartbeat{DB: db, Schema: schema, Every: 20 * time.Millisecond, Observe: func() Observation {
@@ -137,12 +128,7 @@ func TestHeartbeatWrites(t *testing.T) {
 
 // A role change must show in the fleet view at once, not a period later.
 func TestHeartbeatWritesOnChange(t *testing.T) {
-	srv := mysqltest.Shared(t)
-	schema := srv.CreateDB(t, "fleethbc")
-	db := srv.Open(t)
-	if err := state.Migrate(context.Background(), db, schema); err != nil {
-		t.Fatal(err)
-	}
+	db, schema := statetest.New(t, "fleethbc")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	changed := make(chan struct{}, 1)

@@ -62,8 +62,7 @@ func (debeziumFormat) ContentType() string                      { return "applic
 // Instance returns the cdcout instance a record belongs to: the first
 // segment of its pipe ("<instance>:<db.table>:<sink>").
 func Instance(rec outbox.Record) string {
-	inst, _, _, _ := outbox.SplitPipe(rec.Pipe)
-	return inst
+	return outbox.PipeInstance(rec.Pipe)
 }
 
 // CloudEvents attributes shared by the cloudevents format and the sinks'

@@ -3,9 +3,11 @@ package format
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"flag"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -222,4 +224,30 @@ func FuzzEncode(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestTemplateColumnsAndKey(t *testing.T) {
+	rec := outbox.Record{ID: "i", Pipe: "p:shop.orders:s", DB: "shop", Table: "orders", Op: canonical.OpDelete,
+		Key: `{"id":3}`, Payload: []byte(`{"after":null,"before":{"id":3,"region":"e.u","n":null}}`)}
+	tm, err := ParseTemplate("o.{db}.{col:region}.{key}.{col:n}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	clean := func(s string) string { return strings.ReplaceAll(s, ".", "_") }
+	if got, err := tm.Expand(rec, clean); err != nil || got != "o.shop.e_u.3.null" {
+		t.Fatalf("expand = %q, %v", got, err)
+	}
+	if k, err := MessageKey(rec, []string{"region", "id"}); err != nil || k != `{"region":"e.u","id":3}` {
+		t.Fatalf("message key = %q, %v", k, err)
+	}
+	var missing *MissingColumnError
+	if _, err := MessageKey(rec, []string{"customer"}); !errors.As(err, &missing) || missing.Column != "customer" {
+		t.Fatalf("missing key column: %v", err)
+	}
+	if _, err := ParseTemplate("x.{colour}"); err == nil || !strings.Contains(err.Error(), "{colour}") {
+		t.Fatalf("unknown placeholder: %v", err)
+	}
+	if _, err := ParseTemplate("x.{db"); err == nil {
+		t.Fatal("unclosed brace accepted")
+	}
 }

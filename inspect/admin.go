@@ -33,13 +33,13 @@ type AdminConfig struct {
 	ReadAuth bool
 }
 
-// RequireToken serves next only to requests carrying
+// requireToken serves next only to requests carrying
 // "Authorization: Bearer <token>"; others get 401 with a
 // WWW-Authenticate challenge (RFC 6750). The comparison is of SHA-256
 // digests in constant time, so neither the token's bytes nor its length
 // can be learned from response timing. The token never appears in a
 // response or a log line.
-func RequireToken(token config.Secret, next http.Handler) http.Handler {
+func requireToken(token config.Secret, next http.Handler) http.Handler {
 	want := sha256.Sum256([]byte(token.Value()))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		scheme, got, ok := strings.Cut(r.Header.Get("Authorization"), " ")
@@ -70,7 +70,7 @@ func writeAdminError(w http.ResponseWriter, code int, msg string) {
 // read registers a read endpoint, behind the token when ReadAuth is set.
 func (s *Server) read(pattern string, h http.HandlerFunc) {
 	if s.cfg.Admin.ReadAuth && s.cfg.Admin.Token != "" {
-		s.mux.Handle(pattern, RequireToken(s.cfg.Admin.Token, h))
+		s.mux.Handle(pattern, requireToken(s.cfg.Admin.Token, h))
 		return
 	}
 	s.mux.HandleFunc(pattern, h)
@@ -87,12 +87,12 @@ func (s *Server) Admin(pattern string, h http.HandlerFunc) {
 			writeAdminError(w, http.StatusForbidden, "the admin API is off: start cdcout run with --admin-token or --admin-token-file (CDCOUT_ADMIN_TOKEN)")
 		})
 	case s.cfg.Admin.Addr != "":
-		s.adminMux.Handle(pattern, RequireToken(s.cfg.Admin.Token, h))
+		s.adminMux.Handle(pattern, requireToken(s.cfg.Admin.Token, h))
 		s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 			writeAdminError(w, http.StatusNotFound, "the admin API is served on the admin address (--admin-addr), not here")
 		})
 	default:
-		s.mux.Handle(pattern, RequireToken(s.cfg.Admin.Token, h))
+		s.mux.Handle(pattern, requireToken(s.cfg.Admin.Token, h))
 	}
 }
 
@@ -102,6 +102,7 @@ func (s *Server) adminRoutes() {
 	})
 	s.Admin("POST /v1/dead/retry", s.retryDead)
 	s.controlRoutes()
+	s.replayRoutes()
 }
 
 // retryDeadView is the POST /v1/dead/retry answer.

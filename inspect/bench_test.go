@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/cdcout/cdcout/internal/mysqltest"
-	"github.com/cdcout/cdcout/state"
+	"github.com/cdcout/cdcout/internal/statetest"
 )
 
 // BenchmarkPipesRead measures one /v1/sinks read (Reader.Pipes) over an
@@ -21,12 +21,8 @@ func BenchmarkPipesRead(b *testing.B) {
 		n = v
 	}
 	srv := mysqltest.Shared(b)
-	schema := srv.CreateDB(b, "inspectbench")
-	db := srv.Open(b)
+	db, schema := statetest.New(b, "inspectbench")
 	ctx := context.Background()
-	if err := state.Migrate(ctx, db, schema); err != nil {
-		b.Fatal(err)
-	}
 	srv.Exec(b, "INSERT INTO `"+schema+"`.outbox (id, pipe, sink, change_key, db, tbl, op, row_key, key_hash, status, attempts, last_error, last_error_at, commit_ts, created_at, next_attempt_at, payload) "+
 		"SELECT LPAD(seq, 36, '0'), CONCAT('b:d.t', seq % 4, ':s'), 's', CONCAT('g:', seq), 'd', CONCAT('t', seq % 4), 'c', seq, SHA2(seq, 256), "+
 		"IF(seq % 100 = 0, 'pending', 'delivered'), 1, IF(seq % 100 = 0, 'timeout', NULL), IF(seq % 100 = 0, NOW(6), NULL), "+

@@ -15,6 +15,7 @@ import (
 
 	"github.com/cdcout/cdcout/binlog"
 	"github.com/cdcout/cdcout/metrics"
+	"github.com/cdcout/cdcout/replay"
 )
 
 // chromium finds Debian's headless-capable Chromium. Under CI=true a
@@ -73,6 +74,22 @@ func TestDashboardRendersInChromium(t *testing.T) {
 			IdentityMode: "gtid", Flavor: "mariadb", ServerVersion: "10.11", MetadataMode: "binlog",
 			Runway: &binlog.Runway{File: "mariadb-bin.000007", PurgeAt: time.Now().Add(3 * time.Hour), Limit: "binlog_expire_logs_seconds=10800"}}
 	}
+	// A replay half done: one pipe of two finished, 7 records re-delivered.
+	rng, err := replay.ParseRange("0-1-4000", "0-1-4100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	id, err := replay.Start(ctx, deps.DB, deps.Schema, "inst", "hook", rng, []string{"inst:shop.orders:hook", "inst:shop.users:hook"}, fixtureID(999), "api")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := replay.Progress(ctx, deps.DB, deps.Schema, id, "inst:shop.users:hook", fixtureID(7), 7, 0, "", "replica-a/n1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := replay.FinishPipe(ctx, deps.DB, deps.Schema, id, "inst:shop.users:hook", "replica-a/n1"); err != nil {
+		t.Fatal(err)
+	}
 	s := serve(t, Config{Addr: "127.0.0.1:0"}, deps)
 	url := fmt.Sprintf("http://%s/", s.Addr())
 
@@ -86,7 +103,8 @@ func TestDashboardRendersInChromium(t *testing.T) {
 		"drain/inst:shop.orders:hook",       // a lease
 		"replica-b",                         // missing from the fleet
 		"1/3 responded",
-		"connection refused", // the pipe's last error
+		"connection refused",                                                      // the pipe's last error
+		fmt.Sprintf(`data-replay="%d"`, id), "from 0-1-4000 to 0-1-4100", ">1/2<", // the running replay
 	} {
 		if !strings.Contains(dom, want) {
 			t.Errorf("rendered DOM lacks %q", want)

@@ -8,7 +8,7 @@ import (
 
 	"github.com/cdcout/cdcout/fleet"
 	"github.com/cdcout/cdcout/internal/mysqltest"
-	"github.com/cdcout/cdcout/state"
+	"github.com/cdcout/cdcout/internal/statetest"
 )
 
 func TestMain(m *testing.M) { mysqltest.RunMain(m) }
@@ -27,12 +27,8 @@ const deadError = "webhook answered 410 Gone: endpoint retired"
 func fixture(t *testing.T) (*sql.DB, string) {
 	t.Helper()
 	srv := mysqltest.Shared(t)
-	schema := srv.CreateDB(t, "inspect")
-	db := srv.Open(t)
+	db, schema := statetest.New(t, "inspect")
 	ctx := context.Background()
-	if err := state.Migrate(ctx, db, schema); err != nil {
-		t.Fatal(err)
-	}
 	n := 0
 	row := func(pipe, status, lastErr string, ageSec int) string {
 		n++

@@ -15,6 +15,7 @@ import (
 	"github.com/cdcout/cdcout/fleet"
 	"github.com/cdcout/cdcout/metrics"
 	"github.com/cdcout/cdcout/outbox"
+	"github.com/cdcout/cdcout/replay"
 	"github.com/cdcout/cdcout/state"
 )
 
@@ -164,6 +165,8 @@ type Status struct {
 	Fleet      Fleet         `json:"fleet"`
 	// BinlogRunway is the live leader's last runway reading (fleet row).
 	BinlogRunway *RunwayView `json:"binlogRunway,omitempty"`
+	// Replays are the running replays and the latest finished ones.
+	Replays []replay.Status `json:"replays,omitempty"`
 }
 
 // Reader reads one instance's state from the state database.
@@ -295,29 +298,25 @@ func (r Reader) Leases(ctx context.Context) ([]LeaseStatus, error) {
 		return nil, err
 	}
 	esc := state.EscapeLike(r.Instance)
-	rows, err := r.DB.QueryContext(ctx, `SELECT name, holder, epoch, expires_at, acquired_at, renewed_at,
+	out, err := state.Collect(ctx, r.DB, `SELECT name, holder, epoch, expires_at, acquired_at, renewed_at,
   expires_at > NOW(6), TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at)
-FROM `+r.table("leases")+` WHERE name LIKE ? OR name LIKE ? ORDER BY name`, "%/"+esc, "%/"+esc+":%")
+FROM `+r.table("leases")+` WHERE name LIKE ? OR name LIKE ? ORDER BY name`, []any{"%/" + esc, "%/" + esc + ":%"},
+		func(rows *sql.Rows) (LeaseStatus, error) {
+			var (
+				l             LeaseStatus
+				exp, acq, ren sqlTime
+				in            int64
+			)
+			err := rows.Scan(&l.Name, &l.Holder, &l.Epoch, &exp, &acq, &ren, &l.Live, &in)
+			l.ExpiresAt, l.AcquiredAt, l.RenewedAt = exp.T, timePtr(acq.T), timePtr(ren.T)
+			l.ExpiresInSeconds = float64(in) / 1e6
+			return l, err
+		})
 	if err != nil {
 		return nil, fmt.Errorf("read leases: %w", err)
 	}
-	defer rows.Close()
-	out := []LeaseStatus{}
-	for rows.Next() {
-		var (
-			l             LeaseStatus
-			exp, acq, ren sqlTime
-			in            int64
-		)
-		if err := rows.Scan(&l.Name, &l.Holder, &l.Epoch, &exp, &acq, &ren, &l.Live, &in); err != nil {
-			return nil, fmt.Errorf("read leases: %w", err)
-		}
-		l.ExpiresAt, l.AcquiredAt, l.RenewedAt = exp.T, timePtr(acq.T), timePtr(ren.T)
-		l.ExpiresInSeconds = float64(in) / 1e6
-		out = append(out, l)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read leases: %w", err)
+	if out == nil {
+		out = []LeaseStatus{} // JSON [], not null
 	}
 	return out, nil
 }
@@ -416,7 +415,8 @@ func (r Reader) Status(ctx context.Context) (Status, error) {
 		return st, err
 	}
 	st.BinlogRunway = fleetRunway(st.Fleet, time.Now())
-	return st, nil
+	st.Replays, err = r.Replays(ctx)
+	return st, err
 }
 
 // splitPipe splits "<instance>:<db.table>:<sink>" into table and sink.

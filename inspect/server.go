@@ -28,10 +28,12 @@ import (
 
 	"github.com/cdcout/cdcout/binlog"
 	"github.com/cdcout/cdcout/config"
+	"github.com/cdcout/cdcout/internal/pause"
 	"github.com/cdcout/cdcout/metrics"
+	"github.com/cdcout/cdcout/replay"
 )
 
-// DefaultKeepAlive is the idle keep-alive lifetime of a client connection.
+// defaultKeepAlive is the idle keep-alive lifetime of a client connection.
 //
 // The bound that matters is the idle timeout of the proxy or load balancer
 // in front of us, and those defaults cluster at 60s (AWS ALB, Envoy) and
@@ -42,9 +44,9 @@ import (
 // 76s instead would leave every ALB user holding connections the balancer
 // already dropped — the same defect mirrored — and the 60s group is the
 // larger one.
-const DefaultKeepAlive = 72 * time.Second
+const defaultKeepAlive = 72 * time.Second
 
-// HeadersTimeoutMargin is how much longer than the keep-alive the header
+// headersTimeoutMargin is how much longer than the keep-alive the header
 // deadline runs by default. The pairing comes from servers where the header
 // timer starts with the connection's idle period, so a header deadline at or
 // under the keep-alive cuts off a request that arrives just before the idle
@@ -52,11 +54,11 @@ const DefaultKeepAlive = 72 * time.Second
 // the margin is not needed for that race here; we keep the documented
 // relation (headers = keep-alive + 5s) so the two knobs mean the same as in
 // the configuration reference, and it still bounds slow-header clients.
-const HeadersTimeoutMargin = 5 * time.Second
+const headersTimeoutMargin = 5 * time.Second
 
-// DefaultStallAfter is the source lag beyond which /readyz reports the
+// defaultStallAfter is the source lag beyond which /readyz reports the
 // replica as stalled.
-const DefaultStallAfter = 5 * time.Minute
+const defaultStallAfter = 5 * time.Minute
 
 //go:embed dashboard.html
 var dashboardFS embed.FS
@@ -66,13 +68,13 @@ type Config struct {
 	// Addr is host:port to listen on; "" or "off" disables the server (Run
 	// then just waits for its context).
 	Addr string
-	// KeepAlive is the idle keep-alive timeout (default DefaultKeepAlive).
+	// KeepAlive is the idle keep-alive timeout (default defaultKeepAlive).
 	KeepAlive time.Duration
 	// HeadersTimeout bounds reading a request's headers (default KeepAlive
-	// + HeadersTimeoutMargin).
+	// + headersTimeoutMargin).
 	HeadersTimeout time.Duration
 	// StallAfter: /readyz fails while the connected source lags more than
-	// this (default DefaultStallAfter; negative disables the check).
+	// this (default defaultStallAfter; negative disables the check).
 	StallAfter time.Duration
 	// RunwayMin: /readyz fails while the binlog runway (SourceStatus.Runway)
 	// is shorter than this; 0 disables the check.
@@ -185,13 +187,13 @@ const pipesCacheFor = time.Second
 // New builds a Server; nothing listens until Run.
 func New(cfg Config, deps Deps) *Server {
 	if cfg.KeepAlive <= 0 {
-		cfg.KeepAlive = DefaultKeepAlive
+		cfg.KeepAlive = defaultKeepAlive
 	}
 	if cfg.HeadersTimeout <= 0 {
-		cfg.HeadersTimeout = cfg.KeepAlive + HeadersTimeoutMargin
+		cfg.HeadersTimeout = cfg.KeepAlive + headersTimeoutMargin
 	}
 	if cfg.StallAfter == 0 {
-		cfg.StallAfter = DefaultStallAfter
+		cfg.StallAfter = defaultStallAfter
 	}
 	if cfg.ShutdownTimeout <= 0 {
 		cfg.ShutdownTimeout = 5 * time.Second
@@ -243,6 +245,7 @@ func (s *Server) AdminAddr() net.Addr {
 // ctx.
 func (s *Server) Run(ctx context.Context) error {
 	var servers []*http.Server
+	var listeners []net.Listener
 	errc := make(chan error, 2)
 	for _, l := range []struct {
 		addr    string
@@ -254,8 +257,11 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 		ln, err := net.Listen("tcp", l.addr)
 		if err != nil {
-			for _, srv := range servers {
+			// Close the listeners themselves: a Serve goroutine that has
+			// not started yet would close its listener only when it runs.
+			for i, srv := range servers {
 				_ = srv.Close()
+				_ = listeners[i].Close()
 			}
 			return fmt.Errorf("inspect: listen on %s: %w", l.addr, err)
 		}
@@ -268,7 +274,7 @@ func (s *Server) Run(ctx context.Context) error {
 			ReadHeaderTimeout: s.cfg.HeadersTimeout,
 			ErrorLog:          zap.NewStdLog(s.log),
 		}
-		servers = append(servers, srv)
+		servers, listeners = append(servers, srv), append(listeners, ln)
 		s.log.Info("serving", zap.String("addr", ln.Addr().String()), zap.Bool("admin", l.handler == http.Handler(s.adminMux)))
 		go func() { errc <- srv.Serve(ln) }()
 	}
@@ -280,16 +286,11 @@ func (s *Server) Run(ctx context.Context) error {
 	sampled := make(chan struct{})
 	go func() {
 		defer close(sampled)
-		t := time.NewTicker(historyEvery)
-		defer t.Stop()
-		for {
+		s.history.add(time.Now(), s.source())
+		_ = pause.Every(sctx, historyEvery, func() error {
 			s.history.add(time.Now(), s.source())
-			select {
-			case <-sctx.Done():
-				return
-			case <-t.C:
-			}
-		}
+			return nil
+		})
 	}()
 	defer func() { stopSampling(); <-sampled }()
 	select {
@@ -447,6 +448,8 @@ type sinksView struct {
 	// per replica, not per pipe, since the buffer holds every pipe's.
 	DroppedPending int64        `json:"droppedPending"`
 	Pipes          []PipeStatus `json:"pipes"`
+	// Replays are the running replays and the latest finished ones.
+	Replays []replay.Status `json:"replays,omitempty"`
 }
 
 func (s *Server) sinks(w http.ResponseWriter, r *http.Request) {
@@ -466,6 +469,9 @@ func (s *Server) sinks(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	v := sinksView{Instance: s.deps.Instance, Pipes: pipes}
+	if err == nil {
+		v.Replays, err = s.reader.Replays(r.Context())
+	}
 	if s.deps.DroppedPending != nil {
 		v.DroppedPending = s.deps.DroppedPending()
 	}

@@ -59,20 +59,20 @@ func (l Lease) Valid(now time.Time) bool {
 type Manager struct {
 	db    *sql.DB
 	table string
-	// margin is subtracted from the TTL for LocalDeadline; see SafetyMargin.
+	// margin is subtracted from the TTL for LocalDeadline; see safetyMargin.
 	margin func(ttl time.Duration) time.Duration
 }
 
 // NewManager returns a Manager over schema's leases table.
 func NewManager(db *sql.DB, schema string) *Manager {
-	return &Manager{db: db, table: state.Table(schema, "leases"), margin: SafetyMargin}
+	return &Manager{db: db, table: state.Table(schema, "leases"), margin: safetyMargin}
 }
 
-// SafetyMargin is how much earlier than the database expiry a holder stops
+// safetyMargin is how much earlier than the database expiry a holder stops
 // acting: a tenth of the TTL, at least 100ms and at most 5s. It absorbs
 // clock-rate differences and the time between the database evaluating
 // NOW(6) and our statement returning.
-func SafetyMargin(ttl time.Duration) time.Duration {
+func safetyMargin(ttl time.Duration) time.Duration {
 	m := ttl / 10
 	if m < 100*time.Millisecond {
 		m = 100 * time.Millisecond

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cdcout/cdcout/internal/mysqltest"
+	"github.com/cdcout/cdcout/internal/statetest"
 	"github.com/cdcout/cdcout/state"
 )
 
@@ -17,12 +18,7 @@ func TestMain(m *testing.M) { mysqltest.RunMain(m) }
 
 func newManager(t *testing.T) (*Manager, *sql.DB, string) {
 	t.Helper()
-	srv := mysqltest.Shared(t)
-	schema := srv.CreateDB(t, "lease")
-	db := srv.Open(t)
-	if err := state.Migrate(context.Background(), db, schema); err != nil {
-		t.Fatal(err)
-	}
+	db, schema := statetest.New(t, "lease")
 	return NewManager(db, schema), db, schema
 }
 
@@ -65,7 +61,7 @@ func TestExpiryByDatabaseClock(t *testing.T) {
 	if !a.Valid(time.Now()) {
 		t.Fatal("fresh lease not valid locally")
 	}
-	if got := time.Until(a.LocalDeadline); got > time.Second-SafetyMargin(time.Second)+10*time.Millisecond {
+	if got := time.Until(a.LocalDeadline); got > time.Second-safetyMargin(time.Second)+10*time.Millisecond {
 		t.Fatalf("local deadline %v away, want at most ttl - margin", got)
 	}
 	// While live, another holder cannot take it.

@@ -89,6 +89,9 @@ func (p *pipeDrainer) claim(ctx context.Context, limit int, part keyRange) ([]jo
 	if err != nil {
 		return nil, err
 	}
+	if err := p.takeBackRows(ctx); err != nil {
+		return nil, err
+	}
 	heads, err := p.dueHeads(ctx, limit, part)
 	if err != nil {
 		return nil, fmt.Errorf("claim %s: find due rows: %w", p.name, err)
@@ -112,20 +115,33 @@ func (p *pipeDrainer) claim(ctx context.Context, limit int, part keyRange) ([]jo
 	// short; a timeout still bounds them.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
+	p.claiming.RLock()
+	got, claimedAt, err := p.claimAndRead(cctx, l, fenced, ids)
+	p.claiming.RUnlock()
+	if err != nil || got == nil {
+		return nil, err
+	}
+	return p.jobs(cctx, heads, follow, got, claimedAt), nil
+}
+
+// claimAndRead claims the rows ids for us and reads back those we got,
+// with the time of the claim; nil when we got none. A failure releases
+// what we may have claimed.
+func (p *pipeDrainer) claimAndRead(cctx context.Context, l lease.Lease, fenced bool, ids []any) (map[string]Record, time.Time, error) {
 	if n, err := p.claimIDs(cctx, l, fenced, ids); err != nil || n == 0 {
 		// n == 0: taken by another drainer meanwhile, or (fenced) our
 		// lease is no longer current in the database.
-		return nil, err
+		return nil, time.Time{}, err
 	}
 	claimedAt := time.Now()
 	got, err := p.readClaimed(cctx, ids)
 	if err != nil {
-		// If the release fails too, the claims stand until the claim
-		// lease ends and are re-claimed then.
+		// If the release fails too, the next claim pass takes the
+		// claims back.
 		p.releaseIDs(cctx, ids)
-		return nil, fmt.Errorf("claim %s: read claimed rows: %w", p.name, err)
+		return nil, time.Time{}, fmt.Errorf("claim %s: read claimed rows: %w", p.name, err)
 	}
-	return p.jobs(cctx, heads, follow, got, claimedAt), nil
+	return got, claimedAt, nil
 }
 
 // dueHeads finds up to limit due rows of the pipe in part of the key space
@@ -175,6 +191,8 @@ func (p *pipeDrainer) claimIDs(ctx context.Context, l lease.Lease, fenced bool, 
 		`o.claimer = ?, o.next_attempt_at = NOW(6) + INTERVAL ? MICROSECOND, o.attempts = o.attempts + 1`,
 		`o.pipe = ? AND o.id IN (`+state.Placeholders(len(ids))+`) AND o.status = 'pending' AND o.next_attempt_at <= NOW(6)`,
 		append([]any{p.name}, ids...))
+	// Claimed anew, a row is no longer a stuck claim of an earlier pass.
+	p.forgetUnreleased(ids)
 	res, err := d.cfg.DB.ExecContext(ctx, q, args...)
 	if err != nil {
 		// The server may have committed the claim and lost the answer (it

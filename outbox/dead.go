@@ -69,28 +69,23 @@ FROM ` + s.outbox + ` WHERE status = 'dead'`
 		query += ` LIMIT ?`
 		args = append(args, q.Limit)
 	}
-	rows, err := s.db.QueryContext(ctx, query, args...)
-	if err != nil {
-		return nil, fmt.Errorf("list dead rows: %w", err)
-	}
-	defer rows.Close()
-	out := []DeadRow{}
-	for rows.Next() {
+	out, err := state.Collect(ctx, s.db, query, args, func(rows *sql.Rows) (DeadRow, error) {
 		var (
 			r           DeadRow
 			db, tbl     string
 			lastErr     sql.NullString
 			errAt, c, m sqlTime
 		)
-		if err := rows.Scan(&r.ID, &r.Pipe, &r.Sink, &db, &tbl, &r.RowKey, &r.Op, &r.Attempts, &lastErr, &errAt, &c, &m); err != nil {
-			return nil, fmt.Errorf("list dead rows: %w", err)
-		}
+		err := rows.Scan(&r.ID, &r.Pipe, &r.Sink, &db, &tbl, &r.RowKey, &r.Op, &r.Attempts, &lastErr, &errAt, &c, &m)
 		r.Table, r.LastError, r.CreatedAt = db+"."+tbl, lastErr.String, m.T
 		r.LastErrorAt, r.CommitTime = timeOrNil(errAt.T), timeOrNil(c.T)
-		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
+		return r, err
+	})
+	if err != nil {
 		return nil, fmt.Errorf("list dead rows: %w", err)
+	}
+	if out == nil {
+		out = []DeadRow{} // JSON [], not null
 	}
 	return out, nil
 }

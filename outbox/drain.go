@@ -20,20 +20,22 @@ import (
 // documents (config.DefaultSink…), so a Drainer built without a config
 // behaves as a configured sink that sets nothing.
 const (
-	DefaultClaimLease    = 5 * time.Minute
-	DefaultTimeout       = config.DefaultSinkTimeout
-	DefaultMaxAttempts   = config.DefaultSinkMaxAttempts
-	DefaultConcurrency   = config.DefaultSinkConcurrency
-	DefaultBatchSize     = config.DefaultSinkBatchSize
-	DefaultBackoffBase   = 200 * time.Millisecond
-	DefaultBackoffCap    = 5 * time.Minute
-	DefaultAttemptLogCap = 20
+	defaultClaimLease    = 5 * time.Minute
+	defaultTimeout       = config.DefaultSinkTimeout
+	defaultMaxAttempts   = config.DefaultSinkMaxAttempts
+	defaultConcurrency   = config.DefaultSinkConcurrency
+	defaultBatchSize     = config.DefaultSinkBatchSize
+	defaultBackoffBase   = 200 * time.Millisecond
+	defaultBackoffCap    = 5 * time.Minute
+	defaultAttemptLogCap = 20
 
 	idleMin = 50 * time.Millisecond
 	idleMax = 2 * time.Second
-	// outcomeRetryFor bounds how long a delivered batch's outcome write is
-	// retried (database restart) before the rows are left to their claim
-	// lease, which re-delivers them under the same deliveryKey.
+	// outcomeRetryFor bounds how long a delivered batch's outcome write, or
+	// the release of a row claim, is retried (database restart) before it
+	// is given up: a delivered batch is then left to its claim lease, which
+	// re-delivers it under the same deliveryKey; an unreleased claim is
+	// taken back by the next claim pass (release.go).
 	outcomeRetryFor = 30 * time.Second
 	maxErrorLen     = 4096
 )
@@ -45,7 +47,7 @@ type PipeConfig struct {
 	// when it passes. Default 10s.
 	Timeout time.Duration
 	// MaxAttempts: a row whose attempt count reaches it is dead-lettered.
-	// Default DefaultMaxAttempts (25).
+	// Default 25 (config.DefaultSinkMaxAttempts).
 	MaxAttempts int
 	// Concurrency is how many batches of this pipe are in flight at once.
 	// Default 8.
@@ -113,6 +115,9 @@ type Drainer struct {
 	backoff  Backoff
 	logger   *zap.Logger
 	pipes    []*pipeDrainer
+	// retryFor is outcomeRetryFor; tests of a state-database outage
+	// shorten it.
+	retryFor time.Duration
 }
 
 type pipeDrainer struct {
@@ -134,6 +139,13 @@ type pipeDrainer struct {
 	// (release, hold or outcome): the next segment pass takes it back
 	// rather than wait out the claim lease (segdrain.go).
 	stuck *stuckClaim
+	// unreleased are ids of rows whose claim of ours a failed release
+	// left standing: the next claim pass takes them back rather than let
+	// their keys wait out the claim lease (release.go). claiming is held
+	// shared by each claim from its UPDATE to its read-back and exclusively
+	// by the take-back, so a row claimed anew is never released under it.
+	unreleased map[string]bool
+	claiming   sync.RWMutex
 	// failLog rate-limits the "delivery failed" lines: an outage must not
 	// flood the log.
 	failLogAt  time.Time
@@ -145,12 +157,7 @@ type pipeDrainer struct {
 }
 
 // sinkName is the sink part of the pipe's name.
-func (p *pipeDrainer) sinkName() string {
-	if _, _, sink, ok := SplitPipe(p.name); ok {
-		return sink
-	}
-	return p.name
-}
+func (p *pipeDrainer) sinkName() string { return PipeSink(p.name) }
 
 // NewDrainer validates cfg, fills defaults and returns a Drainer.
 func NewDrainer(cfg DrainerConfig) (*Drainer, error) {
@@ -164,11 +171,11 @@ func NewDrainer(cfg DrainerConfig) (*Drainer, error) {
 		return nil, fmt.Errorf("drainer: %w", err)
 	}
 	if cfg.ClaimLease == 0 {
-		cfg.ClaimLease = DefaultClaimLease
+		cfg.ClaimLease = defaultClaimLease
 	}
-	orDefault(&cfg.BackoffBase, DefaultBackoffBase)
-	orDefault(&cfg.BackoffCap, DefaultBackoffCap)
-	orDefault(&cfg.AttemptLogCap, DefaultAttemptLogCap)
+	orDefault(&cfg.BackoffBase, defaultBackoffBase)
+	orDefault(&cfg.BackoffCap, defaultBackoffCap)
+	orDefault(&cfg.AttemptLogCap, defaultAttemptLogCap)
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
@@ -181,6 +188,7 @@ func NewDrainer(cfg DrainerConfig) (*Drainer, error) {
 		leases:   state.Table(cfg.Schema, "leases"),
 		backoff:  Backoff{Base: cfg.BackoffBase, Cap: cfg.BackoffCap},
 		logger:   cfg.Logger.Named("drain"),
+		retryFor: outcomeRetryFor,
 	}
 	names := make([]string, 0, len(cfg.Pipes))
 	for name := range cfg.Pipes {
@@ -192,10 +200,10 @@ func NewDrainer(cfg DrainerConfig) (*Drainer, error) {
 		if pc.Sink == nil {
 			return nil, fmt.Errorf("drainer: pipe %s has no sink", name)
 		}
-		orDefault(&pc.Timeout, DefaultTimeout)
-		orDefault(&pc.MaxAttempts, DefaultMaxAttempts)
-		orDefault(&pc.Concurrency, DefaultConcurrency)
-		orDefault(&pc.BatchSize, DefaultBatchSize)
+		orDefault(&pc.Timeout, defaultTimeout)
+		orDefault(&pc.MaxAttempts, defaultMaxAttempts)
+		orDefault(&pc.Concurrency, defaultConcurrency)
+		orDefault(&pc.BatchSize, defaultBatchSize)
 		if cfg.ClaimLease <= pc.Timeout {
 			return nil, fmt.Errorf("drainer: claim lease %v must exceed pipe %s's delivery timeout %v, or a slow delivery is handed to a second replica while it is still running", cfg.ClaimLease, name, pc.Timeout)
 		}
@@ -207,6 +215,7 @@ func NewDrainer(cfg DrainerConfig) (*Drainer, error) {
 			inflight: map[string]bool{},
 
 			failedBefore: map[string]bool{},
+			unreleased:   map[string]bool{},
 		})
 	}
 	return d, nil

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cdcout/cdcout/internal/mysqltest"
+	"github.com/cdcout/cdcout/internal/statetest"
 	"github.com/cdcout/cdcout/internal/wait"
 	"github.com/cdcout/cdcout/lease"
 	"github.com/cdcout/cdcout/sink"
@@ -43,12 +44,7 @@ type testState struct {
 
 func newTestState(tb testing.TB) *testState {
 	tb.Helper()
-	srv := mysqltest.Shared(tb)
-	schema := srv.CreateDB(tb, "drain")
-	db := srv.Open(tb)
-	if err := state.Migrate(context.Background(), db, schema); err != nil {
-		tb.Fatal(err)
-	}
+	db, schema := statetest.New(tb, "drain")
 	return &testState{db: db, schema: schema}
 }
 
@@ -167,16 +163,11 @@ func checkKeyOrder(t *testing.T, got, want map[string][]string) {
 // it; Run must return nil.
 func (s *testState) runUntilDelivered(t *testing.T, d *Drainer) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
+	stop := wait.Background(t, 30*time.Second, d.Run)
 	waitFor(t, "every row delivered", func() bool {
 		return s.count(t, `SELECT COUNT(*) FROM {outbox} WHERE status <> 'delivered'`) == 0
 	})
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	stop()
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {
@@ -597,13 +588,7 @@ func TestWakeDeliversPromptly(t *testing.T) {
 		return nil
 	}}
 	d := s.drainer(t, "r1/boot", map[string]PipeConfig{pipe: {Sink: snk}}, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	defer func() {
-		cancel()
-		<-done
-	}()
+	defer wait.Background(t, 30*time.Second, d.Run)()
 	// Idle long enough for the poll interval to back off past 400ms
 	// (50ms doubling); this creates the condition, it waits for nothing.
 	time.Sleep(time.Second)
@@ -637,14 +622,9 @@ func TestRunStopFinishesInFlight(t *testing.T) {
 		return make([]error, len(recs))
 	}}
 	d := s.drainer(t, "r1/boot", map[string]PipeConfig{pipe: {Sink: snk}}, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
+	stop := wait.Background(t, 30*time.Second, d.Run)
 	<-entered
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	stop()
 	if r := s.row(t, id); r.status != "delivered" {
 		t.Fatalf("row after stop = %+v, want delivered", r)
 	}
@@ -769,9 +749,7 @@ func TestRunSurvivesDatabaseRestart(t *testing.T) {
 	srv := mysqltest.Start(t, mysqltest.Options{})
 	schema := srv.CreateDB(t, "drainrestart")
 	db := srv.Open(t)
-	if err := state.Migrate(context.Background(), db, schema); err != nil {
-		t.Fatal(err)
-	}
+	statetest.Migrate(t, db, schema)
 	s := &testState{db: db, schema: schema}
 	const pipe = "i:app.t:fake"
 	order := map[string][]string{}
@@ -799,9 +777,7 @@ func TestRunSurvivesDatabaseRestart(t *testing.T) {
 	d := s.drainer(t, "r1/boot", map[string]PipeConfig{pipe: {Sink: snk, BatchSize: 5, Concurrency: 2}}, func(c *DrainerConfig) {
 		c.Metrics.Error = func(string, string, error) { dbErrors.Add(1) }
 	})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
+	stop := wait.Background(t, 30*time.Second, d.Run)
 	waitFor(t, "some rows delivered", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
@@ -815,10 +791,7 @@ func TestRunSurvivesDatabaseRestart(t *testing.T) {
 	waitFor(t, "every row delivered after the restart", func() bool {
 		return s.count(t, `SELECT COUNT(*) FROM {outbox} WHERE status <> 'delivered'`) == 0
 	})
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	stop()
 	if dbErrors.Load() == 0 {
 		t.Fatal("the restart never hit the drainer; the test proves nothing")
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/cdcout/cdcout/canonical"
 	"github.com/cdcout/cdcout/dedup"
 	"github.com/cdcout/cdcout/lease"
+	"github.com/cdcout/cdcout/state"
 )
 
 // Statement size bounds. A batch of any size is written in one transaction,
@@ -178,7 +179,7 @@ func (s *Store) Enqueue(ctx context.Context, claimedBy string, fence Fence, item
 			res.AlreadyOurs += dups
 			return res, nil
 		}
-		retry := serverErrno(err) == 1213 || errors.Is(err, errClaimVanished)
+		retry := state.Errno(err) == state.ErrnoLockDeadlock || errors.Is(err, errClaimVanished)
 		if !retry || attempt >= maxEnqueueAttempts || ctx.Err() != nil {
 			return EnqueueResult{}, err
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 
 	"github.com/cdcout/cdcout/internal/faultproxy"
 	"github.com/cdcout/cdcout/internal/mysqltest"
+	"github.com/cdcout/cdcout/internal/wait"
 )
 
 // proxiedDB opens the shared server through a fault proxy.
@@ -36,6 +38,20 @@ func proxiedDB(t *testing.T) (*sql.DB, *faultproxy.Proxy) {
 	}
 	t.Cleanup(func() { db.Close() })
 	return db, p
+}
+
+// resumesAfterHeal runs d, just after the state database came back, until
+// cond holds, and fails t unless that took seconds, not the claim lease.
+func resumesAfterHeal(t *testing.T, d *Drainer, what string, cond func() bool) {
+	t.Helper()
+	healed := time.Now()
+	defer wait.Background(t, 10*time.Second, d.Run)()
+	waitFor(t, what, cond)
+	took := time.Since(healed)
+	t.Logf("heal to %s: %v", what, took.Round(time.Millisecond))
+	if took > 5*time.Second {
+		t.Fatalf("delivery resumed %v after the heal, want within seconds (not the claim lease)", took)
+	}
 }
 
 // Issue 14, defect 1: a segment whose claim could not be released because
@@ -70,19 +86,9 @@ func TestStuckSegmentClaimIsTakenBack(t *testing.T) {
 		t.Fatalf("the segment is not claimed by us after the failed release (%d); the test did not make it fail", n)
 	}
 	proxy.Heal()
-	healed := time.Now()
-
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { d.Run(ctx); close(done) }()
-	defer func() { stop(); <-done }()
-	waitFor(t, "every segment delivered", func() bool {
+	resumesAfterHeal(t, d, "every segment delivered", func() bool {
 		return st.count(t, "SELECT COUNT(*) FROM {segments} WHERE status <> 'done'") == 0
 	})
-	t.Logf("heal to every segment delivered: %v", time.Since(healed).Round(time.Millisecond))
-	if took := time.Since(healed); took > 5*time.Second {
-		t.Fatalf("delivery resumed %v after the heal, want within seconds (not the claim lease)", took)
-	}
 	log.mu.Lock()
 	defer log.mu.Unlock()
 	idOf := map[string]string{}
@@ -98,4 +104,69 @@ func TestStuckSegmentClaimIsTakenBack(t *testing.T) {
 			t.Fatalf("key %s delivered %v, want %v (commit order, once each)", key, got, want)
 		}
 	}
+}
+
+// Issue 14, defect 1, for rows: claimed rows whose release failed because
+// the state database went away (past the release's retries) are taken
+// back by the same live drainer's next claim pass once it is back, not
+// left to the claim lease (5 minutes here) while their keys' later rows
+// wait behind them. The attempt each claim counted is given back, as the
+// release would have.
+func TestUnreleasedRowClaimIsTakenBack(t *testing.T) {
+	st := newTestState(t)
+	const pipe = "i:app.t:fake"
+	order := map[string][]string{}
+	for i := range 12 {
+		k := fmt.Sprintf("[%d]", i%3)
+		order[k] = append(order[k], st.insert(t, pipe, k))
+	}
+	db, proxy := proxiedDB(t)
+	var (
+		mu  sync.Mutex
+		got = map[string][]string{}
+	)
+	snk := fakeSink{fn: func(_ context.Context, recs []Record) []error {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, r := range recs {
+			got[r.Key] = append(got[r.Key], r.ID)
+		}
+		return make([]error, len(recs))
+	}}
+	d := st.drainer(t, "d1", map[string]PipeConfig{pipe: {Sink: snk, BatchSize: 4, Concurrency: 1}}, func(c *DrainerConfig) {
+		c.DB = db
+		c.ClaimLease = 5 * time.Minute
+	})
+	d.retryFor = time.Second
+	p := d.pipes[0]
+	jobs, err := p.claim(context.Background(), 100, keyRange{})
+	if err != nil || len(jobs) == 0 {
+		t.Fatalf("claim = %d jobs, %v; want the keys' rows", len(jobs), err)
+	}
+	var claimed []Record
+	for _, j := range jobs {
+		for _, l := range j.lanes {
+			claimed = append(claimed, l...)
+		}
+	}
+	// The state database goes away between the claim and its release.
+	proxy.Refuse()
+	proxy.Reset()
+	p.release(context.Background(), claimed)
+	if n := len(p.unreleased); n != len(claimed) {
+		t.Fatalf("a failed release left %d rows to take back, want the %d claimed", n, len(claimed))
+	}
+	if n := st.count(t, "SELECT COUNT(*) FROM {outbox} WHERE claimer = ? AND next_attempt_at > NOW(6)", d.claimer); n != len(claimed) {
+		t.Fatalf("%d rows claimed by us after the failed release, want %d; the test did not make it fail", n, len(claimed))
+	}
+	proxy.Heal()
+	resumesAfterHeal(t, d, "every row delivered", func() bool {
+		return st.count(t, "SELECT COUNT(*) FROM {outbox} WHERE status <> 'delivered'") == 0
+	})
+	if n := st.count(t, "SELECT COUNT(*) FROM {outbox} WHERE attempts <> 1"); n != 0 {
+		t.Fatalf("%d rows delivered with attempts <> 1: the taken-back claim's attempt was not given back", n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	checkKeyOrder(t, got, order)
 }

@@ -21,12 +21,12 @@ var ids idGenerator
 // use it for per-key order.
 func NewID() string { return ids.next().String() }
 
-// RaiseIDFloor makes every later NewID greater than id. A replica that takes
+// raiseIDFloor makes every later NewID greater than id. A replica that takes
 // over the enqueue lease calls it (through Store.RaiseIDFloor) with the
 // newest id already in the outbox, so that a clock behind the previous
 // leader's cannot give a later change of the same key a smaller id.
 // Invalid ids are rejected.
-func RaiseIDFloor(id string) error {
+func raiseIDFloor(id string) error {
 	u, err := uuid.Parse(id)
 	if err != nil {
 		return fmt.Errorf("raise id floor: %w", err)

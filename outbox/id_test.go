@@ -58,7 +58,7 @@ func TestNewIDConcurrentUnique(t *testing.T) {
 func TestRaiseIDFloor(t *testing.T) {
 	future := "ffffffff-fff0-7fff-bfff-ffffffffffff"
 	defer resetIDs()
-	if err := RaiseIDFloor(future); err != nil {
+	if err := raiseIDFloor(future); err != nil {
 		t.Fatal(err)
 	}
 	a, b := NewID(), NewID()
@@ -68,7 +68,7 @@ func TestRaiseIDFloor(t *testing.T) {
 	if u := uuid.MustParse(b); u.Version() != 7 || u.Variant() != uuid.RFC4122 {
 		t.Fatalf("successor id %s is not a v7 uuid", b)
 	}
-	if err := RaiseIDFloor("not-a-uuid"); err == nil {
+	if err := raiseIDFloor("not-a-uuid"); err == nil {
 		t.Fatal("RaiseIDFloor accepted garbage")
 	}
 }

@@ -74,7 +74,7 @@ func (p *pipeDrainer) verdict(err error, attempt int) (dead bool, delay time.Dur
 // delivered is left to its claim lease and delivered again under the same
 // deliveryKey.
 func (p *pipeDrainer) writeOutcome(write func() error) error {
-	deadline := time.Now().Add(outcomeRetryFor)
+	deadline := time.Now().Add(p.d.retryFor)
 	pause := 100 * time.Millisecond
 	for {
 		err := write()

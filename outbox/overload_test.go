@@ -8,10 +8,12 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/cdcout/cdcout/internal/wait"
 	"github.com/cdcout/cdcout/sink"
 	"github.com/cdcout/cdcout/state"
 )
@@ -110,10 +112,7 @@ func TestStalledCallDoesNotHoldLaterSegments(t *testing.T) {
 	}}}
 	// Calls of one record: the stalled call holds only its own.
 	d := st.drainer(t, "d1", map[string]PipeConfig{pipe: {Sink: snk, BatchSize: 1, Concurrency: 32}}, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { d.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	defer wait.Background(t, 30*time.Second, d.Run)()
 	waitFor(t, "every segment done and every other key delivered while one call stalls", func() bool {
 		mu.Lock()
 		defer mu.Unlock()

@@ -19,3 +19,16 @@ func SplitPipe(pipe string) (instance, table, sink string, ok bool) {
 	}
 	return pipe[:i], pipe[i+1 : j], pipe[j+1:], true
 }
+
+// PipeInstance is the instance part of a pipe name: what comes before
+// its first ':', or the whole name when it has none.
+func PipeInstance(pipe string) string {
+	inst, _, _ := strings.Cut(pipe, ":")
+	return inst
+}
+
+// PipeSink is the sink part of a pipe name: what comes after its last
+// ':', or the whole name when it has none.
+func PipeSink(pipe string) string {
+	return pipe[strings.LastIndexByte(pipe, ':')+1:]
+}

@@ -122,7 +122,7 @@ func (p *pipeDrainer) release(ctx context.Context, recs []Record) {
 	// the database restarting between a claim and its read-back, and rows
 	// left claimed by a live replica hold their keys until the claim lease
 	// ends (minutes; seen in e2e TestChaos as a 2-minute stall).
-	deadline := time.Now().Add(outcomeRetryFor)
+	deadline := time.Now().Add(p.d.retryFor)
 	pause := 100 * time.Millisecond
 	for {
 		_, err := p.d.cfg.DB.ExecContext(context.WithoutCancel(ctx),
@@ -132,8 +132,14 @@ func (p *pipeDrainer) release(ctx context.Context, recs []Record) {
 			return
 		}
 		if time.Now().After(deadline) {
-			// They are re-claimed when the claim lease ends.
-			p.log.Warn("release claimed rows", zap.Int("rows", len(recs)), zap.Error(err))
+			// Left to the claim lease, their keys would wait minutes on
+			// this live process: the next claim pass takes them back.
+			p.log.Warn("release claimed rows; they are taken back on the next claim pass", zap.Int("rows", len(recs)), zap.Error(err))
+			p.mu.Lock()
+			for _, r := range recs {
+				p.unreleased[r.ID] = true
+			}
+			p.mu.Unlock()
 			return
 		}
 		p.log.Debug("release claimed rows, retrying", zap.Error(err))
@@ -154,4 +160,54 @@ func (p *pipeDrainer) releaseIDs(ctx context.Context, ids []any) {
 	}
 	p.mu.Unlock()
 	p.release(ctx, recs)
+}
+
+// takeBackRows gives up the claims of ours a failed release left standing
+// (unreleased), giving back the attempt each counted, as the release
+// would have. Rows in a delivery of ours are left alone; a row claimed
+// anew since is no longer unreleased (claimIDs). Only this process claims
+// with its claimer, so a row still claimed by it is in nobody's hands.
+func (p *pipeDrainer) takeBackRows(ctx context.Context) error {
+	p.mu.Lock()
+	n := len(p.unreleased)
+	p.mu.Unlock()
+	if n == 0 {
+		return nil
+	}
+	p.claiming.Lock()
+	defer p.claiming.Unlock()
+	var ids []any
+	p.mu.Lock()
+	for id := range p.unreleased {
+		if !p.inflight[id] {
+			ids = append(ids, id)
+		}
+	}
+	p.mu.Unlock()
+	if len(ids) == 0 {
+		return nil
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	res, err := p.d.cfg.DB.ExecContext(rctx,
+		releaseStatement(p.d.outbox, `id IN (`+state.Placeholders(len(ids))+`) AND claimer = ?`, false),
+		releaseArgs(0, true, append(ids, p.d.claimer)...)...)
+	if err != nil {
+		return fmt.Errorf("take back our claims of %d rows of %s: %w", len(ids), p.name, err)
+	}
+	p.forgetUnreleased(ids)
+	released, _ := res.RowsAffected()
+	p.log.Info("took back our own row claims", zap.Int("rows", len(ids)), zap.Int64("released", released))
+	return nil
+}
+
+// forgetUnreleased drops ids from the claims to take back.
+func (p *pipeDrainer) forgetUnreleased(ids []any) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, id := range ids {
+		if s, ok := id.(string); ok {
+			delete(p.unreleased, s)
+		}
+	}
 }

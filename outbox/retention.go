@@ -9,15 +9,16 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/cdcout/cdcout/internal/pause"
 	"github.com/cdcout/cdcout/state"
 )
 
 // Retention defaults.
 const (
-	DefaultRetention      = 72 * time.Hour
-	DefaultDedupWindow    = 60 * time.Second
-	DefaultJanitorEvery   = time.Minute
-	DefaultJanitorBatch   = 1000
+	defaultRetention      = 72 * time.Hour
+	defaultDedupWindow    = 60 * time.Second
+	defaultJanitorEvery   = time.Minute
+	defaultJanitorBatch   = 1000
 	janitorPauseOnFailure = 10 * time.Second
 )
 
@@ -37,7 +38,11 @@ type JanitorConfig struct {
 	// BatchSize bounds each DELETE, so a sweep never holds long locks or
 	// builds a huge undo log. Default 1000.
 	BatchSize int
-	Logger    *zap.Logger
+	// Hold, when set, names pipes whose delivered records must stay
+	// (a replay is re-delivering them); their rows and segments are not
+	// swept. A Hold that fails skips the sweep of rows and segments.
+	Hold   func(ctx context.Context) (map[string]bool, error)
+	Logger *zap.Logger
 }
 
 // Janitor deletes what is no longer needed: outbox rows delivered or
@@ -46,9 +51,9 @@ type JanitorConfig struct {
 // window, and member leases of processes gone for an hour. Pending rows and
 // pending segments (claimed or not) are never deleted.
 type Janitor struct {
-	cfg                                        JanitorConfig
-	outbox, segments, attempts, claims, leases string
-	logger                                     *zap.Logger
+	cfg                                               JanitorConfig
+	outbox, segments, attempts, claims, leases, marks string
+	logger                                            *zap.Logger
 }
 
 // Swept counts what one sweep deleted.
@@ -70,10 +75,10 @@ func NewJanitor(cfg JanitorConfig) (*Janitor, error) {
 	if err := state.CheckName(cfg.Schema); err != nil {
 		return nil, fmt.Errorf("janitor: %w", err)
 	}
-	orDefault(&cfg.Retention, DefaultRetention)
-	orDefault(&cfg.DedupWindow, DefaultDedupWindow)
-	orDefault(&cfg.Every, DefaultJanitorEvery)
-	orDefault(&cfg.BatchSize, DefaultJanitorBatch)
+	orDefault(&cfg.Retention, defaultRetention)
+	orDefault(&cfg.DedupWindow, defaultDedupWindow)
+	orDefault(&cfg.Every, defaultJanitorEvery)
+	orDefault(&cfg.BatchSize, defaultJanitorBatch)
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
@@ -84,6 +89,7 @@ func NewJanitor(cfg JanitorConfig) (*Janitor, error) {
 		attempts: state.Table(cfg.Schema, "attempts"),
 		claims:   state.Table(cfg.Schema, "claims"),
 		leases:   state.Table(cfg.Schema, "leases"),
+		marks:    state.Table(cfg.Schema, "retention_marks"),
 		logger:   cfg.Logger.Named("retention"),
 	}, nil
 }
@@ -91,28 +97,20 @@ func NewJanitor(cfg JanitorConfig) (*Janitor, error) {
 // Run sweeps every cfg.Every until ctx ends, then returns nil. Every
 // replica may run one: the deletes are idempotent and batched.
 func (j *Janitor) Run(ctx context.Context) error {
-	t := time.NewTimer(0)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-		next := j.cfg.Every
+	pause.Repeat(ctx, func() time.Duration {
 		sw, err := j.Sweep(ctx)
 		switch {
 		case ctx.Err() != nil:
-			return nil
 		case err != nil:
 			j.logger.Warn("retention sweep", zap.Error(err))
-			next = min(next, janitorPauseOnFailure)
+			return min(j.cfg.Every, janitorPauseOnFailure)
 		case sw.Rows+sw.Segments+sw.Claims+sw.Members > 0:
 			j.logger.Info("retention sweep", zap.Int64("rows", sw.Rows), zap.Int64("segments", sw.Segments),
 				zap.Int64("attempts", sw.Attempts), zap.Int64("claims", sw.Claims), zap.Int64("member_leases", sw.Members))
 		}
-		t.Reset(next)
-	}
+		return j.cfg.Every
+	})
+	return nil
 }
 
 // Sweep deletes everything currently past retention, batch by batch.
@@ -122,7 +120,16 @@ func (j *Janitor) Sweep(ctx context.Context) (Swept, error) {
 	if err != nil {
 		return sw, fmt.Errorf("list outbox pipes: %w", err)
 	}
+	held := map[string]bool{}
+	if j.cfg.Hold != nil {
+		if held, err = j.cfg.Hold(ctx); err != nil {
+			return sw, fmt.Errorf("read the pipes replays hold: %w", err)
+		}
+	}
 	for _, pipe := range pipes {
+		if held[pipe] {
+			continue
+		}
 		for _, status := range []Status{StatusDelivered, StatusDead} {
 			for {
 				rows, atts, err := j.sweepRows(ctx, pipe, status)
@@ -186,25 +193,26 @@ func (j *Janitor) pipes(ctx context.Context) ([]string, error) {
 // batch of every sweep from walking (and, in REPEATABLE READ, locking)
 // every done segment still retained.
 func (j *Janitor) sweepSegments(ctx context.Context, pipe string) (n int64, more bool, err error) {
-	r, err := j.cfg.DB.QueryContext(ctx, `SELECT id, next_attempt_at < NOW(6) - INTERVAL ? MICROSECOND FROM `+j.segments+`
+	r, err := j.cfg.DB.QueryContext(ctx, `SELECT id, last_id, next_attempt_at < NOW(6) - INTERVAL ? MICROSECOND FROM `+j.segments+`
 WHERE pipe = ? AND status = 'done' ORDER BY id LIMIT ?`, j.cfg.Retention.Microseconds(), pipe, j.cfg.BatchSize)
 	if err != nil {
 		return 0, false, err
 	}
 	var ids []any
-	read, young := 0, false
+	read, young, newest := 0, false, ""
 	for r.Next() {
 		var (
-			id  string
-			old bool
+			id, last string
+			old      bool
 		)
-		if err := r.Scan(&id, &old); err != nil {
+		if err := r.Scan(&id, &last, &old); err != nil {
 			r.Close()
 			return 0, false, err
 		}
 		read++
 		if old {
 			ids = append(ids, id)
+			newest = max(newest, last)
 		} else {
 			young = true
 		}
@@ -223,8 +231,23 @@ AND status = 'done' AND next_attempt_at < NOW(6) - INTERVAL ? MICROSECOND`, appe
 	if err != nil {
 		return 0, false, err
 	}
-	n, _ = res.RowsAffected()
+	if n, _ = res.RowsAffected(); n > 0 {
+		if err := j.markDeleted(ctx, j.cfg.DB, pipe, newest); err != nil {
+			return n, false, err
+		}
+	}
 	return n, !young && read == j.cfg.BatchSize, nil
+}
+
+// markDeleted records that retention deleted pipe's records up to id
+// (state migration 5, retention_marks): a replay from before a pipe's
+// oldest held record is refused only where something was deleted.
+func (j *Janitor) markDeleted(ctx context.Context, ex interface {
+	ExecContext(context.Context, string, ...any) (sql.Result, error)
+}, pipe, id string) error {
+	_, err := ex.ExecContext(ctx, `INSERT INTO `+j.marks+` (pipe, deleted_to) VALUES (?, ?)
+ON DUPLICATE KEY UPDATE deleted_to = GREATEST(deleted_to, VALUES(deleted_to)), updated_at = NOW(6)`, pipe, id)
+	return err
 }
 
 // sweepRows deletes one batch of a pipe's old rows in status (delivered or
@@ -278,6 +301,15 @@ ORDER BY next_attempt_at LIMIT ? FOR UPDATE`, pipe, string(status), j.cfg.Retent
 		return 0, 0, err
 	}
 	rows, _ = res.RowsAffected()
+	newest := ""
+	for _, id := range ids {
+		newest = max(newest, id.(string))
+	}
+	if rows > 0 {
+		if err := j.markDeleted(ctx, tx, pipe, newest); err != nil {
+			return 0, 0, err
+		}
+	}
 	if err := tx.Commit(); err != nil {
 		return 0, 0, err
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cdcout/cdcout/internal/wait"
 	"github.com/cdcout/cdcout/state"
 )
 
@@ -104,16 +105,11 @@ VALUES (?, ?, REPEAT('a', 64), 'r/1', NOW(6) - INTERVAL `+age+`)`, pipe, fmt.Spr
 	// Run sweeps at once and stops with its context.
 	recentDead := s.insert(t, pipe, `["x"]`)
 	old(recentDead, "dead")
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- j.Run(ctx) }()
+	stop := wait.Background(t, 30*time.Second, j.Run)
 	waitFor(t, "Run sweeps", func() bool {
 		return s.count(t, `SELECT COUNT(*) FROM {outbox} WHERE id = ?`, recentDead) == 0
 	})
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	stop()
 	if n := s.count(t, `SELECT COUNT(*) FROM {outbox}`); n != len(kept) {
 		t.Fatalf("%d rows left after Run, want %d", n, len(kept))
 	}

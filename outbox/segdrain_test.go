@@ -13,6 +13,7 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
+	"github.com/cdcout/cdcout/internal/wait"
 	"github.com/cdcout/cdcout/lease"
 	"github.com/cdcout/cdcout/sink"
 	"github.com/cdcout/cdcout/state"
@@ -106,9 +107,7 @@ func TestSegmentsKeepKeyOrderAroundFailures(t *testing.T) {
 		return nil
 	}
 	d := st.drainer(t, "d1", map[string]PipeConfig{pipe: {Sink: log.sink(), Concurrency: 4, BatchSize: 7}}, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { d.Run(ctx); close(done) }()
+	stop := wait.Background(t, 30*time.Second, d.Run)
 	waitFor(t, "every record delivered or dead", func() bool {
 		for _, r := range records(t, st.db, st.schema) {
 			if r.Status == "pending" {
@@ -117,8 +116,7 @@ func TestSegmentsKeepKeyOrderAroundFailures(t *testing.T) {
 		}
 		return true
 	})
-	cancel()
-	<-done
+	stop()
 
 	for key, changeKeys := range order {
 		var want []string
@@ -286,9 +284,7 @@ func TestSegmentHeldWholeDuringOutage(t *testing.T) {
 		return nil
 	}
 	d := st.drainer(t, "d1", map[string]PipeConfig{pipe: {Sink: log.sink(), MaxAttempts: 50}}, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { d.Run(ctx); close(done) }()
+	stop := wait.Background(t, 30*time.Second, d.Run)
 	waitFor(t, "three attempts during the outage", func() bool { return failedCalls.Load() >= 3*20 })
 	if n := st.count(t, "SELECT COUNT(*) FROM {outbox}"); n != 0 {
 		t.Fatalf("%d outbox rows during an outage, want the segments held whole", n)
@@ -310,8 +306,7 @@ func TestSegmentHeldWholeDuringOutage(t *testing.T) {
 		}
 		return true
 	})
-	cancel()
-	<-done
+	stop()
 	if n := st.count(t, "SELECT COUNT(*) FROM {outbox}"); n != 0 {
 		t.Fatalf("%d outbox rows, want none", n)
 	}

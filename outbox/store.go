@@ -7,10 +7,8 @@ package outbox
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 
-	"github.com/go-sql-driver/mysql"
 	"go.uber.org/zap"
 
 	"github.com/cdcout/cdcout/lease"
@@ -74,7 +72,7 @@ func (s *Store) RaiseIDFloor(ctx context.Context) error {
 	if !maxID.Valid {
 		return nil
 	}
-	return RaiseIDFloor(maxID.String)
+	return raiseIDFloor(maxID.String)
 }
 
 // Analyze refreshes the optimizer's statistics of the outbox and segments
@@ -84,13 +82,4 @@ func (s *Store) Analyze(ctx context.Context) error {
 		return fmt.Errorf("analyze outbox tables: %w", err)
 	}
 	return nil
-}
-
-// serverErrno returns the server error number of err, or 0.
-func serverErrno(err error) uint16 {
-	var me *mysql.MySQLError
-	if errors.As(err, &me) {
-		return me.Number
-	}
-	return 0
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/cdcout/cdcout/canonical"
 	"github.com/cdcout/cdcout/dedup"
 	"github.com/cdcout/cdcout/internal/mysqltest"
+	"github.com/cdcout/cdcout/internal/statetest"
 	"github.com/cdcout/cdcout/state"
 )
 
@@ -22,12 +23,7 @@ func TestMain(m *testing.M) { mysqltest.RunMain(m) }
 // testStore migrates a fresh state database and returns a Store over it.
 func testStore(t testing.TB) (*Store, *sql.DB, string) {
 	t.Helper()
-	srv := mysqltest.Shared(t)
-	db := srv.Open(t)
-	schema := srv.CreateDB(t, "obx")
-	if err := state.Migrate(context.Background(), db, schema); err != nil {
-		t.Fatal(err)
-	}
+	db, schema := statetest.New(t, "obx")
 	return NewStore(db, schema, zaptest.NewLogger(t)), db, schema
 }
 
@@ -59,10 +55,7 @@ func gtidItem(pipe string, txn, i int) Pending {
 	}
 }
 
-func sinkOf(pipe string) string {
-	_, _, sink, _ := SplitPipe(pipe)
-	return sink
-}
+func sinkOf(pipe string) string { return PipeSink(pipe) }
 
 func count(t testing.TB, db *sql.DB, query string, args ...any) int {
 	t.Helper()

@@ -185,4 +185,48 @@ var migrations = []migration{
 )` + tableOptions,
 		}
 	}},
+	{version: 5, name: "sink replays and retention marks", stmts: func(s string) []string {
+		// A replay an operator asked for (package replay): the range, its
+		// state, and per pipe how far the replica holding the pipe's
+		// drain lease has re-delivered it, so a replica that takes the
+		// pipe over goes on from there.
+		return []string{
+			`CREATE TABLE IF NOT EXISTS ` + Table(s, "replays") + ` (
+  id BIGINT NOT NULL AUTO_INCREMENT,
+  instance VARCHAR(64) NOT NULL,
+  sink VARCHAR(128) NOT NULL,
+  range_from VARCHAR(255) NOT NULL,
+  range_to VARCHAR(255) NOT NULL DEFAULT '',
+  max_id CHAR(36) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  status ENUM('running','done') NOT NULL DEFAULT 'running',
+  requested_by VARCHAR(255) NOT NULL DEFAULT '',
+  requested_at DATETIME(6) NOT NULL DEFAULT NOW(6),
+  finished_at DATETIME(6) NULL,
+  PRIMARY KEY (id),
+  KEY active (instance, status, sink)
+)` + tableOptions,
+			`CREATE TABLE IF NOT EXISTS ` + Table(s, "replay_pipes") + ` (
+  replay_id BIGINT NOT NULL,
+  pipe VARCHAR(255) NOT NULL,
+  status ENUM('running','done') NOT NULL DEFAULT 'running',
+  last_id CHAR(36) CHARACTER SET ascii COLLATE ascii_bin NOT NULL DEFAULT '',
+  delivered BIGINT NOT NULL DEFAULT 0,
+  failed BIGINT NOT NULL DEFAULT 0,
+  last_error TEXT NULL,
+  holder VARCHAR(255) NOT NULL DEFAULT '',
+  updated_at DATETIME(6) NOT NULL DEFAULT NOW(6),
+  PRIMARY KEY (replay_id, pipe),
+  KEY pipe_status (pipe, status)
+)` + tableOptions,
+			// Per pipe, the newest record id retention has deleted: a
+			// replay may start before a pipe's oldest held record only
+			// if nothing of that pipe was ever deleted (outbox.Janitor).
+			`CREATE TABLE IF NOT EXISTS ` + Table(s, "retention_marks") + ` (
+  pipe VARCHAR(255) NOT NULL,
+  deleted_to CHAR(36) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  updated_at DATETIME(6) NOT NULL DEFAULT NOW(6),
+  PRIMARY KEY (pipe)
+)` + tableOptions,
+		}
+	}},
 }

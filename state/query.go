@@ -9,20 +9,32 @@ import (
 // Strings runs a query whose rows are one string each and returns them in
 // order.
 func Strings(ctx context.Context, db *sql.DB, query string, args ...any) ([]string, error) {
+	return Collect(ctx, db, query, args, func(rows *sql.Rows) (s string, err error) {
+		err = rows.Scan(&s)
+		return s, err
+	})
+}
+
+// Collect runs a query and returns what scan makes of each row, in order
+// (nil for no rows); the first error ends it.
+func Collect[T any](ctx context.Context, db *sql.DB, query string, args []any, scan func(*sql.Rows) (T, error)) ([]T, error) {
 	rows, err := db.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var out []string
+	var out []T
 	for rows.Next() {
-		var s string
-		if err := rows.Scan(&s); err != nil {
+		v, err := scan(rows)
+		if err != nil {
 			return nil, err
 		}
-		out = append(out, s)
+		out = append(out, v)
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // Placeholders is "?,?,…,?" for n arguments ("" for none).

@@ -168,7 +168,7 @@ func appliedVersions(ctx context.Context, conn *sql.Conn, schema string) (map[in
 	return applied, nil
 }
 
-// LatestVersion is the highest migration version this binary knows.
-func LatestVersion() int {
+// latestVersion is the highest migration version this binary knows.
+func latestVersion() int {
 	return migrations[len(migrations)-1].version
 }

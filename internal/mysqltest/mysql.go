@@ -24,10 +24,10 @@ const (
 	MySQL   Flavor = "mysql"
 )
 
-// TestFlavor is the flavour CDCOUT_TEST_FLAVOR asks for ("mariadb" when
+// testFlavor is the flavour CDCOUT_TEST_FLAVOR asks for ("mariadb" when
 // unset). An unknown value panics in the first test that asks, so a typo
 // never runs the suite on the wrong flavour.
-func TestFlavor() Flavor {
+func testFlavor() Flavor {
 	switch v := strings.ToLower(os.Getenv("CDCOUT_TEST_FLAVOR")); v {
 	case "", "mariadb":
 		return MariaDB
@@ -55,10 +55,10 @@ func detectFlavor(dsn string) (Flavor, error) {
 	return MySQL, nil
 }
 
-// MySQLPrefix is where .ci/install-mysql unpacks Oracle MySQL:
+// mysqlPrefix is where .ci/install-mysql unpacks Oracle MySQL:
 // $CDCOUT_MYSQL_PREFIX, else ${XDG_CACHE_HOME:-$HOME/.cache}/cdcout/mysql
 // (/tmp/.cache/… without a home directory).
-func MySQLPrefix() string {
+func mysqlPrefix() string {
 	if p := os.Getenv("CDCOUT_MYSQL_PREFIX"); p != "" {
 		return p
 	}
@@ -73,7 +73,7 @@ func MySQLPrefix() string {
 	return filepath.Join(cache, "cdcout", "mysql")
 }
 
-func mysqlRoot() string { return filepath.Join(MySQLPrefix(), "root") }
+func mysqlRoot() string { return filepath.Join(mysqlPrefix(), "root") }
 
 // mysqlCommand runs one of the unpacked MySQL programs (mysqld in
 // usr/sbin, the clients in usr/bin) through the unpacked loader, so it gets
@@ -88,10 +88,6 @@ func mysqlCommand(name string, args ...string) *exec.Cmd {
 	full := append([]string{"--library-path", lib + ":/usr/lib/x86_64-linux-gnu", prog}, args...)
 	return exec.Command(filepath.Join(lib, "ld-linux-x86-64.so.2"), full...)
 }
-
-// MySQLCommand is mysqlCommand for tests that run the unpacked client
-// programs (mysql, mysqlbinlog).
-func MySQLCommand(name string, args ...string) *exec.Cmd { return mysqlCommand(name, args...) }
 
 // mysqlBaseArgs are the options every mysqld invocation needs to find its
 // own files in the private prefix.
@@ -171,7 +167,7 @@ func mysqlTemplate() (string, error) {
 			tag = version[i+1]
 		}
 	}
-	base := filepath.Join(MySQLPrefix(), "template-"+tag)
+	base := filepath.Join(mysqlPrefix(), "template-"+tag)
 	tmpl := filepath.Join(base, "data")
 	if _, err := os.Stat(filepath.Join(tmpl, "mysql.ibd")); err == nil {
 		return tmpl, nil

@@ -43,9 +43,9 @@ type Options struct {
 	RowMetadata string
 	// Args are appended to the server's command line, e.g.
 	// "--skip-log-bin". Options only one flavour has belong behind a
-	// check of TestFlavor.
+	// check of testFlavor.
 	Args []string
-	// Flavor is the product to start; "" means TestFlavor().
+	// Flavor is the product to start; "" means testFlavor().
 	Flavor Flavor
 }
 
@@ -83,7 +83,7 @@ func Shared(tb testing.TB) *Server {
 	tb.Helper()
 	sharedOnce.Do(func() {
 		if dsn := os.Getenv("CDCOUT_TEST_DSN"); dsn != "" {
-			shared, sharedErr = FromDSN(dsn)
+			shared, sharedErr = fromDSN(dsn)
 			return
 		}
 		shared, sharedErr = StartServer(Options{})
@@ -127,8 +127,8 @@ func unavailable(tb testing.TB, err error) {
 	tb.Skipf("test database unavailable: %v", err)
 }
 
-// FromDSN wraps an existing server; Stop leaves it running.
-func FromDSN(dsn string) (*Server, error) {
+// fromDSN wraps an existing server; Stop leaves it running.
+func fromDSN(dsn string) (*Server, error) {
 	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("parse CDCOUT_TEST_DSN: %w", err)
@@ -154,7 +154,7 @@ func FromDSN(dsn string) (*Server, error) {
 // StartServer starts a new throwaway server. The caller must Stop it.
 func StartServer(opts Options) (*Server, error) {
 	if opts.Flavor == "" {
-		opts.Flavor = TestFlavor()
+		opts.Flavor = testFlavor()
 	}
 	if err := ensureInstalled(opts.Flavor); err != nil {
 		return nil, err

@@ -54,8 +54,8 @@ func TestServerIsTheAskedFlavor(t *testing.T) {
 	if got != s.Flavor {
 		t.Fatalf("server reports %s, harness says %s", got, s.Flavor)
 	}
-	if os.Getenv("CDCOUT_TEST_DSN") == "" && got != TestFlavor() {
-		t.Fatalf("CDCOUT_TEST_FLAVOR=%s started a %s server", TestFlavor(), got)
+	if os.Getenv("CDCOUT_TEST_DSN") == "" && got != testFlavor() {
+		t.Fatalf("CDCOUT_TEST_FLAVOR=%s started a %s server", testFlavor(), got)
 	}
 }
 

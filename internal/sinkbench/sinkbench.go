@@ -64,15 +64,15 @@ func Measure(b *testing.B, s outbox.Sink, recs []outbox.Record) {
 	b.ResetTimer()
 	start := time.Now()
 	for b.Loop() {
-		DeliverAll(b, s, recs, 250, 8)
+		deliverAll(b, s, recs, 250, 8)
 	}
 	b.ReportMetric(float64(len(recs)*b.N)/time.Since(start).Seconds(), "records/s")
 	b.StopTimer()
 }
 
-// DeliverAll pushes recs through s in batches from conc goroutines, as the
+// deliverAll pushes recs through s in batches from conc goroutines, as the
 // drainer does, and fails on any error.
-func DeliverAll(b *testing.B, s outbox.Sink, recs []outbox.Record, batch, conc int) {
+func deliverAll(b *testing.B, s outbox.Sink, recs []outbox.Record, batch, conc int) {
 	var wg sync.WaitGroup
 	next := make(chan []outbox.Record)
 	for range conc {

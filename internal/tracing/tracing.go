@@ -33,16 +33,16 @@ import (
 	"github.com/cdcout/cdcout/outbox"
 )
 
-// ScopeName names cdcout's tracer.
-const ScopeName = "github.com/cdcout/cdcout"
+// scopeName names cdcout's tracer.
+const scopeName = "github.com/cdcout/cdcout"
 
 // Span attribute keys.
 const (
-	AttrDeliveryID = attribute.Key("cdcout.delivery_id")
-	AttrPipe       = attribute.Key("cdcout.pipe")
-	AttrSink       = attribute.Key("cdcout.sink")
-	AttrGTID       = attribute.Key("cdcout.gtid")
-	AttrAttempt    = attribute.Key("cdcout.attempt")
+	attrDeliveryID = attribute.Key("cdcout.delivery_id")
+	attrPipe       = attribute.Key("cdcout.pipe")
+	attrSink       = attribute.Key("cdcout.sink")
+	attrGTID       = attribute.Key("cdcout.gtid")
+	attrAttempt    = attribute.Key("cdcout.attempt")
 )
 
 // Enabled reports whether the environment asks for trace export.
@@ -89,7 +89,7 @@ type Attempts struct {
 // and returns them with each record's context (which the sink's request
 // or message for that record is sent under). End them with End.
 func Start(ctx context.Context, sinkName string, recs []outbox.Record) *Attempts {
-	tracer := otel.Tracer(ScopeName)
+	tracer := otel.Tracer(scopeName)
 	a := &Attempts{ctxs: make([]context.Context, len(recs)), spans: make([]trace.Span, len(recs))}
 	for i, rec := range recs {
 		a.ctxs[i], a.spans[i] = tracer.Start(ctx, "cdcout.deliver", trace.WithSpanKind(trace.SpanKindProducer))
@@ -97,15 +97,15 @@ func Start(ctx context.Context, sinkName string, recs []outbox.Record) *Attempts
 			continue
 		}
 		a.spans[i].SetAttributes(
-			AttrDeliveryID.String(rec.ID),
-			AttrPipe.String(rec.Pipe),
-			AttrSink.String(sinkName),
-			AttrAttempt.Int(rec.Attempt),
+			attrDeliveryID.String(rec.ID),
+			attrPipe.String(rec.Pipe),
+			attrSink.String(sinkName),
+			attrAttempt.Int(rec.Attempt),
 			semconv.DBNamespace(rec.DB),
 			attribute.String("db.collection.name", rec.Table),
 		)
 		if g := gtid(rec.Payload); g != "" {
-			a.spans[i].SetAttributes(AttrGTID.String(g))
+			a.spans[i].SetAttributes(attrGTID.String(g))
 		}
 	}
 	return a

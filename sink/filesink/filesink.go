@@ -22,7 +22,6 @@ import (
 
 	"github.com/cdcout/cdcout/format"
 	"github.com/cdcout/cdcout/outbox"
-	"github.com/cdcout/cdcout/sink"
 )
 
 // Sink appends JSON lines to a file.
@@ -95,47 +94,28 @@ func terminateLastLine(f *os.File) error {
 	return f.Sync()
 }
 
-// Deliver appends the records' lines in one write and fsyncs.
+// Deliver appends the records' lines in one write and returns once an
+// fsync covers it (see sync).
 func (s *Sink) Deliver(ctx context.Context, recs []outbox.Record) []error {
 	errs := make([]error, len(recs))
-	var buf []byte
-	written := make([]int, 0, len(recs))
-	for i, rec := range recs {
-		body, err := s.format.Encode(rec)
-		if err != nil {
-			errs[i] = sink.Permanent(fmt.Errorf("encode %s: %w", rec.ID, err))
-			continue
-		}
-		buf = append(buf, body...)
-		buf = append(buf, '\n')
-		written = append(written, i)
-	}
-	if len(written) == 0 {
+	lines, ok := format.EncodeLines(ctx, s.format, recs, errs)
+	if !ok {
 		return errs
-	}
-	fail := func(err error) []error {
-		for _, i := range written {
-			errs[i] = err
-		}
-		return errs
-	}
-	if err := ctx.Err(); err != nil {
-		return fail(err)
 	}
 	s.mu.Lock()
 	if s.f == nil {
 		s.mu.Unlock()
-		return fail(errors.New("file sink closed"))
+		return lines.Fail(errs, errors.New("file sink closed"))
 	}
-	if _, err := s.f.Write(buf); err != nil {
+	if _, err := s.f.Write(lines.Buf); err != nil {
 		s.mu.Unlock()
-		return fail(fmt.Errorf("append %s: %w", s.path, err))
+		return lines.Fail(errs, fmt.Errorf("append %s: %w", s.path, err))
 	}
 	s.written++
 	gen := s.written
 	s.mu.Unlock()
 	if err := s.sync(gen); err != nil {
-		return fail(err)
+		return lines.Fail(errs, err)
 	}
 	return errs
 }

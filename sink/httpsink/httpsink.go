@@ -34,7 +34,7 @@
 // sink, from all its pipes, takes a slot of one adaptive concurrency limit
 // that starts at a handful, grows while answers come back near the
 // latency floor, and is cut on overload. Overload is a 429, a 503, or a
-// connect that is refused or times out (DialTimeout, well below the
+// connect that is refused or times out (dialTimeout, well below the
 // request timeout): those requests are sent again, inside the same
 // delivery, once the limit lets them (a Retry-After pauses the endpoint),
 // and what is still not delivered when the drainer ends the call comes
@@ -132,8 +132,8 @@ type Sink struct {
 	suppressed int
 }
 
-// DefaultTimeout bounds one request when Options.Timeout is 0.
-const DefaultTimeout = 10 * time.Second
+// defaultTimeout bounds one request when Options.Timeout is 0.
+const defaultTimeout = 10 * time.Second
 
 // overloadLogEvery rate-limits the overload report.
 const overloadLogEvery = 5 * time.Second
@@ -162,7 +162,7 @@ func New(opts Options) (*Sink, error) {
 	}
 	timeout := opts.Timeout
 	if timeout <= 0 {
-		timeout = DefaultTimeout
+		timeout = defaultTimeout
 	}
 	lim := sink.NewLimiter(0, opts.MaxConcurrency)
 	rt := opts.Transport
@@ -172,13 +172,13 @@ func New(opts Options) (*Sink, error) {
 		// host; an idle pool smaller than that closed the extra
 		// connections after every burst and dialled them again (5 % of
 		// cdcout's CPU in the end-to-end benchmark). A connect that
-		// does not complete within DialTimeout is an overload signal
+		// does not complete within dialTimeout is an overload signal
 		// (a full accept queue drops the SYN), not a request timeout.
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.MaxIdleConns = lim.Max()
 		tr.MaxIdleConnsPerHost = lim.Max()
 		tr.MaxConnsPerHost = lim.Max()
-		dd := &dialer{d: net.Dialer{KeepAlive: 30 * time.Second}, max: DialTimeout(timeout), lim: lim}
+		dd := &dialer{d: net.Dialer{KeepAlive: 30 * time.Second}, max: dialTimeout(timeout), lim: lim}
 		tr.DialContext = dd.DialContext
 		rt, closeIdle = tr, tr.CloseIdleConnections
 	}
@@ -269,10 +269,10 @@ func (dd *dialer) DialContext(ctx context.Context, network, addr string) (net.Co
 	return c, nil
 }
 
-// DialTimeout is the longest connect timeout for a request timeout: a
+// dialTimeout is the longest connect timeout for a request timeout: a
 // quarter of it, between 1 and 3 seconds (the dialer uses less once it
 // has seen how fast connects are).
-func DialTimeout(requestTimeout time.Duration) time.Duration {
+func dialTimeout(requestTimeout time.Duration) time.Duration {
 	return min(max(requestTimeout/4, time.Second), 3*time.Second)
 }
 
@@ -500,7 +500,7 @@ func (s *Sink) sendOnce(ctx context.Context, id string, h http.Header, body []by
 		var op *net.OpError
 		switch {
 		case errors.As(err, &op) && op.Op == "dial":
-			// Refused, or not accepted within DialTimeout: the request
+			// Refused, or not accepted within dialTimeout: the request
 			// never reached the receiver.
 			return sink.Overload, 0, sink.Overloaded(err)
 		case isTimeout(err):

@@ -80,7 +80,7 @@ type Options struct {
 type Sink struct {
 	client *kgo.Client
 	format format.Format
-	topic  func(outbox.Record) string
+	topic  func(outbox.Record) (string, error)
 	logger *zap.Logger
 }
 
@@ -204,7 +204,11 @@ func (s *Sink) Deliver(ctx context.Context, recs []outbox.Record) []error {
 			errs[i] = sink.Permanent(err)
 			continue
 		}
-		topic := s.topic(rec)
+		topic, err := s.topic(rec)
+		if err != nil {
+			errs[i] = sink.Permanent(err)
+			continue
+		}
 		kr := &kgo.Record{
 			Topic:   topic,
 			Value:   value,

@@ -269,11 +269,11 @@ func TestTopicTemplate(t *testing.T) {
 	r := rec("a", 1)
 	r.Pipe = "eu/prod:shop.items:kafka"
 	r.Table = "order items"
-	if got, want := format.NameTemplate("{instance}.{db}.{table}", topicSafe)(r), "eu_prod.shop.order_items"; got != want {
-		t.Fatalf("topic = %q, want %q", got, want)
+	if got, err := format.NameTemplate("{instance}.{db}.{table}", topicSafe)(r); err != nil || got != "eu_prod.shop.order_items" {
+		t.Fatalf("topic = %q, %v; want %q", got, err, "eu_prod.shop.order_items")
 	}
-	if got, want := format.NameTemplate("all-changes", topicSafe)(r), "all-changes"; got != want {
-		t.Fatalf("topic = %q, want %q", got, want)
+	if got, err := format.NameTemplate("all-changes", topicSafe)(r); err != nil || got != "all-changes" {
+		t.Fatalf("topic = %q, %v; want all-changes", got, err)
 	}
 }
 

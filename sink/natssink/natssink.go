@@ -62,7 +62,7 @@ type Sink struct {
 	nc      *nats.Conn
 	js      jetstream.JetStream
 	format  format.Format
-	subject func(outbox.Record) string
+	subject func(outbox.Record) (string, error)
 	logger  *zap.Logger
 	// connErr is the last error the connection reported (a failed
 	// reconnect, an authorization violation). nc.LastError is cleared while
@@ -225,7 +225,10 @@ func (s *Sink) Deliver(ctx context.Context, recs []outbox.Record) []error {
 			errs[i] = sink.Permanent(err)
 			continue
 		}
-		subjects[i] = s.subject(rec)
+		if subjects[i], err = s.subject(rec); err != nil {
+			errs[i] = sink.Permanent(err)
+			continue
+		}
 		msg := &nats.Msg{Subject: subjects[i], Data: body, Header: headers(spans.Context(i), rec, s.format.ContentType())}
 		futures[i], err = s.js.PublishMsgAsync(msg, jetstream.WithMsgID(rec.ID), jetstream.WithStallWait(stall))
 		if err != nil {

@@ -276,8 +276,8 @@ func TestSubjectTemplate(t *testing.T) {
 	r := rec("a", 1)
 	r.Pipe = "eu.prod:shop.items:nats"
 	r.Table = "order items>"
-	if got, want := format.NameTemplate(DefaultSubjectTemplate, token)(r), "cdcout.eu_prod.shop.order_items_"; got != want {
-		t.Fatalf("subject = %q, want %q", got, want)
+	if got, err := format.NameTemplate(DefaultSubjectTemplate, token)(r); err != nil || got != "cdcout.eu_prod.shop.order_items_" {
+		t.Fatalf("subject = %q, %v; want %q", got, err, "cdcout.eu_prod.shop.order_items_")
 	}
 }
 

@@ -52,7 +52,7 @@ type Options struct {
 type Sink struct {
 	client  *pubsub.Client
 	format  format.Format
-	topic   func(outbox.Record) string
+	topic   func(outbox.Record) (string, error)
 	timeout time.Duration
 
 	mu         sync.Mutex
@@ -129,7 +129,10 @@ func (s *Sink) Deliver(ctx context.Context, recs []outbox.Record) []error {
 			errs[i] = sink.Permanent(err)
 			continue
 		}
-		topics[i] = s.topic(rec)
+		if topics[i], err = s.topic(rec); err != nil {
+			errs[i] = sink.Permanent(err)
+			continue
+		}
 		// A keyless table's records have no row order to keep.
 		if rec.Key != "" && rec.Key != "null" {
 			keys[i] = rec.Key

@@ -62,7 +62,7 @@ type Options struct {
 type Sink struct {
 	client *redis.Client
 	format format.Format
-	stream func(outbox.Record) string
+	stream func(outbox.Record) (string, error)
 	maxLen int64
 }
 
@@ -183,7 +183,10 @@ func (s *Sink) Deliver(ctx context.Context, recs []outbox.Record) []error {
 			errs[i] = sink.Permanent(err)
 			continue
 		}
-		streams[i] = s.stream(rec)
+		if streams[i], err = s.stream(rec); err != nil {
+			errs[i] = sink.Permanent(err)
+			continue
+		}
 		values := []any{"id", rec.ID, "pipe", rec.Pipe, "key", rec.Key, "op", string(rec.Op),
 			"content-type", s.format.ContentType(), "body", body}
 		for k, v := range tracing.Headers(spans.Context(i)) {

@@ -1,0 +1,51 @@
+package format
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/cdcout/cdcout/outbox"
+	"github.com/cdcout/cdcout/sink"
+)
+
+// Lines is a batch of records encoded as JSON lines for one write: the
+// buffer and the indexes of the records it holds.
+type Lines struct {
+	Buf     []byte
+	Written []int
+}
+
+// EncodeLines encodes recs in f, one line each, for the sinks that write
+// lines (file, stdout). A record that cannot be encoded gets a permanent
+// error in errs (no retry changes its stored payload) and is left out.
+// ok is false when there is nothing to write: no record could be encoded,
+// or ctx ended (the encoded records then get ctx's error).
+func EncodeLines(ctx context.Context, f Format, recs []outbox.Record, errs []error) (l Lines, ok bool) {
+	l = Lines{Written: make([]int, 0, len(recs))}
+	for i, rec := range recs {
+		body, err := f.Encode(rec)
+		if err != nil {
+			errs[i] = sink.Permanent(fmt.Errorf("encode %s: %w", rec.ID, err))
+			continue
+		}
+		l.Buf = append(l.Buf, body...)
+		l.Buf = append(l.Buf, '\n')
+		l.Written = append(l.Written, i)
+	}
+	if len(l.Written) == 0 {
+		return l, false
+	}
+	if err := ctx.Err(); err != nil {
+		l.Fail(errs, err)
+		return l, false
+	}
+	return l, true
+}
+
+// Fail gives err to every record the lines hold and returns errs.
+func (l Lines) Fail(errs []error, err error) []error {
+	for _, i := range l.Written {
+		errs[i] = err
+	}
+	return errs
+}
