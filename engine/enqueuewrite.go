@@ -205,11 +205,15 @@ func (q *enqueuer) final(ctx context.Context) error {
 	return q.wait(ctx)
 }
 
-// stop waits for the write in flight (the tenure ends: ctx is over).
+// stop waits for the write in flight (the tenure ends: its ctx is over,
+// so the writer gives up soon). A batch that committed still marks its
+// backfill chunks done, within a few seconds.
 func (q *enqueuer) stop() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.inflight != nil {
-		_ = q.finish(context.Background(), <-q.done)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = q.finish(ctx, <-q.done)
 	}
 }
