@@ -56,8 +56,11 @@ type enqueuer struct {
 	digestMode bool
 	counter    *dedup.OccurrenceCounter
 	batchSize  int
-	maxBuffer  int
-	interval   time.Duration
+	// pipeline: a batch's write runs while the next is read
+	// (enqueuewrite.go); without it flush waits for the write.
+	pipeline  bool
+	maxBuffer int
+	interval  time.Duration
 	// written is told which pipes got rows, to wake (or start) their
 	// drainers.
 	written func(pipes []string)

@@ -20,7 +20,9 @@ import (
 // stream's handler left the binlog reader idle for most of the time (30.5
 // of 35.6 s in BenchmarkEndToEnd).
 //
-// Exactly one batch is in flight. The next is cut only after the previous
+// The pipeline is on with enqueue_pipeline; without it flush waits for
+// the write it started, as the handler did before. Exactly one batch is
+// in flight. The next is cut only after the previous
 // one committed (flush waits for it), so batches commit in stream order:
 // outbox ids and segments follow commit order, the checkpoint of a batch
 // commits after the rows of every batch before it (invariant 1), and in
@@ -64,6 +66,9 @@ func (q *enqueuer) flush(ctx context.Context, cp *outbox.Checkpoint) error {
 		q.since = time.Time{}
 	}
 	q.start(ctx, b)
+	if !q.pipeline {
+		return q.wait(ctx)
+	}
 	return nil
 }
 

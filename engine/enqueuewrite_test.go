@@ -52,7 +52,7 @@ func (f *fakeEnqueue) seen() ([]string, int) {
 }
 
 func testEnqueuer(store enqueueStore) *enqueuer {
-	return &enqueuer{store: store, log: zap.NewNop(), batchSize: 2, maxBuffer: 10, interval: time.Hour, lastRow: -1}
+	return &enqueuer{store: store, log: zap.NewNop(), batchSize: 2, maxBuffer: 10, interval: time.Hour, lastRow: -1, pipeline: true}
 }
 
 func cpAt(gtid string) *outbox.Checkpoint {
@@ -167,5 +167,22 @@ func TestEnqueuePipelineFinalWritesCutBatchFirst(t *testing.T) {
 	defer mu.Unlock()
 	if len(committed) != 2 || committed[0] != "0-1-1" || committed[1] != "0-1-2" {
 		t.Fatalf("committed %v on stop, want [0-1-1 0-1-2]", committed)
+	}
+}
+
+// Without the pipeline a flush returns once its batch committed.
+func TestEnqueueWithoutPipelineWaits(t *testing.T) {
+	f := &fakeEnqueue{enqueue: func(context.Context, []outbox.Pending, *outbox.Checkpoint) (outbox.EnqueueResult, error) {
+		time.Sleep(20 * time.Millisecond) // a transaction that takes a while
+		return outbox.EnqueueResult{Records: 1}, nil
+	}}
+	q := testEnqueuer(f)
+	q.pipeline = false
+	q.ready, q.cp = append(q.ready, pendingRow(1)), cpAt("0-1-1")
+	if err := q.flush(t.Context(), q.cp); err != nil {
+		t.Fatal(err)
+	}
+	if q.inflight != nil || q.flushes != 1 || q.recordsWritten != 1 {
+		t.Fatalf("after flush: in flight %v, %d flushes, %d records", q.inflight != nil, q.flushes, q.recordsWritten)
 	}
 }

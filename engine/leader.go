@@ -339,6 +339,7 @@ func (t *tenure) enqueuer(stream *binlog.Stream, claims []string) (*enqueuer, er
 		routes:      e.routes,
 		digestMode:  digestMode,
 		batchSize:   cfg.EnqueueBatchSize,
+		pipeline:    cfg.EnqueuePipeline,
 		maxBuffer:   cfg.EnqueueMaxBuffer,
 		maxRowBytes: cfg.MaxRowBytes,
 		interval:    cfg.EnqueueFlushInterval,
