@@ -518,10 +518,9 @@ func (s *Store) insertSegments(ctx context.Context, tx *sql.Tx, ours []*pendingR
 		byPipe[it.Pipe] = append(byPipe[it.Pipe], it)
 	}
 	var (
-		recs []*segRecord
-		size int
-		buf  []byte
-		rows segmentRows
+		recs      []*segRecord
+		size      int
+		buf, zbuf []byte
 	)
 	flush := func(pipe, sink string) error {
 		if len(recs) == 0 {
@@ -531,26 +530,23 @@ func (s *Store) insertSegments(ctx context.Context, tx *sql.Tx, ours []*pendingR
 			buf = make([]byte, 0, size+1)
 		}
 		buf = appendSegment(buf[:0], recs)
-		wide := len(buf) > wideSegmentBytes
-		z := compressSegment(nil, buf)
-		if wide {
+		zbuf = compressSegment(zbuf, buf)
+		if len(buf) > wideSegmentBytes {
 			// A wide record: let its plain forms go before the statement
-			// makes one more copy (the packet), rather than hold three,
-			// and write it on its own.
+			// makes one more copy (the packet), rather than hold three.
 			buf = nil
 			for _, r := range recs {
 				r.payload = nil
 			}
 		}
-		if rows.bytes > 0 && (wide || rows.bytes+len(z) > maxBytesPerStatement) {
-			if err := s.writeSegments(ctx, tx, &rows); err != nil {
-				return err
-			}
+		if _, err := tx.ExecContext(ctx, "INSERT INTO "+s.segments+
+			" (id, pipe, sink, records, last_id, first_commit_ts, payload) VALUES (?,?,?,?,?,?,?)",
+			recs[0].id, pipe, sink, len(recs), recs[len(recs)-1].id, recs[0].commitTS, zbuf); err != nil {
+			return fmt.Errorf("enqueue: insert segment of %d records for pipe %s: %w", len(recs), pipe, err)
 		}
-		rows.add(recs, pipe, sink, z)
 		recs, size = recs[:0], 0
-		if wide {
-			return s.writeSegments(ctx, tx, &rows)
+		if cap(zbuf) > wideSegmentBytes {
+			zbuf = nil
 		}
 		return nil
 	}
@@ -590,44 +586,5 @@ func (s *Store) insertSegments(ctx context.Context, tx *sql.Tx, ours []*pendingR
 			return err
 		}
 	}
-	return s.writeSegments(ctx, tx, &rows)
-}
-
-// segmentRows are segments waiting for their INSERT: the segments of one
-// enqueue transaction (one per pipe at least) go in statements of up to
-// maxBytesPerStatement payload bytes, not one statement each, for one
-// round trip per transaction where there were one per pipe.
-type segmentRows struct {
-	args         []any
-	n, records   int
-	bytes        int
-	pipes        []string
-	placeholders strings.Builder
-}
-
-func (r *segmentRows) add(recs []*segRecord, pipe, sink string, payload []byte) {
-	if r.n > 0 {
-		r.placeholders.WriteByte(',')
-	}
-	r.placeholders.WriteString("(?,?,?,?,?,?,?)")
-	r.args = append(r.args, recs[0].id, pipe, sink, len(recs), recs[len(recs)-1].id, recs[0].commitTS, payload)
-	r.n++
-	r.records += len(recs)
-	r.bytes += len(payload)
-	if len(r.pipes) == 0 || r.pipes[len(r.pipes)-1] != pipe {
-		r.pipes = append(r.pipes, pipe)
-	}
-}
-
-// writeSegments inserts rows' segments and empties rows.
-func (s *Store) writeSegments(ctx context.Context, tx *sql.Tx, rows *segmentRows) error {
-	if rows.n == 0 {
-		return nil
-	}
-	if _, err := tx.ExecContext(ctx, "INSERT INTO "+s.segments+
-		" (id, pipe, sink, records, last_id, first_commit_ts, payload) VALUES "+rows.placeholders.String(), rows.args...); err != nil {
-		return fmt.Errorf("enqueue: insert %d segments of %d records for pipes %s: %w", rows.n, rows.records, strings.Join(rows.pipes, ", "), err)
-	}
-	*rows = segmentRows{}
 	return nil
 }

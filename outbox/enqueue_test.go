@@ -433,10 +433,9 @@ func TestEnqueueLargeBatchChunked(t *testing.T) {
 	if res.Records != n {
 		t.Fatalf("inserted %d, want %d", res.Records, n)
 	}
-	// 20 claim statements, the 10 segments in statements of up to
-	// maxBytesPerStatement (one here), and the checkpoint.
-	want := n/maxRowsPerStatement + 1
-	if got := comInsert(t, s) - before; got < want || got > want+3 {
+	// 20 claim statements + 10 segments + the checkpoint.
+	want := n/maxRowsPerStatement + n/maxSegmentRecords
+	if got := comInsert(t, s) - before; got < want || got > want+5 {
 		t.Fatalf("%d INSERT statements for %d items, want about %d", got, n, want)
 	}
 	if segs := count(t, db, "SELECT COUNT(*) FROM "+state.Table(schema, "segments")); segs != n/maxSegmentRecords {
