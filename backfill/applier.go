@@ -123,6 +123,12 @@ type Applier struct {
 	emitted    []chunkRef         // handed out, not yet known durable
 	handed     int                // chunks handed out so far
 	maxChanged int
+	// Read-only backfills (fence.go): the qualified backfill_fences, the
+	// open windows, the last poll and when a poll last found a fence.
+	fences    string
+	ro        map[fenceRef]*roWindow
+	polled    time.Time
+	lastFence time.Time
 }
 
 // NewApplier returns the Applier of a stream of instance whose state
@@ -140,6 +146,8 @@ func NewApplier(db *sql.DB, stateSchema, instance, version string, logger *zap.L
 		log:        logger.Named("backfill"),
 		windows:    map[string]*window{},
 		maxChanged: 1_000_000,
+		fences:     state.Table(stateSchema, "backfill_fences"),
+		ro:         map[fenceRef]*roWindow{},
 	}
 }
 
@@ -176,6 +184,11 @@ func (a *Applier) Change(ctx context.Context, ch *canonical.Change) (consumed bo
 			continue
 		}
 		w.changed[canonical.KeyJSONOf(ch)] = struct{}{}
+	}
+	if len(a.ro) > 0 {
+		if err := a.noteReadOnly(ctx, ch); err != nil {
+			return false, nil, err
+		}
 	}
 	return false, nil, nil
 }

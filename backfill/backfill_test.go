@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -178,7 +177,39 @@ func dropWatermarkDB(t testing.TB, srv *mysqltest.Server, stateDB string) {
 // state. CDCOUT_BACKFILL_ROWS sizes the table (default 20,000; the issue's
 // figure is 200,000).
 func TestConsistencyUnderWrites(t *testing.T) {
-	n := envInt("CDCOUT_BACKFILL_ROWS", 20_000)
+	consistencyUnderWrites(t, envInt("CDCOUT_BACKFILL_ROWS", 20_000), false)
+}
+
+// TestReadOnlyConsistencyUnderWrites is TestConsistencyUnderWrites for a
+// read-only backfill whose source user (the runner's and the stream's)
+// has only SELECT on the table's database and REPLICATION SLAVE and
+// REPLICATION CLIENT: nothing may be written to the source. The state
+// database is reached as root, as a separate state_dsn would be.
+// CDCOUT_BACKFILL_ROWS sizes it too (default here 10,000).
+func TestReadOnlyConsistencyUnderWrites(t *testing.T) {
+	consistencyUnderWrites(t, envInt("CDCOUT_BACKFILL_ROWS", 10_000), true)
+}
+
+// readOnlyUser creates a user with SELECT on db and the replication
+// grants only, and returns its DSN.
+func readOnlyUser(t testing.TB, srv *mysqltest.Server, db string) string {
+	t.Helper()
+	user := "ro_" + db
+	if len(user) > 32 {
+		user = user[:32]
+	}
+	const pw = "ro-secret-1"
+	srv.Exec(t, "CREATE USER IF NOT EXISTS '"+user+"'@'%' IDENTIFIED BY '"+pw+"'",
+		"GRANT SELECT ON `"+db+"`.* TO '"+user+"'@'%'",
+		"GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO '"+user+"'@'%'")
+	t.Cleanup(func() {
+		d := srv.Open(t)
+		_, _ = d.Exec("DROP USER IF EXISTS '" + user + "'@'%'")
+	})
+	return fmt.Sprintf("%s:%s@tcp(127.0.0.1:%d)/?parseTime=false", user, pw, srv.Port)
+}
+
+func consistencyUnderWrites(t *testing.T, n int, readOnly bool) {
 	srv := mysqltest.Shared(t)
 	src := srv.CreateDB(t, "bf_src")
 	stateDB := srv.CreateDB(t, "bf_state")
@@ -192,37 +223,28 @@ func TestConsistencyUnderWrites(t *testing.T) {
 	recv := newReceiver(t)
 	logger := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
 	cfg := engineConfig(t, srv, stateDB, from, "cons", []config.Sink{{Name: "hook", URL: recv.srv.URL, BatchSize: 200, Concurrency: 8}})
+	source := db
+	if readOnly {
+		roDSN := readOnlyUser(t, srv, src)
+		cfg.StateDSN = config.DSN(srv.DSN)
+		cfg.DSN = config.DSN(roDSN)
+		ro, err := sql.Open("mysql", roDSN)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ro.Close() })
+		source = ro
+	}
 	stopEngine := startEngine(t, cfg, logger)
 
 	// The writer runs until the backfill is done.
-	ctx, stopWriter := context.WithCancel(context.Background())
-	var writes int
-	writerDone := make(chan error, 1)
-	wdb := srv.Open(t)
-	go func() {
-		rng := rand.New(rand.NewPCG(1, 2))
-		var err error
-		for ctx.Err() == nil && err == nil {
-			id := rng.IntN(n+n/5) + 1
-			switch p := rng.IntN(10); {
-			case p < 5:
-				_, err = wdb.Exec("UPDATE "+table+" SET v = v + 1000000, s = ? WHERE id = ?", fmt.Sprintf("upd%d", writes), id)
-			case p < 7:
-				_, err = wdb.Exec("DELETE FROM "+table+" WHERE id = ?", id)
-			default:
-				_, err = wdb.Exec("INSERT INTO "+table+" (id, v, s) VALUES (?, ?, ?) ON DUPLICATE KEY UPDATE v = VALUES(v), s = VALUES(s)",
-					id, -int64(writes), fmt.Sprintf("ins%d", writes))
-			}
-			writes++
-		}
-		writerDone <- err
-	}()
+	stopWriter := writer(t, srv.Open(t), table, n)
 
 	if err := state.Migrate(context.Background(), db, stateDB); err != nil {
 		t.Fatal(err)
 	}
-	r := &backfill.Runner{Source: db, State: db, StateSchema: stateDB, Logger: logger}
-	info, err := r.Prepare(context.Background(), backfill.Spec{Table: src + ".t", Sinks: []string{"hook"}, ChunkSize: 500, Instance: "cons"})
+	r := &backfill.Runner{Source: source, State: db, StateSchema: stateDB, Logger: logger}
+	info, err := r.Prepare(context.Background(), backfill.Spec{Table: src + ".t", Sinks: []string{"hook"}, ChunkSize: 500, Instance: "cons", ReadOnly: readOnly})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,11 +253,14 @@ func TestConsistencyUnderWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	took := time.Since(t0)
-	stopWriter()
-	if err := <-writerDone; err != nil {
-		t.Fatalf("writer: %v", err)
+	writes := stopWriter()
+	t.Logf("backfill %s (read-only %v) of %d rows took %s (%.0f rows/s) beside %d concurrent writes", info.ID, readOnly, n, took, float64(n)/took.Seconds(), writes)
+	if readOnly {
+		var dbs int
+		if err := db.QueryRow("SELECT COUNT(*) FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = ?", backfill.WatermarkDB(stateDB)).Scan(&dbs); err != nil || dbs != 0 {
+			t.Errorf("read-only backfill: watermark database exists (%d, %v)", dbs, err)
+		}
 	}
-	t.Logf("backfill %s of %d rows took %s (%.0f rows/s) beside %d concurrent writes", info.ID, n, took, float64(n)/took.Seconds(), writes)
 
 	// Everything up to the writer's last commit enqueued and delivered.
 	end := gtidSeq(gtidPos(t, db))

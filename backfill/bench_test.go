@@ -29,7 +29,8 @@ import (
 // CDCOUT_BENCH_CHUNK sets the chunk size (default 1000). The engine
 // delivers to stdout meanwhile, as a backfill's engine does; with
 // CDCOUT_BENCH_DRAIN=0 the sink holds its first requests until the end, so
-// the rate is the enqueue path's alone.
+// the rate is the enqueue path's alone. CDCOUT_BENCH_READ_ONLY=1 measures
+// a read-only backfill (fenced by binlog positions).
 func BenchmarkBackfill(b *testing.B) {
 	gctune.Apply() // the collector as the cdcout binary runs it
 	n := envInt("CDCOUT_BENCH_ROWS", 1_000_000)
@@ -92,7 +93,8 @@ func BenchmarkBackfill(b *testing.B) {
 		done := make(chan error, 1)
 		go func() { done <- e.Run(ctx) }()
 		r := &backfill.Runner{Source: db, State: db, StateSchema: stateDB, Stall: time.Minute}
-		if _, err := r.Prepare(context.Background(), backfill.Spec{Table: src + ".t", Sinks: []string{"out"}, ChunkSize: chunk, Instance: "bench"}); err != nil {
+		if _, err := r.Prepare(context.Background(), backfill.Spec{Table: src + ".t", Sinks: []string{"out"}, ChunkSize: chunk, Instance: "bench",
+			ReadOnly: os.Getenv("CDCOUT_BENCH_READ_ONLY") == "1"}); err != nil {
 			b.Fatal(err)
 		}
 		db0, _ := srv.CPUTime()

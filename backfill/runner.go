@@ -9,12 +9,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
 	"go.uber.org/zap"
 
 	"github.com/cdcout/cdcout/canonical"
 	"github.com/cdcout/cdcout/internal/pause"
-	"github.com/cdcout/cdcout/state"
 )
 
 // Defaults of a Spec.
@@ -46,7 +44,20 @@ type Spec struct {
 	// backfill with the same table, sinks, where and instance, or starts a
 	// new one.
 	ResumeID string
+	// ReadOnly fences chunks with binlog positions instead of watermark
+	// rows: nothing is written to the source (readonly.go).
+	ReadOnly bool
+	// Owner is OwnerFleet for a backfill the enqueue leader runs (snapshot:
+	// initial, signals, POST /v1/backfills): a new leader resumes it, so
+	// an interrupted run leaves it running. "" is cdcout backfill's own.
+	Owner string
+	// Origin says what started it: "cli", "snapshot", "signal:<id>",
+	// "http".
+	Origin string
 }
+
+// OwnerFleet marks the backfills the enqueue lease holder runs.
+const OwnerFleet = "fleet"
 
 // Progress is reported after every completed chunk.
 type Progress struct {
@@ -71,124 +82,23 @@ type Runner struct {
 	// (default 5ms); it doubles, up to 8 times, while no chunk completes,
 	// so a runner waiting on a slow stream costs few queries.
 	PollInterval time.Duration
+	// Retryable, when set, picks the errors that leave the backfill
+	// running (with the error recorded) for the next run to resume — a
+	// fleet backfill's database going away — instead of failed.
+	Retryable func(error) bool
 
 	spec     Spec
 	keyOrder bool // see meta.KeyOrder
+	readOnly bool
+	flavor   string    // "mysql" or "mariadb", for a read-only backfill
+	store    *runStore // state SQL (runstore.go)
+	next     int64     // the next chunk number
 	table    *tableInfo
 	conn     *sql.Conn
 	id       string
 	wm       string
-	chunks   string
-	fills    string
 	started  time.Time
 	prog     Progress
-}
-
-// Prepare checks the spec against the source (table, key, --where) and
-// creates or finds the backfill row. Errors wrapping ErrBadInput are the
-// operator's to fix; nothing has been enqueued then.
-func (r *Runner) Prepare(ctx context.Context, spec Spec) (Info, error) {
-	if r.Logger == nil {
-		r.Logger = zap.NewNop()
-	}
-	if spec.ChunkSize <= 0 {
-		spec.ChunkSize = DefaultChunkSize
-	}
-	if spec.ChunkSize > MaxChunkSize {
-		return Info{}, badInput("--chunk-size %d: at most %d", spec.ChunkSize, MaxChunkSize)
-	}
-	r.wm = quoteIdent(WatermarkDB(r.StateSchema)) + "." + quoteIdent(WatermarkTable)
-	r.chunks = state.Table(r.StateSchema, "backfill_chunks")
-	r.fills = state.Table(r.StateSchema, "backfills")
-	if spec.ResumeID != "" {
-		info, mm, err := get(ctx, r.State, r.StateSchema, spec.ResumeID)
-		if errors.Is(err, ErrNotFound) {
-			return Info{}, badInput("--resume %s: no such backfill (see cdcout backfill status)", spec.ResumeID)
-		}
-		if err != nil {
-			return Info{}, err
-		}
-		if info.Status == StatusDone || info.Status == StatusCancelled {
-			return Info{}, badInput("--resume %s: the backfill is %s", spec.ResumeID, info.Status)
-		}
-		spec = Spec{Table: info.Table, Sinks: info.Sinks, Where: info.Where, ChunkSize: max(mm.ChunkSize, 1), Instance: mm.Instance, ResumeID: info.ID}
-		r.id = info.ID
-	}
-	db, name, ok := strings.Cut(spec.Table, ".")
-	if !ok || db == "" || name == "" {
-		return Info{}, badInput("--table %q: want db.table", spec.Table)
-	}
-	t, err := loadTable(ctx, r.Source, db, name)
-	if err != nil {
-		return Info{}, err
-	}
-	r.table = t
-	if spec.Where != "" {
-		// LIMIT 0 resolves every name and type without reading a row.
-		if _, err := r.Source.ExecContext(ctx, "SELECT 1 FROM "+t.qualified()+" WHERE ("+spec.Where+") LIMIT 0"); err != nil {
-			var me *mysql.MySQLError
-			if errors.As(err, &me) {
-				return Info{}, badInput("--where %q: %s", spec.Where, me.Message)
-			}
-			return Info{}, fmt.Errorf("check --where: %w", err)
-		}
-	}
-	r.spec = spec
-	if err := r.ensureWatermarkTable(ctx); err != nil {
-		return Info{}, err
-	}
-	if r.id == "" {
-		info, _, found, err := findResumable(ctx, r.State, r.StateSchema, spec)
-		if err != nil {
-			return Info{}, err
-		}
-		if found {
-			r.id = info.ID
-			r.Logger.Info("continuing the unfinished backfill with the same arguments", zap.String("backfill", r.id), zap.Int64("rows_done", info.RowsDone))
-		}
-	}
-	if r.id == "" {
-		r.id = newID()
-		m := meta{Instance: spec.Instance, Sinks: spec.Sinks, ChunkSize: spec.ChunkSize, KeyOrder: true}
-		raw, _ := json.Marshal(m)
-		if _, err := r.State.ExecContext(ctx, "INSERT INTO "+r.fills+" (id, tbl, sinks, where_sql, rows_estimate, status) VALUES (?, ?, ?, ?, ?, ?)",
-			r.id, spec.Table, string(raw), nullable(spec.Where), t.estimate, StatusRunning); err != nil {
-			return Info{}, fmt.Errorf("record backfill: %w", err)
-		}
-	} else if _, err := r.State.ExecContext(ctx, "UPDATE "+r.fills+" SET status = ?, error = NULL, rows_estimate = ?, updated_at = NOW(6) WHERE id = ?",
-		StatusRunning, t.estimate, r.id); err != nil {
-		return Info{}, fmt.Errorf("record backfill: %w", err)
-	}
-	return Get(ctx, r.State, r.StateSchema, r.id)
-}
-
-func nullable(s string) any {
-	if s == "" {
-		return nil
-	}
-	return s
-}
-
-func (r *Runner) ensureWatermarkTable(ctx context.Context) error {
-	if _, err := r.Source.ExecContext(ctx, "CREATE DATABASE IF NOT EXISTS "+quoteIdent(WatermarkDB(r.StateSchema))); err != nil {
-		return fmt.Errorf("create watermark database %s on the source (grant CREATE on it, or create it): %w", WatermarkDB(r.StateSchema), err)
-	}
-	if err := state.CreateMarker(ctx, r.Source, WatermarkDB(r.StateSchema)); err != nil {
-		return fmt.Errorf("watermark database on the source: %w", err)
-	}
-	if _, err := r.Source.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS "+r.wm+` (
-  id VARCHAR(64) NOT NULL,
-  instance VARCHAR(255) NOT NULL,
-  tbl VARCHAR(130) NOT NULL,
-  chunk BIGINT NOT NULL,
-  mark CHAR(1) NOT NULL,
-  n BIGINT NOT NULL DEFAULT 0,
-  updated_at DATETIME(6) NOT NULL,
-  PRIMARY KEY (id)
-) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin`); err != nil {
-		return fmt.Errorf("create watermark table %s.%s on the source: %w", WatermarkDB(r.StateSchema), WatermarkTable, err)
-	}
-	return nil
 }
 
 // ID is the backfill's id (after Prepare).
@@ -226,10 +136,12 @@ func (r *Runner) Run(ctx context.Context) (err error) {
 		if err == nil || errors.Is(err, ErrCancelled) {
 			return
 		}
+		if r.spec.Owner == OwnerFleet && ctx.Err() != nil {
+			return // the leader stepped down: the next one resumes it
+		}
 		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		_, _ = r.State.ExecContext(fctx, "UPDATE "+r.fills+" SET status = ?, error = ?, updated_at = NOW(6) WHERE id = ? AND status = ?",
-			StatusFailed, err.Error(), r.id, StatusRunning)
+		r.store.ended(fctx, err, r.Retryable != nil && r.Retryable(err))
 	}()
 	conn, err := r.Source.Conn(ctx)
 	if err != nil {
@@ -246,6 +158,7 @@ func (r *Runner) Run(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
+	r.next = next
 
 	wait := poll
 	var queue []*flight
@@ -254,8 +167,7 @@ func (r *Runner) Run(ctx context.Context) (err error) {
 		if len(redo) > 0 && len(queue) < inFlight {
 			f := redo[0]
 			redo = redo[1:]
-			f.no = next
-			next++
+			f.no = r.nextNo()
 			if _, err := r.chunk(ctx, f, true); err != nil {
 				return err
 			}
@@ -264,8 +176,7 @@ func (r *Runner) Run(ctx context.Context) (err error) {
 			continue
 		}
 		if !eof && len(queue) < inFlight {
-			f := &flight{no: next, start: pos}
-			next++
+			f := &flight{no: r.nextNo(), start: pos}
 			n, err := r.chunk(ctx, f, false)
 			if err != nil {
 				return err
@@ -283,7 +194,7 @@ func (r *Runner) Run(ctx context.Context) (err error) {
 		if len(queue) == 0 {
 			continue
 		}
-		advanced, err := r.settle(ctx, &queue, &next, stall)
+		advanced, err := r.settle(ctx, &queue, stall)
 		if err != nil {
 			return err
 		}
@@ -301,34 +212,15 @@ func (r *Runner) Run(ctx context.Context) (err error) {
 
 // settle looks at the in-flight chunks: completed ones at the head advance
 // the recorded progress; retried and stalled ones are read again.
-func (r *Runner) settle(ctx context.Context, queue *[]*flight, next *int64, stall time.Duration) (bool, error) {
+func (r *Runner) settle(ctx context.Context, queue *[]*flight, stall time.Duration) (bool, error) {
 	q := *queue
-	args := make([]any, 0, len(q)+1)
-	args = append(args, r.id)
-	for _, f := range q {
-		args = append(args, f.no)
+	nos := make([]int64, len(q))
+	for i, f := range q {
+		nos[i] = f.no
 	}
-	rows, err := r.State.QueryContext(ctx, "SELECT chunk, status, emitted FROM "+r.chunks+" WHERE backfill_id = ? AND chunk IN ("+state.Placeholders(len(q))+")", args...)
+	states, err := r.store.chunkStates(ctx, nos)
 	if err != nil {
-		return false, fmt.Errorf("read backfill chunks: %w", err)
-	}
-	type st struct {
-		status  string
-		emitted int
-	}
-	states := map[int64]st{}
-	for rows.Next() {
-		var no int64
-		var s st
-		if err := rows.Scan(&no, &s.status, &s.emitted); err != nil {
-			rows.Close()
-			return false, fmt.Errorf("read backfill chunks: %w", err)
-		}
-		states[no] = s
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return false, fmt.Errorf("read backfill chunks: %w", err)
+		return false, err
 	}
 	advanced := false
 	for _, f := range q {
@@ -344,15 +236,14 @@ func (r *Runner) settle(ctx context.Context, queue *[]*flight, next *int64, stal
 		// Cancelled (chunk rows deleted), retried or stalled: read the
 		// same key range again under new watermarks.
 		if !ok {
-			if err := r.checkCancelled(ctx); err != nil {
+			if err := r.store.cancelled(ctx); err != nil {
 				return false, err
 			}
 		}
 		old := f.no
-		f.no = *next
-		*next++
-		if _, err := r.State.ExecContext(ctx, "DELETE FROM "+r.chunks+" WHERE backfill_id = ? AND chunk = ?", r.id, old); err != nil {
-			return false, fmt.Errorf("drop retried chunk: %w", err)
+		f.no = r.nextNo()
+		if err := r.store.dropChunks(ctx, old); err != nil {
+			return false, err
 		}
 		if _, err := r.chunk(ctx, f, true); err != nil {
 			return false, err
@@ -361,7 +252,7 @@ func (r *Runner) settle(ctx context.Context, queue *[]*flight, next *int64, stal
 	}
 	// The completed chunks at the head are recorded together: one progress
 	// update and one delete however many finished since the last look.
-	var done []any
+	var done []int64
 	var last *flight
 	for len(q) > 0 {
 		s, ok := states[q[0].no]
@@ -376,21 +267,19 @@ func (r *Runner) settle(ctx context.Context, queue *[]*flight, next *int64, stal
 	}
 	if last != nil {
 		r.prog.Elapsed = time.Since(r.started)
-		m := meta{Instance: r.spec.Instance, Sinks: r.spec.Sinks, ChunkSize: r.spec.ChunkSize, Resume: last.end.encode(), KeyOrder: r.keyOrder}
-		raw, _ := json.Marshal(m)
-		res, err := r.State.ExecContext(ctx, "UPDATE "+r.fills+" SET last_key = ?, sinks = ?, rows_done = ?, updated_at = NOW(6) WHERE id = ? AND status = ?",
-			last.endJSON, string(raw), r.prog.Rows, r.id, StatusRunning)
+		m := meta{Instance: r.spec.Instance, Sinks: r.spec.Sinks, ChunkSize: r.spec.ChunkSize, Resume: last.end.encode(), KeyOrder: r.keyOrder,
+			ReadOnly: r.readOnly, Owner: r.spec.Owner, Origin: r.spec.Origin}
+		recorded, err := r.store.progress(ctx, last.endJSON, m, r.prog.Rows)
 		if err != nil {
-			return false, fmt.Errorf("record backfill progress: %w", err)
+			return false, err
 		}
-		if n, _ := res.RowsAffected(); n == 0 {
-			if err := r.checkCancelled(ctx); err != nil {
+		if !recorded {
+			if err := r.store.cancelled(ctx); err != nil {
 				return false, err
 			}
 		}
-		if _, err := r.State.ExecContext(ctx, "DELETE FROM "+r.chunks+" WHERE backfill_id = ? AND chunk IN ("+state.Placeholders(len(done))+")",
-			append([]any{r.id}, done...)...); err != nil {
-			return false, fmt.Errorf("drop done chunks: %w", err)
+		if err := r.store.dropChunks(ctx, done...); err != nil {
+			return false, err
 		}
 		advanced = true
 		if r.OnProgress != nil {
@@ -401,24 +290,34 @@ func (r *Runner) settle(ctx context.Context, queue *[]*flight, next *int64, stal
 	return advanced, nil
 }
 
-func (r *Runner) checkCancelled(ctx context.Context) error {
-	var status string
-	if err := r.State.QueryRowContext(ctx, "SELECT status FROM "+r.fills+" WHERE id = ?", r.id).Scan(&status); err != nil {
-		return fmt.Errorf("read backfill status: %w", err)
-	}
-	if status == StatusCancelled {
-		return ErrCancelled
-	}
-	return nil
-}
-
-// chunk writes LOW, reads the chunk, stores it, writes HIGH. again re-reads
-// f's recorded range (start, end]; otherwise it reads up to ChunkSize rows
-// after f.start and sets f.end. It returns the rows read.
+// chunk writes LOW, reads the chunk, stores it, writes HIGH (a read-only
+// backfill fences it with binlog positions instead, readonly.go). again
+// re-reads f's recorded range (start, end]; otherwise it reads up to
+// ChunkSize rows after f.start and sets f.end. It returns the rows read.
 func (r *Runner) chunk(ctx context.Context, f *flight, again bool) (int, error) {
+	if r.readOnly {
+		return r.chunkReadOnly(ctx, f, again)
+	}
 	if err := r.mark(ctx, f.no, markLow); err != nil {
 		return 0, err
 	}
+	buf, n, err := r.read(ctx, f, again)
+	if err != nil || n == 0 && !again {
+		return 0, err
+	}
+	if err := r.store.storeChunk(ctx, f, buf, n); err != nil {
+		return 0, err
+	}
+	if err := r.mark(ctx, f.no, markHigh); err != nil {
+		return 0, err
+	}
+	f.at = time.Now()
+	return n, nil
+}
+
+// read reads f's rows on r.conn as one chunk document (see chunkDoc); n
+// is 0 at the end of the table. Unless again, it sets f.end.
+func (r *Runner) read(ctx context.Context, f *flight, again bool) (buf []byte, n int, err error) {
 	t := r.table
 	var conds []string
 	var args []any
@@ -443,7 +342,7 @@ func (r *Runner) chunk(ctx context.Context, f *flight, again bool) (int, error) 
 	}
 	rows, err := r.conn.QueryContext(ctx, q, args...)
 	if err != nil {
-		return 0, fmt.Errorf("read chunk of %s: %w", r.spec.Table, err)
+		return nil, 0, fmt.Errorf("read chunk of %s: %w", r.spec.Table, err)
 	}
 	defer rows.Close()
 	keyNames := make([]string, len(t.key))
@@ -452,7 +351,7 @@ func (r *Runner) chunk(ctx context.Context, f *flight, again bool) (int, error) 
 	}
 	sinks, _ := json.Marshal(r.spec.Sinks)
 	keyJSON, _ := json.Marshal(keyNames)
-	buf := make([]byte, 0, 256*r.spec.ChunkSize)
+	buf = make([]byte, 0, 256*r.spec.ChunkSize)
 	buf = fmt.Appendf(buf, `{"db":%q,"table":%q,"key":%s,"sinks":%s,"ts_ms":%d,"rows":[`,
 		t.db, t.name, keyJSON, sinks, time.Now().UnixMilli())
 	raw := make([]sql.RawBytes, len(t.cols))
@@ -461,16 +360,15 @@ func (r *Runner) chunk(ctx context.Context, f *flight, again bool) (int, error) 
 		dest[i] = &raw[i]
 	}
 	row := make(canonical.Row, len(t.cols))
-	n := 0
 	var last keyArgs
 	for rows.Next() {
 		if err := rows.Scan(dest...); err != nil {
-			return 0, fmt.Errorf("read chunk of %s: %w", r.spec.Table, err)
+			return nil, 0, fmt.Errorf("read chunk of %s: %w", r.spec.Table, err)
 		}
 		for i := range t.cols {
 			v, err := t.cols[i].convert(raw[i])
 			if err != nil {
-				return 0, fmt.Errorf("read chunk of %s: %w", r.spec.Table, err)
+				return nil, 0, fmt.Errorf("read chunk of %s: %w", r.spec.Table, err)
 			}
 			row[t.cols[i].name] = v
 		}
@@ -478,7 +376,7 @@ func (r *Runner) chunk(ctx context.Context, f *flight, again bool) (int, error) 
 			buf = append(buf, ',')
 		}
 		if buf, err = canonical.AppendJSON(buf, map[string]any(row)); err != nil {
-			return 0, fmt.Errorf("encode row of %s: %w", r.spec.Table, err)
+			return nil, 0, fmt.Errorf("encode row of %s: %w", r.spec.Table, err)
 		}
 		n++
 		last = last[:0]
@@ -487,10 +385,10 @@ func (r *Runner) chunk(ctx context.Context, f *flight, again bool) (int, error) 
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return 0, fmt.Errorf("read chunk of %s: %w", r.spec.Table, err)
+		return nil, 0, fmt.Errorf("read chunk of %s: %w", r.spec.Table, err)
 	}
 	if n == 0 && !again {
-		return 0, nil
+		return nil, 0, nil
 	}
 	buf = append(buf, "]}"...)
 	if !again {
@@ -498,15 +396,7 @@ func (r *Runner) chunk(ctx context.Context, f *flight, again bool) (int, error) 
 		f.endJSON = r.keyJSON(last)
 	}
 	f.rows = n
-	if _, err := r.State.ExecContext(ctx, "INSERT INTO "+r.chunks+" (backfill_id, chunk, start_key, end_key, rows_json, row_count, status) VALUES (?, ?, ?, ?, ?, ?, ?)",
-		r.id, f.no, nullable(f.start.encode()), f.end.encode(), buf, n, chunkWritten); err != nil {
-		return 0, fmt.Errorf("store backfill chunk: %w", err)
-	}
-	if err := r.mark(ctx, f.no, markHigh); err != nil {
-		return 0, err
-	}
-	f.at = time.Now()
-	return n, nil
+	return buf, n, nil
 }
 
 // keyJSON is the canonical key JSON of a raw key position.
@@ -526,22 +416,9 @@ func (r *Runner) keyJSON(k keyArgs) string {
 // not recorded as done), chained in key order from resume: each starts
 // where the one before ends. Anything off the chain is read afresh.
 func (r *Runner) unfinished(ctx context.Context, resume string) ([]*flight, error) {
-	rows, err := r.State.QueryContext(ctx, "SELECT COALESCE(start_key, ''), end_key FROM "+r.chunks+
-		" WHERE backfill_id = ? AND end_key IS NOT NULL", r.id)
+	byStart, err := r.store.chunkRanges(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("read unfinished backfill chunks: %w", err)
-	}
-	defer rows.Close()
-	byStart := map[string]string{}
-	for rows.Next() {
-		var start, end string
-		if err := rows.Scan(&start, &end); err != nil {
-			return nil, fmt.Errorf("read unfinished backfill chunks: %w", err)
-		}
-		byStart[start] = end
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read unfinished backfill chunks: %w", err)
+		return nil, err
 	}
 	var out []*flight
 	for at := resume; ; {
@@ -596,15 +473,15 @@ func (r *Runner) resume(ctx context.Context) (pos keyArgs, next int64, redo []*f
 	// dedup.BackfillUnit, so a chunk that reached the outbox before the
 	// stop is not written twice) under fresh numbers, so a late high
 	// watermark of theirs matches nothing.
-	if err := r.State.QueryRowContext(ctx, "SELECT COALESCE(MAX(chunk) + 1, 0) FROM "+r.chunks+" WHERE backfill_id = ?", r.id).Scan(&next); err != nil {
-		return nil, 0, nil, fmt.Errorf("read backfill chunks: %w", err)
+	if next, err = r.store.nextChunk(ctx); err != nil {
+		return nil, 0, nil, err
 	}
 	redo, err = r.unfinished(ctx, m.Resume)
 	if err != nil {
 		return nil, 0, nil, err
 	}
-	if _, err := r.State.ExecContext(ctx, "DELETE FROM "+r.chunks+" WHERE backfill_id = ?", r.id); err != nil {
-		return nil, 0, nil, fmt.Errorf("clear backfill chunks: %w", err)
+	if err := r.store.clear(ctx); err != nil {
+		return nil, 0, nil, err
 	}
 	info, err := Get(ctx, r.State, r.StateSchema, r.id)
 	if err != nil {
@@ -620,14 +497,15 @@ func (r *Runner) resume(ctx context.Context) (pos keyArgs, next int64, redo []*f
 
 // done records the backfill done and removes its watermark row and chunks.
 func (r *Runner) done(ctx context.Context) error {
-	if _, err := r.State.ExecContext(ctx, "UPDATE "+r.fills+" SET status = ?, updated_at = NOW(6) WHERE id = ? AND status = ?",
-		StatusDone, r.id, StatusRunning); err != nil {
-		return fmt.Errorf("record backfill done: %w", err)
+	if err := r.store.done(ctx); err != nil {
+		return err
 	}
-	if _, err := r.conn.ExecContext(ctx, "DELETE FROM "+r.wm+" WHERE id = ?", r.id); err != nil {
-		r.Logger.Warn("remove watermark row", zap.Error(err))
+	if !r.readOnly {
+		if _, err := r.conn.ExecContext(ctx, "DELETE FROM "+r.wm+" WHERE id = ?", r.id); err != nil {
+			r.Logger.Warn("remove watermark row", zap.Error(err))
+		}
 	}
-	if _, err := r.State.ExecContext(ctx, "DELETE FROM "+r.chunks+" WHERE backfill_id = ?", r.id); err != nil {
+	if err := r.store.clear(ctx); err != nil {
 		r.Logger.Warn("remove backfill chunks", zap.Error(err))
 	}
 	return nil

@@ -34,8 +34,12 @@ type Info struct {
 	RowsEstimate int64
 	Status       string
 	Error        string
-	CreatedAt    time.Time
-	UpdatedAt    time.Time
+	// ReadOnly, Owner, Origin: see Spec.
+	ReadOnly  bool
+	Owner     string
+	Origin    string
+	CreatedAt time.Time
+	UpdatedAt time.Time
 }
 
 // meta is what backfills.sinks holds: the backfill's selection and
@@ -51,6 +55,11 @@ type meta struct {
 	// started since; an older one keeps the plain digest when resumed, so
 	// its re-read rows still collapse on their claims).
 	KeyOrder bool `json:"key_order,omitempty"`
+	// ReadOnly: chunks fenced by binlog positions (readonly.go).
+	ReadOnly bool `json:"read_only,omitempty"`
+	// Owner and Origin: see Spec.
+	Owner  string `json:"owner,omitempty"`
+	Origin string `json:"origin,omitempty"`
 }
 
 // List returns the backfills in the state database, newest first.
@@ -95,6 +104,7 @@ func scanInfo(s scanner) (Info, meta, error) {
 	i.UpdatedAt, _ = time.Parse(timeLayout, updated)
 	_ = json.Unmarshal([]byte(sinks), &m)
 	i.Instance, i.Sinks, i.ChunkSize = m.Instance, m.Sinks, m.ChunkSize
+	i.ReadOnly, i.Owner, i.Origin = m.ReadOnly, m.Owner, m.Origin
 	return i, m, nil
 }
 
@@ -131,11 +141,22 @@ func Cancel(ctx context.Context, db *sql.DB, schema, id string) (Info, error) {
 		StatusCancelled, id, StatusDone, StatusCancelled); err != nil {
 		return Info{}, fmt.Errorf("cancel backfill %s: %w", id, err)
 	}
-	if _, err := db.ExecContext(ctx, "DELETE FROM "+state.Table(schema, "backfill_chunks")+" WHERE backfill_id = ?", id); err != nil {
-		return Info{}, fmt.Errorf("cancel backfill %s: drop its chunks: %w", id, err)
+	for _, t := range []string{"backfill_chunks", "backfill_fences"} {
+		if _, err := db.ExecContext(ctx, "DELETE FROM "+state.Table(schema, t)+" WHERE backfill_id = ?", id); err != nil {
+			return Info{}, fmt.Errorf("cancel backfill %s: drop its chunks: %w", id, err)
+		}
 	}
 	i.Status = StatusCancelled
 	return i, nil
+}
+
+// Fail marks a running backfill failed with reason.
+func Fail(ctx context.Context, db *sql.DB, schema, id, reason string) error {
+	if _, err := db.ExecContext(ctx, "UPDATE "+state.Table(schema, "backfills")+" SET status = ?, error = ?, updated_at = NOW(6) WHERE id = ? AND status = ?",
+		StatusFailed, reason, id, StatusRunning); err != nil {
+		return fmt.Errorf("record backfill %s failed: %w", id, err)
+	}
+	return nil
 }
 
 // findResumable returns the unfinished backfill with the same selection,
@@ -152,7 +173,8 @@ func findResumable(ctx context.Context, db *sql.DB, schema string, spec Spec) (I
 		if err != nil {
 			return Info{}, meta{}, false, fmt.Errorf("look up unfinished backfills: %w", err)
 		}
-		if i.Instance == spec.Instance && i.Where == spec.Where && slices.Equal(sorted(i.Sinks), sorted(spec.Sinks)) {
+		if i.Instance == spec.Instance && i.Where == spec.Where && slices.Equal(sorted(i.Sinks), sorted(spec.Sinks)) &&
+			i.ReadOnly == spec.ReadOnly && i.Owner == spec.Owner {
 			return i, m, true, nil
 		}
 	}

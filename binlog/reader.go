@@ -360,6 +360,9 @@ func (r *reader) commit(ctx context.Context, hdr, outer *replication.EventHeader
 	}
 	if tx.emitted == 0 && time.Since(r.lastCommit) < emptyCommitEvery {
 		r.pending = c
+		r.s.mu.Lock()
+		r.s.read = c.Pos
+		r.s.mu.Unlock()
 		return nil
 	}
 	return r.emitCommit(ctx, c)
@@ -377,7 +380,7 @@ func (r *reader) emitCommit(ctx context.Context, c *Commit) error {
 		return &handlerError{err}
 	}
 	r.s.mu.Lock()
-	r.s.emitted = c.Pos
+	r.s.emitted, r.s.read = c.Pos, c.Pos
 	r.s.mu.Unlock()
 	return nil
 }

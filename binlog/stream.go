@@ -81,6 +81,9 @@ type Stream struct {
 	up      bool     // a session is connected
 	lastErr string   // why the last session ended
 	emitted Position // last Commit handed to the handler
+	// read is emitted, or a later commit of transactions that carried no
+	// emitted row (coalesced, see emptyCommitEvery).
+	read Position
 	// prepared XA transactions held (xa.go) and since when the oldest is
 	xaHeld  int
 	xaSince time.Time
@@ -162,6 +165,21 @@ func Open(ctx context.Context, cfg Config) (*Stream, error) {
 	}
 	ok = true
 	return s, nil
+}
+
+// ReadPosition is the position after the last transaction read: the last
+// Commit emitted, or a later one coalesced because its transactions carried
+// no emitted row. A read-only backfill's fences compare it with the
+// server's positions (backfill/readonly.go): it moves past uncaptured
+// traffic (cdcout's own state writes, other tables) at once, where
+// Position moves only every emptyCommitEvery.
+func (s *Stream) ReadPosition() Position {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.read.File == "" && s.read.GTIDSet == "" {
+		return s.emitted
+	}
+	return s.read
 }
 
 // Info describes the server.

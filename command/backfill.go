@@ -47,6 +47,8 @@ func backfillCommand() *cli.Command {
 		&cli.StringFlag{Name: "config", Usage: "YAML config file (sinks) ($CDCOUT_CONFIG)"},
 		&cli.StringFlag{Name: "instance", Usage: "instance namespace (default \"default\") ($CDCOUT_INSTANCE)"},
 		&cli.StringFlag{Name: "resume", Usage: "continue the backfill with this id"},
+		&cli.BoolFlag{Name: "read-only", Usage: "write nothing to the source: fence chunks with binlog positions instead of watermark rows " +
+			"(needs only SELECT and REPLICATION SLAVE, REPLICATION CLIENT on the source; on MySQL gtid_mode=ON; put the state database elsewhere with --state-dsn)"},
 		&cli.StringFlag{Name: "log-level", Usage: "debug, info, warn or error"},
 		&cli.StringFlag{Name: "log-format", Usage: "json or console"},
 	}
@@ -76,7 +78,15 @@ func backfillCommand() *cli.Command {
 					if err != nil {
 						return err
 					}
-					return writeBackfills(c.App.Writer, list)
+					if err := writeBackfills(c.App.Writer, list); err != nil {
+						return err
+					}
+					signals, err := backfill.Signals(c.Context, db, schema, "", 20)
+					if err != nil || len(signals) == 0 {
+						return err
+					}
+					fmt.Fprintln(c.App.Writer, "\nSIGNALS (newest 20)")
+					return writeSignals(c.App.Writer, signals)
 				},
 			},
 			{
@@ -111,10 +121,27 @@ func backfillCommand() *cli.Command {
 
 func writeBackfills(w io.Writer, list []backfill.Info) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tTABLE\tSINKS\tSTATUS\tROWS\tESTIMATE\tLAST KEY\tUPDATED\tERROR")
+	fmt.Fprintln(tw, "ID\tTABLE\tSINKS\tSTATUS\tROWS\tESTIMATE\tLAST KEY\tMODE\tORIGIN\tUPDATED\tERROR")
 	for _, b := range list {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", b.ID, b.Table, strings.Join(b.Sinks, ","), b.Status,
-			b.RowsDone, b.RowsEstimate, b.LastKey, b.UpdatedAt.Format(time.RFC3339), b.Error)
+		mode := "watermarks"
+		if b.ReadOnly {
+			mode = "read-only"
+		}
+		origin := b.Origin
+		if origin == "" {
+			origin = "cli"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", b.ID, b.Table, strings.Join(b.Sinks, ","), b.Status,
+			b.RowsDone, b.RowsEstimate, b.LastKey, mode, origin, b.UpdatedAt.Format(time.RFC3339), b.Error)
+	}
+	return tw.Flush()
+}
+
+func writeSignals(w io.Writer, list []backfill.Signal) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SIGNAL\tINSTANCE\tTABLE\tSTATUS\tBACKFILL\tUPDATED\tERROR")
+	for _, g := range list {
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", g.ID, g.Instance, g.Table, g.Status, g.BackfillID, g.UpdatedAt.Format(time.RFC3339), g.Error)
 	}
 	return tw.Flush()
 }
@@ -252,7 +279,8 @@ func (b backfillSinkResolver) specs(c *cli.Context, names, tables []string) ([]b
 		if err != nil {
 			return nil, err
 		}
-		specs = append(specs, backfill.Spec{Table: t, Sinks: sinks, Where: c.String("where"), ChunkSize: c.Int("chunk-size"), Instance: b.cfg.Instance})
+		specs = append(specs, backfill.Spec{Table: t, Sinks: sinks, Where: c.String("where"), ChunkSize: c.Int("chunk-size"), Instance: b.cfg.Instance,
+			ReadOnly: c.Bool("read-only"), Origin: "cli"})
 	}
 	if id := c.String("resume"); id != "" {
 		specs = append(specs, backfill.Spec{ResumeID: id, Instance: b.cfg.Instance})
@@ -294,7 +322,7 @@ func runBackfillsWithEngine(c *cli.Context, logger *zap.Logger, runners []*backf
 	ecfg.ReplicaID = cfg.ReplicaID + "-backfill"
 	ecfg.HTTPAddr = "off"
 	ecfg.ServerID = 0
-	eng, err := engine.New(&ecfg, logger, engine.WithStdout(c.App.Writer))
+	eng, err := engine.New(&ecfg, logger, engine.WithStdout(c.App.Writer), engine.WithoutFleetBackfills())
 	if err != nil {
 		return ConfigErrorf("%s", scrub(err, cfg))
 	}

@@ -38,13 +38,22 @@ func writeBackfillConfig(t *testing.T, from, hookURL string) string {
 
 // TestBackfillKillAndResume SIGKILLs the real binary in the middle of a
 // backfill, runs the same command again, and checks that every row
-// arrives and that the outbox holds exactly one "r" row per key and pipe.
+// arrives and that the outbox holds exactly one "r" row per key and pipe:
+// with watermarks, and --read-only with a source user that has only
+// SELECT on the table's database and REPLICATION SLAVE, REPLICATION
+// CLIENT (the state database reached as root through --state-dsn); the
+// read-only run leaves no watermark database behind.
 func TestBackfillKillAndResume(t *testing.T) {
-	const n = 20_000
 	bin := filepath.Join(t.TempDir(), "cdcout")
 	if out, err := exec.Command("go", "build", "-o", bin, "github.com/cdcout/cdcout").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
+	t.Run("watermarks", func(t *testing.T) { testBackfillKillAndResume(t, bin, false) })
+	t.Run("read-only", func(t *testing.T) { testBackfillKillAndResume(t, bin, true) })
+}
+
+func testBackfillKillAndResume(t *testing.T, bin string, readOnly bool) {
+	const n = 20_000
 	srv := mysqltest.Shared(t)
 	src := srv.CreateDB(t, "bfk_src")
 	stateDB := srv.CreateDB(t, "bfk_state")
@@ -52,6 +61,17 @@ func TestBackfillKillAndResume(t *testing.T) {
 	srv.Exec(t, "CREATE TABLE `"+src+"`.t (id INT PRIMARY KEY, v BIGINT NOT NULL)",
 		fmt.Sprintf("INSERT INTO `%s`.t SELECT seq, seq FROM %s", src, mysqltest.Seq(n)))
 	db := srv.Open(t)
+	sourceDSN := srv.DSN
+	var extra []string
+	if readOnly {
+		user, pw := "bfro_"+src[len(src)-6:], "ro-pass-4821"
+		srv.Exec(t, "CREATE USER IF NOT EXISTS '"+user+"'@'%' IDENTIFIED BY '"+pw+"'",
+			"GRANT SELECT ON `"+src+"`.* TO '"+user+"'@'%'",
+			"GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO '"+user+"'@'%'")
+		t.Cleanup(func() { srv.Exec(t, "DROP USER IF EXISTS '"+user+"'@'%'") })
+		sourceDSN = fmt.Sprintf("%s:%s@tcp(127.0.0.1:%d)/", user, pw, srv.Port)
+		extra = []string{"--read-only", "--state-dsn", srv.DSN}
+	}
 	from := mysqltest.GTIDPos(t, db)
 	var mu sync.Mutex
 	got := map[int64]int{}
@@ -71,8 +91,8 @@ func TestBackfillKillAndResume(t *testing.T) {
 	}))
 	defer hook.Close()
 	cfgPath := writeBackfillConfig(t, from, hook.URL)
-	args := []string{"backfill", "--dsn", srv.DSN, "--state-db", stateDB, "--instance", "kr", "--config", cfgPath,
-		"--table", src + ".t", "--chunk-size", "200", "--log-format", "json", "--log-level", "info"}
+	args := append([]string{"backfill", "--dsn", sourceDSN, "--state-db", stateDB, "--instance", "kr", "--config", cfgPath,
+		"--table", src + ".t", "--chunk-size", "200", "--log-format", "json", "--log-level", "info"}, extra...)
 
 	logs := t.TempDir()
 	start := func(i int) (*exec.Cmd, *os.File) {
@@ -167,6 +187,12 @@ func TestBackfillKillAndResume(t *testing.T) {
 	if other != 0 {
 		t.Fatalf("%d outbox records for other pipes (watermarks or the unsubscribed sink)", other)
 	}
+	if readOnly {
+		var dbs int
+		if err := db.QueryRow("SELECT COUNT(*) FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = ?", backfill.WatermarkDB(stateDB)).Scan(&dbs); err != nil || dbs != 0 {
+			t.Fatalf("read-only backfill: %d watermark databases (%v), want none", dbs, err)
+		}
+	}
 
 	// A replica delivers what the backfill left pending.
 	cfg := config.Default()
@@ -206,7 +232,11 @@ func TestBackfillKillAndResume(t *testing.T) {
 	if code := run(context.Background(), []string{"cdcout", "backfill", "status", "--dsn", srv.DSN, "--state-db", stateDB}, nil, &out, &errOut); code != ExitOK {
 		t.Fatalf("backfill status exit %d: %s", code, errOut.String())
 	}
-	if !strings.Contains(out.String(), src+".t") || !strings.Contains(out.String(), " done ") {
+	mode := " watermarks "
+	if readOnly {
+		mode = " read-only "
+	}
+	if !strings.Contains(out.String(), src+".t") || !strings.Contains(out.String(), " done ") || !strings.Contains(out.String(), mode) {
 		t.Fatalf("backfill status:\n%s", out.String())
 	}
 }

@@ -44,6 +44,7 @@ var runFlags = []struct {
 	{name: "http-addr", usage: "health/inspect listen address or off (default 127.0.0.1:8080)"},
 	{name: "http-keep-alive", usage: "inspect server idle keep-alive timeout; keep it above your proxy's idle timeout (default 72s)"},
 	{name: "http-headers-timeout", usage: "inspect server header read deadline, must exceed --http-keep-alive (default keep-alive + 5s)"},
+	{name: "backfill-chunk-size", usage: "rows per chunk of the fleet's backfills: snapshot: initial, signals, POST /v1/backfills (default 1000)"},
 	{name: "binlog-runway-min", usage: "/readyz fails while the source may purge the checkpoint's binlog file sooner than this, e.g. 6h (default 0: off)"},
 	{name: "handoff-buffer-size", usage: "changes a standby replica buffers for a takeover (default 10000)"},
 	{name: "dedup-window", usage: "how long enqueue claims are kept (default max(60s, 4 x lease TTL))"},

@@ -223,5 +223,15 @@ func writeReplays(w io.Writer, replays []replay.Status) error {
 		fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%d\t%d\t%d/%d\t%s by %s\n", r.ID, r.Sink, rng, state, r.Delivered, r.Failed,
 			done, len(r.Pipes), r.RequestedAt.UTC().Format(time.RFC3339), dash(r.RequestedBy))
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, r := range replays {
+		for _, p := range r.Pipes {
+			if p.Status == replay.Failed {
+				fmt.Fprintf(w, "  replay %d of %s failed: %s\n", r.ID, p.Pipe, p.LastError)
+			}
+		}
+	}
+	return nil
 }

@@ -73,6 +73,10 @@ type Config struct {
 	// BinlogRunwayMin: /readyz reports not ready while the source may purge
 	// the binlog file holding the checkpoint sooner than this; 0 disables.
 	BinlogRunwayMin time.Duration `yaml:"binlog_runway_min"`
+	// BackfillChunkSize is the rows per chunk of the fleet's backfills
+	// (snapshot: initial, signals and POST /v1/backfills without a chunk
+	// size of their own).
+	BackfillChunkSize int `yaml:"backfill_chunk_size"`
 	// HandoffBufferSize bounds changes a standby replica keeps in memory.
 	HandoffBufferSize int `yaml:"handoff_buffer_size"`
 
@@ -158,6 +162,10 @@ type Sink struct {
 	// Transactions adds BEGIN/END records around each source transaction
 	// that touched the sink's tables, and source.tx to its changes.
 	Transactions bool `yaml:"transactions"`
+	// Snapshot is "initial" (backfill the sink's tables the first time it
+	// has them, consistent with the stream) or "never" (the default: only
+	// changes from the stream).
+	Snapshot string `yaml:"snapshot"`
 
 	Kafka *KafkaOptions `yaml:"kafka"`
 	NATS  *NATSOptions  `yaml:"nats"`
@@ -242,6 +250,7 @@ func Default() *Config {
 		HTTPKeepAlive:        72 * time.Second,
 		HandoffBufferSize:    10000,
 		EnqueueBatchSize:     1000,
+		BackfillChunkSize:    1000,
 		EnqueueFlushInterval: 20 * time.Millisecond,
 		EnqueueMaxBuffer:     5000,
 		ShutdownTimeout:      30 * time.Second,

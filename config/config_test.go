@@ -238,6 +238,7 @@ func TestValidate(t *testing.T) {
 		{"claim lease vs timeout", func(c *Config) { c.ClaimLease = 5 * time.Second }, []string{"sinks[0].timeout: 10s must be shorter than claim_lease 5s", "sinks[1].timeout"}},
 		{"bad format", func(c *Config) { c.Sinks[0].Format = "avro" }, []string{`sinks[0].format: "avro"`}},
 		{"heartbeat too short", func(c *Config) { c.Sinks[1].Heartbeat = 10 * time.Millisecond }, []string{"sinks[1].heartbeat: must be 0 (off) or at least 100ms, got 10ms"}},
+		{"unknown snapshot", func(c *Config) { c.Sinks[1].Snapshot = "always" }, []string{`sinks[1].snapshot: must be initial or never, got "always"`}},
 		{"negative runway minimum", func(c *Config) { c.BinlogRunwayMin = -time.Second }, []string{"binlog_runway_min: must not be negative"}},
 		{"bad op", func(c *Config) { c.Sinks[0].Ops = []string{"insert", "upsert"} }, []string{`sinks[0].ops[1]: "upsert"`}},
 		{"bad table", func(c *Config) { c.Sinks[0].Tables.Include = []string{"shop"} }, []string{`sinks[0].tables.include[0]: "shop"`}},

@@ -96,6 +96,7 @@ var settings = map[string]setter{
 	"http-keep-alive":        func(c *Config, v string) error { return setDuration(&c.HTTPKeepAlive, v) },
 	"http-headers-timeout":   func(c *Config, v string) error { return setDuration(&c.HTTPHeadersTimeout, v) },
 	"binlog-runway-min":      func(c *Config, v string) error { return setDuration(&c.BinlogRunwayMin, v) },
+	"backfill-chunk-size":    func(c *Config, v string) error { return setInt(&c.BackfillChunkSize, v) },
 	"handoff-buffer-size":    func(c *Config, v string) error { return setInt(&c.HandoffBufferSize, v) },
 	"enqueue-batch-size":     func(c *Config, v string) error { return setInt(&c.EnqueueBatchSize, v) },
 	"enqueue-flush-interval": func(c *Config, v string) error { return setDuration(&c.EnqueueFlushInterval, v) },

@@ -94,6 +94,9 @@ func (c *Config) Validate() error {
 	} else if c.HTTPHeadersTimeout != 0 && c.HTTPHeadersTimeout <= c.HTTPKeepAlive {
 		errs.add("http_headers_timeout", "%s must exceed http_keep_alive %s: a shorter headers deadline cuts off requests on idle keep-alive connections", c.HTTPHeadersTimeout, c.HTTPKeepAlive)
 	}
+	if c.BackfillChunkSize < 1 || c.BackfillChunkSize > 100_000 {
+		errs.add("backfill_chunk_size", "must be between 1 and 100000, got %d", c.BackfillChunkSize)
+	}
 	if c.BinlogRunwayMin < 0 {
 		errs.add("binlog_runway_min", "must not be negative, got %s (0 disables the check)", c.BinlogRunwayMin)
 	}
@@ -310,6 +313,11 @@ func (s *Sink) validate(errs *Errors, at string, claimLease time.Duration) {
 	if s.Heartbeat < 0 || (s.Heartbeat > 0 && s.Heartbeat < 100*time.Millisecond) {
 		errs.add(at+".heartbeat", "must be 0 (off) or at least 100ms, got %s", s.Heartbeat)
 	}
+	switch s.Snapshot {
+	case "", SnapshotNever, SnapshotInitial:
+	default:
+		errs.add(at+".snapshot", "must be %s or %s, got %q", SnapshotInitial, SnapshotNever, s.Snapshot)
+	}
 	if s.MaxAttempts < 0 {
 		errs.add(at+".max_attempts", "must not be negative, got %d", s.MaxAttempts)
 	}
@@ -379,6 +387,12 @@ func MatchTable(pattern, db, table string) bool {
 	okTbl, _ := path.Match(pattern[i+1:], table)
 	return okDB && okTbl
 }
+
+// The values of a sink's snapshot key.
+const (
+	SnapshotInitial = "initial"
+	SnapshotNever   = "never"
+)
 
 // Matches reports whether the filter selects db.table.
 func (f TableFilter) Matches(db, table string) bool {

@@ -4,8 +4,10 @@ import (
 	"context"
 	"database/sql"
 	"slices"
+	"time"
 
 	"github.com/cdcout/cdcout/backfill"
+	"github.com/cdcout/cdcout/binlog"
 	"github.com/cdcout/cdcout/canonical"
 	"github.com/cdcout/cdcout/internal/buildinfo"
 	"github.com/cdcout/cdcout/outbox"
@@ -26,7 +28,17 @@ type WatermarkHook interface {
 	// outbox. Later ones may be in the batch being built while this one
 	// was written.
 	Written(ctx context.Context, mark int)
+	// Tick (between events, from the flush ticker) and Committed (after a
+	// transaction's commit) serve read-only backfills, whose windows are
+	// fenced by stream positions: they return rows to enqueue there.
+	Tick(ctx context.Context, pos binlog.Position, between bool) ([]backfill.Row, error)
+	Committed(ctx context.Context, pos binlog.Position) ([]backfill.Row, error)
+	// Busy: Tick is wanted every couple of milliseconds.
+	Busy() bool
 }
+
+// busyTick is the flush ticker's period while the hook is busy.
+const busyTick = 2 * time.Millisecond
 
 // newWatermarkHook is the hook of one tenure's stream.
 func (e *Engine) newWatermarkHook(db *sql.DB) *backfill.Applier {
@@ -51,6 +63,35 @@ func (q *enqueuer) hookChange(ctx context.Context, ch *canonical.Change) (bool, 
 	if err != nil {
 		return true, err
 	}
+	q.routeBackfilled(rows)
+	return consumed, nil
+}
+
+// hookCommitted enqueues the read-only backfill rows due at the commit
+// just keyed (at pos).
+func (q *enqueuer) hookCommitted(ctx context.Context, pos binlog.Position) error {
+	rows, err := q.hook.Committed(ctx, pos)
+	q.routeBackfilled(rows)
+	return err
+}
+
+// hookTick lets the hook arm and fence read-only windows between events;
+// rows it returns are written at once (the stream may be idle).
+func (q *enqueuer) hookTick(ctx context.Context) error {
+	if q.hook == nil || q.position == nil {
+		return nil
+	}
+	rows, err := q.hook.Tick(ctx, q.position(), q.lastRow == -1 && len(q.open) == 0)
+	if err != nil || len(rows) == 0 {
+		return err
+	}
+	q.routeBackfilled(rows)
+	return q.flush(ctx, q.cp)
+}
+
+// routeBackfilled puts backfilled rows into ready for every sink they are
+// for.
+func (q *enqueuer) routeBackfilled(rows []backfill.Row) {
 	for _, br := range rows {
 		for _, r := range q.routes {
 			if br.Sinks != nil && !slices.Contains(br.Sinks, r.sink) {
@@ -69,5 +110,4 @@ func (q *enqueuer) hookChange(ctx context.Context, ch *canonical.Change) (bool, 
 		}
 	}
 	q.maxBuffered = max(q.maxBuffered, len(q.ready)+len(q.open))
-	return consumed, nil
 }

@@ -48,6 +48,12 @@ type Option func(*Engine)
 // WithStdout sets where stdout: sinks write (default os.Stdout).
 func WithStdout(w io.Writer) Option { return func(e *Engine) { e.stdout = w } }
 
+// WithoutFleetBackfills keeps the engine from running the fleet's
+// backfills (snapshot: initial, signals) while it leads: cdcout backfill's
+// own engine, whose configuration is not the fleet's, must neither record
+// its sinks' subscriptions nor start snapshots for them.
+func WithoutFleetBackfills() Option { return func(e *Engine) { e.noFleetBackfills = true } }
+
 // Engine is one replica.
 type Engine struct {
 	cfg    *config.Config
@@ -90,6 +96,8 @@ type Engine struct {
 	runway     runwayState      // runway.go
 	rowCols    []sinkRowColumns // msgkey.go
 	hb         heartbeats       // heartbeat.go
+	// noFleetBackfills: see WithoutFleetBackfills.
+	noFleetBackfills bool
 }
 
 // New validates cfg and builds the sinks. Nothing connects to a database
@@ -251,7 +259,7 @@ func (e *Engine) startInspect(ctx context.Context, services *group, db *sql.DB, 
 		DB: db, Schema: cfg.StateDB, Instance: cfg.Instance, ReplicaID: cfg.ReplicaID,
 		Source: e.sourceStatus, Ready: e.ready, Metrics: e.metrics, Pipes: nil,
 		DroppedPending: e.droppedPending, Endpoints: e.endpoints, Sinks: e.sinkNames(),
-		Secrets: e.secrets(), Logger: e.log,
+		Secrets: e.secrets(), Logger: e.log, RequestBackfill: e.requestBackfill(db),
 	})
 	services.run(context.WithoutCancel(ctx), func(ictx context.Context) {
 		if err := srv.Run(ictx); err != nil && ictx.Err() == nil {
@@ -288,7 +296,8 @@ func (e *Engine) startDelivery(ctx context.Context, services *group, db *sql.DB,
 	drains.leases = pauseGate(paused, dl.get)
 	rp := &replayer{db: db, store: outbox.NewStore(db, cfg.StateDB, e.log), schema: cfg.StateDB, instance: cfg.Instance, holder: e.holder,
 		sinks: e.sinks, paused: paused, held: dl.get, known: dl.addPipes, log: e.log.Named("replay"), retryMin: 200 * time.Millisecond, retryMx: 5 * time.Second,
-		running: map[string]bool{}}
+		running: map[string]bool{}, routes: e.routes, maxRowBytes: cfg.MaxRowBytes,
+		stream: func() binlog.Config { return e.streamConfig(nil) }}
 	services.run(ctx, rp.run, nil) // replay.go
 	drains.notify = dl.addPipes
 	e.mu.Lock()

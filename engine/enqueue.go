@@ -79,6 +79,9 @@ type enqueuer struct {
 	// hook, when set, sees changes before routing (backfill watermarks;
 	// see backfill_hook.go).
 	hook WatermarkHook
+	// position, when set, is the stream's read position (the hook's
+	// Tick).
+	position func() binlog.Position
 	// tx is the open transaction's metadata (txmeta.go).
 	tx txMeta
 
@@ -218,6 +221,11 @@ func (q *enqueuer) handleCommit(ctx context.Context, c *binlog.Commit) error {
 	}
 	q.midTx = false
 	q.lastRow = -1
+	if q.hook != nil {
+		if err := q.hookCommitted(ctx, c.Pos); err != nil {
+			return err
+		}
+	}
 	q.cp = &outbox.Checkpoint{Source: q.source, Pos: c.Pos}
 	if q.since.IsZero() {
 		q.since = time.Now()
@@ -353,15 +361,19 @@ func (q *enqueuer) keyOpen() error {
 // the stream may be idle, so commits alone cannot be relied on to do it.
 // It also collects a finished write, so an idle stream's last batch is
 // accounted (and its backfill chunks marked done) without waiting for
-// the next event.
-func (q *enqueuer) tick(ctx context.Context) error {
+// the next event. busy: the hook wants the next tick soon.
+func (q *enqueuer) tick(ctx context.Context) (busy bool, err error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if err := q.poll(ctx); err != nil {
-		return err
+		return false, err
 	}
+	if err := q.hookTick(ctx); err != nil {
+		return false, err
+	}
+	busy = q.hook != nil && q.hook.Busy()
 	if q.inflight != nil || q.cp == nil || time.Since(q.since) < q.interval {
-		return nil
+		return busy, nil
 	}
-	return q.flush(ctx, q.cp)
+	return busy, q.flush(ctx, q.cp)
 }

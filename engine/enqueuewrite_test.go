@@ -129,7 +129,7 @@ func TestEnqueuePipelineFailureIsSticky(t *testing.T) {
 	if err := q.flush(ctx, q.cp); !errors.Is(err, errLeaseLost) {
 		t.Fatalf("flush after a fenced write = %v, want errLeaseLost", err)
 	}
-	if err := q.tick(ctx); !errors.Is(err, errLeaseLost) {
+	if _, err := q.tick(ctx); !errors.Is(err, errLeaseLost) {
 		t.Fatalf("tick after a fenced write = %v, want errLeaseLost", err)
 	}
 	if calls, _ := f.seen(); len(calls) != 1 {

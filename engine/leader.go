@@ -185,6 +185,14 @@ func (ld *leader) tenure(ctx context.Context, l lease.Lease, ho *handoff) (err e
 	if err != nil {
 		return err
 	}
+	// The fleet's backfills run while this replica leads (backfills.go).
+	if !e.noFleetBackfills {
+		t.wg.Add(1)
+		go func() {
+			defer t.wg.Done()
+			e.runFleetBackfills(t.ctx, t.db)
+		}()
+	}
 	return t.enqueue(ctx, q, stream, buffered)
 }
 
@@ -349,6 +357,7 @@ func (t *tenure) enqueuer(stream *binlog.Stream, claims []string) (*enqueuer, er
 		report:      func(err error) { e.noteWrite(writeEnqueue, err) },
 		lastRow:     -1,
 		hook:        e.newWatermarkHook(t.db),
+		position:    stream.ReadPosition,
 	}
 	if digestMode {
 		// The counter must remember longer than claims live (see
@@ -424,11 +433,25 @@ func (t *tenure) startTicker(q *enqueuer) <-chan error {
 	t.wg.Add(1)
 	go func() {
 		defer t.wg.Done()
-		err := pause.Every(t.ctx, max(t.e.cfg.EnqueueFlushInterval/2, 5*time.Millisecond), func() error { return q.tick(t.ctx) })
-		if err != nil && t.ctx.Err() == nil {
-			tickErr <- err
-			t.cancel()
-		}
+		// The idle flush; a read-only backfill's open windows want quicker
+		// ticks (backfill_hook.go).
+		every := max(t.e.cfg.EnqueueFlushInterval/2, 5*time.Millisecond)
+		ctx, stop := context.WithCancel(t.ctx)
+		defer stop()
+		pause.Repeat(ctx, func() time.Duration {
+			busy, err := q.tick(t.ctx)
+			if err != nil {
+				if t.ctx.Err() == nil {
+					tickErr <- err
+					t.cancel()
+				}
+				stop()
+			}
+			if busy {
+				return min(busyTick, every)
+			}
+			return every
+		})
 	}()
 	return tickErr
 }

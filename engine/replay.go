@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/cdcout/cdcout/binlog"
 	"github.com/cdcout/cdcout/control"
 	"github.com/cdcout/cdcout/internal/pause"
 	"github.com/cdcout/cdcout/lease"
@@ -47,6 +48,13 @@ type replayer struct {
 	known             func(pipes []string)
 	log               *zap.Logger
 	retryMin, retryMx time.Duration
+	// stream is the replica's binlog configuration and routes the sinks'
+	// routes, for re-reading what the outbox no longer holds
+	// (replay_binlog.go); nil stream: not re-read.
+	stream      func() binlog.Config
+	routes      []*route
+	maxRowBytes int
+	rereadMu    sync.Mutex
 
 	mu      sync.Mutex
 	running map[string]bool // "<replay id>/<pipe>"
@@ -127,6 +135,17 @@ func (rp *replayer) replayPipe(ctx context.Context, st replay.Status, rng replay
 		_, held := rp.held(p.Pipe)
 		return held && !rp.paused.IsPaused(st.Sink) && ctx.Err() == nil
 	}
+	need, heldAt, heldOK, mark, err := rp.needsReread(ctx, rng, p)
+	if err != nil {
+		log.Warn("look up what the outbox holds for the replay", zap.Error(err))
+		return
+	}
+	if need {
+		if !rp.reread(ctx, log, st, rng, p, se, heldAt, heldOK, mark, mine) {
+			return
+		}
+		after = mark
+	}
 	for mine() {
 		page, err := rp.store.DeliveredAfter(ctx, p.Pipe, st.Sink, after, st.MaxID, replayPage)
 		if err != nil {
@@ -152,7 +171,7 @@ func (rp *replayer) replayPipe(ctx context.Context, st replay.Status, rng replay
 				recs = append(recs, rec)
 			}
 		}
-		if !rp.deliverInOrder(ctx, log, st, p.Pipe, se, recs, mine) {
+		if !rp.deliverInOrder(ctx, log, st, p.Pipe, se, recs, mine, true) {
 			return // progress is recorded up to what went out
 		}
 		if page.Next != "" {
@@ -177,8 +196,9 @@ func (rp *replayer) replayPipe(ctx context.Context, st replay.Status, rng replay
 // in commit order. A record the sink refuses for good is counted as
 // failed and not retried; any other error is retried with backoff. It
 // reports false when it stopped because the pipe is no longer its to
-// replay.
-func (rp *replayer) deliverInOrder(ctx context.Context, log *zap.Logger, st replay.Status, pipe string, se sinkEntry, recs []outbox.Record, mine func() bool) bool {
+// replay. byID: the progress moves to the records' ids (outbox records;
+// a re-read's derived ids say nothing of where the outbox part is).
+func (rp *replayer) deliverInOrder(ctx context.Context, log *zap.Logger, st replay.Status, pipe string, se sinkEntry, recs []outbox.Record, mine func() bool, byID bool) bool {
 	batch := max(se.cfg.BatchSize, 1)
 	for len(recs) > 0 {
 		keys := map[string]bool{}
@@ -215,7 +235,11 @@ func (rp *replayer) deliverInOrder(ctx context.Context, log *zap.Logger, st repl
 				_ = pause.For(ctx, wait)
 			}
 		}
-		if err := replay.Progress(ctx, rp.db, rp.schema, st.ID, pipe, recs[n-1].ID, int64(n)-failed, failed, refused, rp.holder); err != nil {
+		last := ""
+		if byID {
+			last = recs[n-1].ID
+		}
+		if err := replay.Progress(ctx, rp.db, rp.schema, st.ID, pipe, last, int64(n)-failed, failed, refused, rp.holder); err != nil {
 			log.Warn("record replay progress", zap.Error(err))
 		}
 		recs = recs[n:]

@@ -2,12 +2,15 @@ package fleet
 
 import (
 	"context"
+	"database/sql"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/cdcout/cdcout/internal/mysqltest"
 	"github.com/cdcout/cdcout/internal/statetest"
+	"github.com/cdcout/cdcout/internal/wait"
 )
 
 func TestMain(m *testing.M) { mysqltest.RunMain(m) }
@@ -98,39 +101,33 @@ func TestWriteReadForgetMembers(t *testing.T) {
 
 func TestHeartbeatWrites(t *testing.T) {
 	db, schema := statetest.New(t, "fleethb")
-	ctx, cancel := context.WithCancel(context.Background())
 	n := 0
 	hb := &Heartbeat{DB: db, Schema: schema, Every: 20 * time.Millisecond, Observe: func() Observation {
 		n++
 		return Observation{ReplicaID: "hb", Kind: KindEngine, Version: "v", Payload: payload{Pipes: n}}
 	}}
-	done := make(chan error, 1)
-	go func() { done <- hb.Run(ctx) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	stop := wait.Background(t, 10*time.Second, hb.Run)
+	// Written at least twice.
+	waitPayload(t, db, schema, "heartbeat rewrites its row", func(p string) bool { return p != `{"pipes":1}` })
+	stop()
+}
+
+// waitPayload waits until schema holds one engine observation, with a
+// payload ok accepts.
+func waitPayload(t *testing.T, db *sql.DB, schema, what string, ok func(payload string) bool) {
+	t.Helper()
+	wait.For(t, 10*time.Second, func() (bool, string) {
 		rows, err := Read(context.Background(), db, schema, KindEngine)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(rows) == 1 && string(rows[0].Payload) != `{"pipes":1}` {
-			break // written at least twice
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("heartbeat did not rewrite its row: %+v", rows)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+		return len(rows) == 1 && ok(string(rows[0].Payload)), fmt.Sprintf("waiting until %s: %+v", what, rows)
+	})
 }
 
 // A role change must show in the fleet view at once, not a period later.
 func TestHeartbeatWritesOnChange(t *testing.T) {
 	db, schema := statetest.New(t, "fleethbc")
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	changed := make(chan struct{}, 1)
 	var mu sync.Mutex
 	role := 1
@@ -139,33 +136,14 @@ func TestHeartbeatWritesOnChange(t *testing.T) {
 		defer mu.Unlock()
 		return Observation{ReplicaID: "hbc", Kind: KindEngine, Version: "v", Payload: payload{Pipes: role}}
 	}}
-	done := make(chan error, 1)
-	go func() { done <- hb.Run(ctx) }()
-	waitPayload := func(want string) {
-		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			rows, err := Read(context.Background(), db, schema, KindEngine)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(rows) == 1 && string(rows[0].Payload) == want {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("payload never became %s: %+v", want, rows)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
-	waitPayload(`{"pipes":1}`)
+	stop := wait.Background(t, 10*time.Second, hb.Run)
+	is := func(want string) func(string) bool { return func(p string) bool { return p == want } }
+	waitPayload(t, db, schema, `the payload is {"pipes":1}`, is(`{"pipes":1}`))
 	mu.Lock()
 	role = 2
 	mu.Unlock()
 	changed <- struct{}{}
-	waitPayload(`{"pipes":2}`) // with Every = 1h only the signal can have written it
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	// With Every = 1h only the signal can have written it.
+	waitPayload(t, db, schema, `the payload is {"pipes":2}`, is(`{"pipes":2}`))
+	stop()
 }

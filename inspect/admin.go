@@ -103,6 +103,7 @@ func (s *Server) adminRoutes() {
 	s.Admin("POST /v1/dead/retry", s.retryDead)
 	s.controlRoutes()
 	s.replayRoutes()
+	s.backfillRoutes()
 }
 
 // retryDeadView is the POST /v1/dead/retry answer.

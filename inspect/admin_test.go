@@ -59,11 +59,17 @@ func TestAdminAPIOffWithoutToken(t *testing.T) {
 	deps := testDeps(t)
 	hs := httptest.NewServer(New(Config{}, deps).Handler())
 	defer hs.Close()
-	for _, auth := range []string{"", "Bearer " + adminToken} {
-		code, body := do(t, "POST", hs.URL+"/v1/dead/retry", auth)
-		if code != http.StatusForbidden || !strings.Contains(body, "--admin-token") {
-			t.Errorf("auth %q: %d %s, want 403 naming --admin-token", auth, code, body)
+	for _, path := range []string{"/v1/dead/retry", "/v1/backfills"} {
+		for _, auth := range []string{"", "Bearer " + adminToken} {
+			code, body := do(t, "POST", hs.URL+path, auth)
+			if code != http.StatusForbidden || !strings.Contains(body, "--admin-token") {
+				t.Errorf("POST %s, auth %q: %d %s, want 403 naming --admin-token", path, auth, code, body)
+			}
 		}
+	}
+	// Reading backfills needs no token (read_auth is off).
+	if code, body := do(t, "GET", hs.URL+"/v1/backfills", ""); code != http.StatusOK || !strings.Contains(body, `"backfills":[]`) {
+		t.Errorf("GET /v1/backfills: %d %s, want 200 with an empty list", code, body)
 	}
 	if got := deadCount(t, deps.DB, deps.Schema, "inst:shop.orders:hook"); got != 1 {
 		t.Fatalf("dead rows = %d, want 1 (untouched)", got)

@@ -12,7 +12,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/cdcout/cdcout/control"
-	"github.com/cdcout/cdcout/outbox"
 	"github.com/cdcout/cdcout/replay"
 )
 
@@ -31,8 +30,7 @@ func (e *ReplayError) Error() string { return e.Msg }
 const replaysShown = 5
 
 // StartReplay records a replay of sink over from..to (to may be "") asked
-// by by, after checking the sink, the range, and that the outbox still
-// holds the range's start; extra are sink names known besides the
+// by by, after checking the sink and the range; extra are sink names known besides the
 // fleet's and the outbox's.
 func (r Reader) StartReplay(ctx context.Context, sink, from, to, by string, extra ...string) (replay.Status, error) {
 	var st replay.Status
@@ -51,6 +49,18 @@ func (r Reader) StartReplay(ctx context.Context, sink, from, to, by string, extr
 	if err != nil {
 		return st, err
 	}
+	// A pipe retention emptied has no records but a mark: its part of
+	// the range is re-read from the binlog (engine/replay_binlog.go).
+	marks, err := r.store().RetentionMarks(ctx, r.pipePrefix())
+	if err != nil {
+		return st, err
+	}
+	for p := range marks {
+		if !slices.Contains(all, p) {
+			all = append(all, p)
+		}
+	}
+	slices.Sort(all)
 	var pipes []string
 	for _, p := range all {
 		if _, s := splitPipe(r.Instance, p); s == sink {
@@ -58,10 +68,7 @@ func (r Reader) StartReplay(ctx context.Context, sink, from, to, by string, extr
 		}
 	}
 	if len(pipes) == 0 {
-		return st, &ReplayError{Msg: fmt.Sprintf("sink %s of instance %s has no records in the outbox to replay", sink, r.Instance)}
-	}
-	if err := r.checkHeld(ctx, sink, rng, pipes); err != nil {
-		return st, err
+		return st, &ReplayError{Msg: fmt.Sprintf("sink %s of instance %s has no records in the outbox to replay, and retention deleted none", sink, r.Instance)}
 	}
 	maxID, err := r.store().NewestRecordID(ctx, pipes)
 	if err != nil {
@@ -75,68 +82,6 @@ func (r Reader) StartReplay(ctx context.Context, sink, from, to, by string, extr
 		return st, err
 	}
 	return replay.Status{ID: id, Sink: sink, From: rng.From.Text, To: rng.To.Text, Status: replay.Running}, nil
-}
-
-// checkHeld refuses a range that may reach records retention deleted: it
-// starts before the oldest record a pipe of the sink still holds, and
-// retention deleted records of that pipe (retention_marks). Re-reading
-// them from the binlog is not built. A pipe retention never touched holds
-// everything it ever had, so a range may start before it.
-func (r Reader) checkHeld(ctx context.Context, sink string, rng replay.Range, pipes []string) error {
-	marks, err := r.store().RetentionMarks(ctx, r.pipePrefix())
-	if err != nil {
-		return err
-	}
-	oldest := map[string]outbox.Record{}
-	var overall outbox.Record
-	for _, p := range pipes {
-		rec, ok, err := r.store().OldestRecord(ctx, p)
-		if err != nil {
-			return err
-		}
-		if ok {
-			oldest[p] = rec
-			if overall.ID == "" || rec.ID < overall.ID {
-				overall = rec
-			}
-		}
-	}
-	for pipe := range marks {
-		if _, s := splitPipe(r.Instance, pipe); s != sink {
-			continue
-		}
-		rec, ok := oldest[pipe]
-		if !ok {
-			// All of this pipe's records are gone: the sink's oldest
-			// record is the best bound there is.
-			rec = overall
-		}
-		if rec.ID == "" {
-			return &ReplayError{Msg: fmt.Sprintf("retention deleted the records of %s and sink %s holds none to place the range by", pipe, sink)}
-		}
-		w, err := replay.WhereOf(rec.Payload, rec.CommitTime)
-		if err != nil {
-			return err
-		}
-		if rng.StartsBefore(w) {
-			return &ReplayError{Msg: fmt.Sprintf("retention deleted older records of %s; the outbox holds sink %s's records of it from %s on, "+
-				"the range starts before, at %s, and re-reading the binlog for the older part is not supported: replay from that record or later",
-				pipe, sink, placeOf(rng, w), rng.From.Text)}
-		}
-	}
-	return nil
-}
-
-// placeOf describes a record's place in the range's own terms.
-func placeOf(rng replay.Range, w replay.Where) string {
-	held := "commit time " + w.CommitTime.UTC().Format("2006-01-02T15:04:05.999999Z07:00")
-	switch rng.From.Kind {
-	case replay.KindGTID:
-		held = "GTID " + w.GTID + ", " + held
-	case replay.KindFilePos:
-		held = fmt.Sprintf("%s:%d, %s", w.File, w.Pos, held)
-	}
-	return held
 }
 
 // Replays lists the instance's running replays and its latest finished

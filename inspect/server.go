@@ -26,6 +26,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/cdcout/cdcout/backfill"
 	"github.com/cdcout/cdcout/binlog"
 	"github.com/cdcout/cdcout/config"
 	"github.com/cdcout/cdcout/internal/pause"
@@ -152,6 +153,9 @@ type Deps struct {
 	// Sinks are this replica's configured sink names (pause and resume
 	// accept them before any record or fleet row names them).
 	Sinks []string
+	// RequestBackfill, when set, checks a POST /v1/backfills request and
+	// writes its signal (errors wrapping backfill.ErrBadInput are 400s).
+	RequestBackfill func(context.Context, backfill.Signal) (backfill.Signal, error)
 	// Secrets are scrubbed from every response body as a last line of
 	// defence (the source DSN's password, sink secrets).
 	Secrets []string

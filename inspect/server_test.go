@@ -354,22 +354,12 @@ func TestRunListensAndShutsDown(t *testing.T) {
 	if d := New(Config{}, deps).cfg; d.KeepAlive != 72*time.Second || d.HeadersTimeout != 77*time.Second {
 		t.Fatalf("defaults = %v/%v, want 72s/77s", d.KeepAlive, d.HeadersTimeout)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
+	stop := wait.Background(t, 10*time.Second, s.Run)
 	waitListening(t, s)
 	if code, _ := get(t, "http://"+s.Addr().String()+"/healthz"); code != 200 {
 		t.Fatalf("healthz = %d", code)
 	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Run did not return after cancel")
-	}
+	stop()
 	if _, err := http.Get("http://" + s.Addr().String() + "/healthz"); err == nil {
 		t.Fatal("server still answers after shutdown")
 	}
@@ -479,15 +469,7 @@ func waitListening(t *testing.T, s *Server) {
 func serve(t *testing.T, cfg Config, deps Deps) *Server {
 	t.Helper()
 	s := New(cfg, deps)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	})
+	wait.Background(t, 30*time.Second, s.Run)
 	waitListening(t, s)
 	return s
 }

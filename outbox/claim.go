@@ -89,6 +89,11 @@ func (p *pipeDrainer) claim(ctx context.Context, limit int, part keyRange) ([]jo
 	if err != nil {
 		return nil, err
 	}
+	// Our own claims that a failed write left standing are settled first:
+	// their keys must not wait out the claim lease on a live process.
+	if err := p.writeKept(ctx); err != nil {
+		return nil, err
+	}
 	if err := p.takeBackRows(ctx); err != nil {
 		return nil, err
 	}

@@ -33,12 +33,27 @@ const (
 	idleMax = 2 * time.Second
 	// outcomeRetryFor bounds how long a delivered batch's outcome write, or
 	// the release of a row claim, is retried (database restart) before it
-	// is given up: a delivered batch is then left to its claim lease, which
-	// re-delivers it under the same deliveryKey; an unreleased claim is
+	// is given up: the outcome is then kept and written by the next pass
+	// (outcome.go writeKept, segdrain.go takeBack); an unreleased claim is
 	// taken back by the next claim pass (release.go).
 	outcomeRetryFor = 30 * time.Second
 	maxErrorLen     = 4096
+	// A write that gives up or settles a claim of ours (an outcome, a
+	// release, a hold, a take-back) runs each attempt under a deadline of
+	// the claim lease / 60, within [stmtTimeoutMin, stmtTimeoutMax] (5 s
+	// for the default 5-minute lease): the state pool has no read timeout,
+	// so on a blackholed link a statement would otherwise block until the
+	// link heals, and the retry and take-back logic would never run. The
+	// driver honours the deadline by closing the connection.
+	stmtTimeoutMin = 2 * time.Second
+	stmtTimeoutMax = 5 * time.Second
 )
+
+// stmtTimeoutFor is the deadline of one claim-settling write for a claim
+// lease (see stmtTimeoutMin).
+func stmtTimeoutFor(claimLease time.Duration) time.Duration {
+	return min(max(claimLease/60, stmtTimeoutMin), stmtTimeoutMax)
+}
 
 // PipeConfig is how one pipe is delivered.
 type PipeConfig struct {
@@ -115,9 +130,10 @@ type Drainer struct {
 	backoff  Backoff
 	logger   *zap.Logger
 	pipes    []*pipeDrainer
-	// retryFor is outcomeRetryFor; tests of a state-database outage
-	// shorten it.
-	retryFor time.Duration
+	// retryFor is outcomeRetryFor and stmtTimeout stmtTimeoutFor(the
+	// claim lease); tests of a state-database outage shorten them.
+	retryFor    time.Duration
+	stmtTimeout time.Duration
 }
 
 type pipeDrainer struct {
@@ -146,6 +162,13 @@ type pipeDrainer struct {
 	// by the take-back, so a row claimed anew is never released under it.
 	unreleased map[string]bool
 	claiming   sync.RWMutex
+	// kept are outcomes of delivered batches that could not be written
+	// past their retries; keptIDs their rows, held in flight (not claimed
+	// again by us, not finished) until the next claim pass writes them
+	// (outcome.go). writingKept serializes those writes.
+	kept        []*keptOutcome
+	keptIDs     map[string]bool
+	writingKept sync.Mutex
 	// failLog rate-limits the "delivery failed" lines: an outage must not
 	// flood the log.
 	failLogAt  time.Time
@@ -180,15 +203,16 @@ func NewDrainer(cfg DrainerConfig) (*Drainer, error) {
 		cfg.Logger = zap.NewNop()
 	}
 	d := &Drainer{
-		cfg:      cfg,
-		claimer:  ClaimerID(cfg.ClaimedBy),
-		outbox:   state.Table(cfg.Schema, "outbox"),
-		segments: state.Table(cfg.Schema, "segments"),
-		attempt:  state.Table(cfg.Schema, "attempts"),
-		leases:   state.Table(cfg.Schema, "leases"),
-		backoff:  Backoff{Base: cfg.BackoffBase, Cap: cfg.BackoffCap},
-		logger:   cfg.Logger.Named("drain"),
-		retryFor: outcomeRetryFor,
+		cfg:         cfg,
+		claimer:     ClaimerID(cfg.ClaimedBy),
+		outbox:      state.Table(cfg.Schema, "outbox"),
+		segments:    state.Table(cfg.Schema, "segments"),
+		attempt:     state.Table(cfg.Schema, "attempts"),
+		leases:      state.Table(cfg.Schema, "leases"),
+		backoff:     Backoff{Base: cfg.BackoffBase, Cap: cfg.BackoffCap},
+		logger:      cfg.Logger.Named("drain"),
+		retryFor:    outcomeRetryFor,
+		stmtTimeout: stmtTimeoutFor(cfg.ClaimLease),
 	}
 	names := make([]string, 0, len(cfg.Pipes))
 	for name := range cfg.Pipes {
@@ -216,6 +240,7 @@ func NewDrainer(cfg DrainerConfig) (*Drainer, error) {
 
 			failedBefore: map[string]bool{},
 			unreleased:   map[string]bool{},
+			keptIDs:      map[string]bool{},
 		})
 	}
 	return d, nil
@@ -342,6 +367,12 @@ func (p *pipeDrainer) run(ctx context.Context) {
 		close(work)
 		wg.Wait()
 		p.bg.Wait()
+		// Kept outcomes get one more try: left unwritten, their rows are
+		// released at the stop (Store.ReleaseClaimsOf) and delivered again
+		// under the same ids.
+		if err := p.writeKept(context.WithoutCancel(ctx)); err != nil {
+			p.log.Error("record kept outcomes at stop; their rows are delivered again under the same ids", zap.Error(err))
+		}
 	}()
 
 	// Claiming is the serial part of draining, so two claimers share it,

@@ -31,13 +31,30 @@ func proxiedDB(t *testing.T) (*sql.DB, *faultproxy.Proxy) {
 		t.Fatal(err)
 	}
 	cfg.Addr, cfg.Net = p.Addr(), "tcp"
-	cfg.Timeout, cfg.ReadTimeout, cfg.WriteTimeout = 2*time.Second, 5*time.Second, 5*time.Second
+	// Like the state pool: no read or write timeout, so a blackholed link
+	// blocks a statement until its context ends.
+	cfg.Timeout = 2 * time.Second
 	db, err := sql.Open("mysql", cfg.FormatDSN())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
 	return db, p
+}
+
+// faults are the two ways the tests break the state link: every
+// connection reset and new ones refused (a dropped link, a server gone),
+// or blackholed (sockets open, nothing forwarded: a partition).
+var faults = []string{"reset", "blackhole"}
+
+// breakLink breaks the proxied state link the way fault says.
+func breakLink(p *faultproxy.Proxy, fault string) {
+	if fault == "blackhole" {
+		p.Blackhole()
+		return
+	}
+	p.Refuse()
+	p.Reset()
 }
 
 // resumesAfterHeal runs d, just after the state database came back, until
@@ -58,7 +75,16 @@ func resumesAfterHeal(t *testing.T, d *Drainer, what string, cond func() bool) {
 // the state connection dropped is taken back by the same live drainer on
 // its next pass, not left to the claim lease (5 minutes here) while every
 // later segment of the pipe waits behind it.
+//
+// Blackholed, the release is cut off by its statement deadline rather
+// than blocking until the link heals.
 func TestStuckSegmentClaimIsTakenBack(t *testing.T) {
+	for _, fault := range faults {
+		t.Run(fault, func(t *testing.T) { testStuckSegmentClaim(t, fault) })
+	}
+}
+
+func testStuckSegmentClaim(t *testing.T, fault string) {
 	st := newTestState(t)
 	const pipe = "a:app.users:seg"
 	order := enqueueTxns(t, st, pipe, 3, 4)
@@ -68,17 +94,19 @@ func TestStuckSegmentClaimIsTakenBack(t *testing.T) {
 		c.DB = db
 		c.ClaimLease = 5 * time.Minute
 	})
+	d.stmtTimeout = time.Second
 	p := d.pipes[0]
 	seg, err := p.claimSegment(context.Background())
 	if err != nil || seg == nil {
 		t.Fatalf("claim = %+v, %v; want the oldest segment", seg, err)
 	}
 	// The state database goes away between the claim and its release.
-	proxy.Refuse()
-	proxy.Reset()
-	rctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-	p.releaseSegment(rctx, seg.id)
-	cancel()
+	breakLink(proxy, fault)
+	start := time.Now()
+	p.releaseSegment(context.Background(), seg.id)
+	if took := time.Since(start); took > 3*time.Second {
+		t.Fatalf("the failed release took %v, want about its 1 s statement deadline", took)
+	}
 	if p.stuck == nil || p.stuck.id != seg.id {
 		t.Fatalf("a failed release left stuck = %+v, want segment %s remembered", p.stuck, seg.id)
 	}
@@ -112,7 +140,16 @@ func TestStuckSegmentClaimIsTakenBack(t *testing.T) {
 // left to the claim lease (5 minutes here) while their keys' later rows
 // wait behind them. The attempt each claim counted is given back, as the
 // release would have.
+//
+// Blackholed, each try of the release is cut off by its statement
+// deadline rather than blocking until the link heals.
 func TestUnreleasedRowClaimIsTakenBack(t *testing.T) {
+	for _, fault := range faults {
+		t.Run(fault, func(t *testing.T) { testUnreleasedRowClaim(t, fault) })
+	}
+}
+
+func testUnreleasedRowClaim(t *testing.T, fault string) {
 	st := newTestState(t)
 	const pipe = "i:app.t:fake"
 	order := map[string][]string{}
@@ -137,7 +174,7 @@ func TestUnreleasedRowClaimIsTakenBack(t *testing.T) {
 		c.DB = db
 		c.ClaimLease = 5 * time.Minute
 	})
-	d.retryFor = time.Second
+	d.retryFor, d.stmtTimeout = time.Second, time.Second
 	p := d.pipes[0]
 	jobs, err := p.claim(context.Background(), 100, keyRange{})
 	if err != nil || len(jobs) == 0 {
@@ -150,9 +187,13 @@ func TestUnreleasedRowClaimIsTakenBack(t *testing.T) {
 		}
 	}
 	// The state database goes away between the claim and its release.
-	proxy.Refuse()
-	proxy.Reset()
+	breakLink(proxy, fault)
+	start := time.Now()
 	p.release(context.Background(), claimed)
+	// retryFor (1 s) and then one more try of at most its deadline (1 s).
+	if took := time.Since(start); took > 4*time.Second {
+		t.Fatalf("the failed release took %v, want its 1 s of retries and a 1 s deadline", took)
+	}
 	if n := len(p.unreleased); n != len(claimed) {
 		t.Fatalf("a failed release left %d rows to take back, want the %d claimed", n, len(claimed))
 	}

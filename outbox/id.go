@@ -3,6 +3,7 @@ package outbox
 import (
 	"bytes"
 	"crypto/rand"
+	"crypto/sha256"
 	"fmt"
 	"sync"
 
@@ -80,4 +81,22 @@ func successor(u uuid.UUID) uuid.UUID {
 	n[7] = byte(t)
 	n[8] = n[8]&0x3f | 0x80 // RFC 9562 variant
 	return n
+}
+
+// DerivedID is the id of a change a replay re-read from the binlog
+// (engine/replay_binlog.go), its outbox record long deleted: a UUID of
+// version 8 whose first 48 bits are the commit time in ms, as a UUIDv7's,
+// and the rest a SHA-256 of key (sink and change). The same change gets
+// the same id on every re-read; it is not the id the deleted record had.
+func DerivedID(commitMs int64, key string) string {
+	sum := sha256.Sum256([]byte(key))
+	var u uuid.UUID
+	ms := uint64(max(commitMs, 0))
+	for i := range 6 {
+		u[i] = byte(ms >> (40 - 8*i))
+	}
+	copy(u[6:], sum[:10])
+	u[6] = 0x80 | u[6]&0x0f // version 8
+	u[8] = 0x80 | u[8]&0x3f // RFC 9562 variant
+	return u.String()
 }

@@ -80,3 +80,21 @@ func resetIDs() {
 	ids.last = uuid.UUID{}
 	ids.mu.Unlock()
 }
+
+// TestDerivedID: the same key and time give the same id, another key
+// another; the id is a version 8 UUID that sorts by its commit time.
+func TestDerivedID(t *testing.T) {
+	a, b := DerivedID(1_700_000_000_000, "hook\x00k1"), DerivedID(1_700_000_000_000, "hook\x00k1")
+	c := DerivedID(1_700_000_000_000, "hook\x00k2")
+	later := DerivedID(1_700_000_000_001, "hook\x00k0")
+	if a != b || a == c {
+		t.Fatalf("ids %s %s %s: want the first two equal, the third not", a, b, c)
+	}
+	u, err := uuid.Parse(a)
+	if err != nil || u.Version() != 8 || u.Variant() != uuid.RFC4122 {
+		t.Fatalf("id %s: %v, version %d, variant %v", a, err, u.Version(), u.Variant())
+	}
+	if !(a < later && c < later) {
+		t.Errorf("%s and %s do not sort before %s, a millisecond later", a, c, later)
+	}
+}

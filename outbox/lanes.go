@@ -83,10 +83,14 @@ func (p *pipeDrainer) deliverAndRecord(ctx, stop context.Context, claimedAt time
 	return errs, p.record(ctx, recs, errs, time.Since(start))
 }
 
-// finished forgets rows that are no longer in a delivery of ours.
+// finished forgets rows that are no longer in a delivery of ours; a row
+// whose outcome is kept unwritten stays (keep, writeKept).
 func (p *pipeDrainer) finished(recs []Record) {
 	p.mu.Lock()
 	for _, r := range recs {
+		if p.keptIDs[r.ID] {
+			continue
+		}
 		delete(p.inflight, r.ID)
 		delete(p.failedBefore, r.ID)
 	}

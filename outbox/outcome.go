@@ -69,15 +69,15 @@ func (p *pipeDrainer) verdict(err error, attempt int) (dead bool, delay time.Dur
 	return false, p.d.backoff.Delay(attempt), errText
 }
 
-// writeOutcome runs write until it succeeds, for at most outcomeRetryFor
-// (a database restart), and then returns its last error: what was
-// delivered is left to its claim lease and delivered again under the same
-// deliveryKey.
-func (p *pipeDrainer) writeOutcome(write func() error) error {
+// writeOutcome runs write until it succeeds, for at most retryFor (a
+// database restart), and then returns its last error. Each attempt runs
+// under a deadline of stmtTimeout (see stmtTimeoutMin), so a blackholed
+// state link fails it rather than blocking it until the link heals.
+func (p *pipeDrainer) writeOutcome(ctx context.Context, write func(context.Context) error) error {
 	deadline := time.Now().Add(p.d.retryFor)
 	pause := 100 * time.Millisecond
 	for {
-		err := write()
+		err := p.d.withDeadline(ctx, write)
 		if err == nil {
 			return nil
 		}
@@ -89,6 +89,14 @@ func (p *pipeDrainer) writeOutcome(write func() error) error {
 		time.Sleep(pause)
 		pause = min(pause*2, 5*time.Second)
 	}
+}
+
+// withDeadline runs one claim-settling write under the statement deadline,
+// not cut short by ctx ending (a stop): what it settles was done.
+func (d *Drainer) withDeadline(ctx context.Context, write func(context.Context) error) error {
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.stmtTimeout)
+	defer cancel()
+	return write(wctx)
 }
 
 // deliveredAt counts delivered records and observes their commit →
@@ -118,41 +126,105 @@ type outcome struct {
 	errText  string
 }
 
+// keptOutcome is a batch of rows' outcome: delivered rows (with their
+// commit times), failed ones judged, and the attempt log entries.
+type keptOutcome struct {
+	recs      []Record
+	delivered []any
+	commits   []time.Time
+	failed    []outcome
+	entries   []attemptEntry
+}
+
 // record writes the outcomes of one batch of rows in one transaction. Every
 // update is conditional on the row still being claimed by us: if our claim
 // lease ran out and another drainer re-claimed the row, our late result
 // must not overwrite its state.
+//
+// When the write fails past its retries, the outcome is kept and written
+// by the next claim pass (writeKept) instead of leaving the rows to wait
+// out the claim lease on this live process and be delivered again: the
+// outcome is known, and "delivered" written late is as true as on time.
 func (p *pipeDrainer) record(ctx context.Context, recs []Record, errs []error, took time.Duration) error {
-	var (
-		delivered []any
-		commits   []time.Time
-		failed    []outcome
-	)
+	o := &keptOutcome{recs: recs}
 	for i, r := range recs {
 		if errs[i] == nil {
-			delivered, commits = append(delivered, r.ID), append(commits, r.CommitTime)
+			o.delivered, o.commits = append(o.delivered, r.ID), append(o.commits, r.CommitTime)
 			continue
 		}
-		o := outcome{rec: r, overload: sink.IsOverloaded(errs[i])}
-		o.dead, o.delay, o.errText = p.verdict(errs[i], r.Attempt)
-		failed = append(failed, o)
+		f := outcome{rec: r, overload: sink.IsOverloaded(errs[i])}
+		f.dead, f.delay, f.errText = p.verdict(errs[i], r.Attempt)
+		o.failed = append(o.failed, f)
 	}
-	entries := p.attemptEntries(recs, failed, took)
-	if err := p.writeOutcome(func() error { return p.writeRowOutcomes(ctx, recs, delivered, failed, entries) }); err != nil {
-		return fmt.Errorf("record outcome of %d rows of %s (left to their claim lease): %w", len(recs), p.name, err)
+	o.entries = p.attemptEntries(recs, o.failed, took)
+	if err := p.writeOutcome(ctx, func(wctx context.Context) error { return p.writeRowOutcomes(wctx, o) }); err != nil {
+		p.keep(o)
+		return fmt.Errorf("record outcome of %d rows of %s (kept, and written on the next claim pass): %w", len(recs), p.name, err)
 	}
-	fails := make([]failure, len(failed))
-	for i, o := range failed {
-		fails[i] = failure{id: o.rec.ID, attempt: o.rec.Attempt, dead: o.dead, overload: o.overload, delay: o.delay, errText: o.errText}
+	p.reportOutcome(o)
+	return nil
+}
+
+// reportOutcome reports a written outcome (report).
+func (p *pipeDrainer) reportOutcome(o *keptOutcome) {
+	fails := make([]failure, len(o.failed))
+	for i, f := range o.failed {
+		fails[i] = failure{id: f.rec.ID, attempt: f.rec.Attempt, dead: f.dead, overload: f.overload, delay: f.delay, errText: f.errText}
 	}
-	p.report(commits, fails)
+	p.report(o.commits, fails)
+}
+
+// keep holds an outcome that could not be written for the next claim
+// pass. Its rows stay in flight meanwhile: we must not claim them again
+// (their claim is ours and stands), and finished leaves them alone.
+func (p *pipeDrainer) keep(o *keptOutcome) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.kept = append(p.kept, o)
+	for _, r := range o.recs {
+		p.inflight[r.ID], p.keptIDs[r.ID] = true, true
+	}
+}
+
+// writeKept writes the kept outcomes, oldest first, one attempt each; the
+// first that fails ends the pass and it and the later ones stay kept.
+// The writes stay conditional on our claim: a claim that lapsed meanwhile
+// and was taken by another drainer is not touched.
+func (p *pipeDrainer) writeKept(ctx context.Context) error {
+	p.writingKept.Lock()
+	defer p.writingKept.Unlock()
+	p.mu.Lock()
+	kept := p.kept
+	p.kept = nil
+	p.mu.Unlock()
+	for i, o := range kept {
+		if err := p.d.withDeadline(ctx, func(wctx context.Context) error { return p.writeRowOutcomes(wctx, o) }); err != nil {
+			p.mu.Lock()
+			p.kept = append(kept[i:len(kept):len(kept)], p.kept...)
+			p.mu.Unlock()
+			p.d.cfg.Metrics.error(p.name, "record", err)
+			return fmt.Errorf("record kept outcome of %d rows of %s: %w", len(o.recs), p.name, err)
+		}
+		p.mu.Lock()
+		for _, r := range o.recs {
+			delete(p.keptIDs, r.ID)
+		}
+		p.mu.Unlock()
+		p.finished(o.recs)
+		p.reportOutcome(o)
+		p.log.Info("recorded a kept outcome", zap.Int("rows", len(o.recs)), zap.Int("delivered", len(o.delivered)))
+	}
+	if len(kept) > 0 {
+		p.poke() // the keys' later rows may go now
+	}
 	return nil
 }
 
 // writeRowOutcomes is record's transaction: delivered rows, dead and
 // retried ones, and the attempt log.
-func (p *pipeDrainer) writeRowOutcomes(ctx context.Context, recs []Record, delivered []any, failed []outcome, entries []attemptEntry) error {
+func (p *pipeDrainer) writeRowOutcomes(ctx context.Context, o *keptOutcome) error {
 	d := p.d
+	recs, delivered, failed, entries := o.recs, o.delivered, o.failed, o.entries
 	tx, err := d.cfg.DB.BeginTx(ctx, nil)
 	if err != nil {
 		return err

@@ -125,9 +125,12 @@ func (p *pipeDrainer) release(ctx context.Context, recs []Record) {
 	deadline := time.Now().Add(p.d.retryFor)
 	pause := 100 * time.Millisecond
 	for {
-		_, err := p.d.cfg.DB.ExecContext(context.WithoutCancel(ctx),
-			releaseStatement(p.d.outbox, `id IN (`+state.Placeholders(len(recs))+`) AND claimer = ?`, false),
-			releaseArgs(0, true, ids...)...)
+		err := p.d.withDeadline(ctx, func(wctx context.Context) error {
+			_, err := p.d.cfg.DB.ExecContext(wctx,
+				releaseStatement(p.d.outbox, `id IN (`+state.Placeholders(len(recs))+`) AND claimer = ?`, false),
+				releaseArgs(0, true, ids...)...)
+			return err
+		})
 		if err == nil {
 			return
 		}
@@ -187,7 +190,7 @@ func (p *pipeDrainer) takeBackRows(ctx context.Context) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.d.stmtTimeout)
 	defer cancel()
 	res, err := p.d.cfg.DB.ExecContext(rctx,
 		releaseStatement(p.d.outbox, `id IN (`+state.Placeholders(len(ids))+`) AND claimer = ?`, false),

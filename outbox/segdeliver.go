@@ -150,8 +150,11 @@ func (p *pipeDrainer) holdSegment(ctx context.Context, seg *segment, h *segmentH
 	if h.delay < 0 {
 		h.delay = d.backoff.Delay(seg.attempt - giveBack)
 	}
-	if _, err := d.cfg.DB.ExecContext(ctx, releaseStatement(d.segments, `id = ? AND claimer = ?`, true),
-		releaseArgs(h.delay, h.overload, h.errText, seg.id, d.claimer)...); err != nil {
+	if err := d.withDeadline(ctx, func(wctx context.Context) error {
+		_, err := d.cfg.DB.ExecContext(wctx, releaseStatement(d.segments, `id = ? AND claimer = ?`, true),
+			releaseArgs(h.delay, h.overload, h.errText, seg.id, d.claimer)...)
+		return err
+	}); err != nil {
 		// drainSegment remembers the claim and takes it back when the hold ends.
 		return fmt.Errorf("hold segment %s of %s: %w", seg.id, p.name, err)
 	}

@@ -131,9 +131,16 @@ func (p *pipeDrainer) drainSegment(ctx context.Context) (int, error) {
 	}
 	ok, err := p.recordSegment(wctx, seg, left, delivered)
 	if err != nil {
-		// Taken back and delivered again under the same ids; the attempt
-		// counts.
-		p.setStuck(&stuckClaim{id: seg.id, keepAttempt: true})
+		// The outcome is known: the next pass writes it rather than send
+		// the segment again. Not when a call of it is still under way (its
+		// outcome would have no row to land on): then the claim is taken
+		// back and the segment delivered again under the same ids, the
+		// attempt counted.
+		c := &stuckClaim{id: seg.id, keepAttempt: true}
+		if !detached(left) {
+			c.outcome = &segOutcome{seg: seg, left: left, delivered: delivered}
+		}
+		p.setStuck(c)
 		return len(seg.recs), err
 	}
 	recorded = ok
@@ -274,11 +281,31 @@ func (p *pipeDrainer) releaseSegment(ctx context.Context, id string) {
 	}
 }
 
-// stuckClaim is a segment claim of ours that is to be given up.
+// stuckClaim is a segment claim of ours that is to be given up, or
+// settled by writing its kept outcome.
 type stuckClaim struct {
 	id          string
 	notBefore   time.Time // a hold: not before it ends
 	keepAttempt bool      // the segment was sent: its attempt counts
+	outcome     *segOutcome
+}
+
+// segOutcome is a delivered segment's outcome whose write failed past its
+// retries (recordSegment).
+type segOutcome struct {
+	seg       *segment
+	left      []leftRecord
+	delivered []*segRecord
+}
+
+// detached reports whether a record of left is still being delivered.
+func detached(left []leftRecord) bool {
+	for _, l := range left {
+		if l.call != nil {
+			return true
+		}
+	}
+	return false
 }
 
 func (p *pipeDrainer) setStuck(c *stuckClaim) {
@@ -287,9 +314,10 @@ func (p *pipeDrainer) setStuck(c *stuckClaim) {
 	p.mu.Unlock()
 }
 
-// takeBack gives up a stuck claim of ours, if there is one and it is due.
-// Only this process's segment pass of the pipe claims its segments, so a
-// segment still claimed by us is not in anyone's hands.
+// takeBack gives up a stuck claim of ours, if there is one and it is due,
+// or writes its kept outcome. Only this process's segment pass of the pipe
+// claims its segments, so a segment still claimed by us is not in anyone's
+// hands.
 func (p *pipeDrainer) takeBack(ctx context.Context) error {
 	p.mu.Lock()
 	c := p.stuck
@@ -297,7 +325,21 @@ func (p *pipeDrainer) takeBack(ctx context.Context) error {
 	if c == nil || time.Now().Before(c.notBefore) {
 		return nil
 	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	if o := c.outcome; o != nil {
+		var ok bool
+		if err := p.d.withDeadline(ctx, func(wctx context.Context) (err error) { ok, err = p.writeSegment(wctx, o.seg, o.left); return err }); err != nil {
+			p.d.cfg.Metrics.error(p.name, "record", err)
+			return fmt.Errorf("record kept outcome of segment %s of %s: %w", c.id, p.name, err)
+		}
+		p.setStuck(nil)
+		p.segmentRecorded(o.seg, o.left, o.delivered, ok)
+		p.log.Info("recorded a kept segment outcome", zap.String("segment", c.id), zap.Bool("claim_held", ok))
+		if ok && len(o.left) > 0 {
+			p.poke() // rows for the row drainer
+		}
+		return nil
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.d.stmtTimeout)
 	defer cancel()
 	if err := p.releaseClaim(rctx, *c); err != nil {
 		return fmt.Errorf("take back our claim of segment %s of %s: %w", c.id, p.name, err)
@@ -307,12 +349,15 @@ func (p *pipeDrainer) takeBack(ctx context.Context) error {
 	return nil
 }
 
-// releaseClaim clears our claim of a segment, due at once.
+// releaseClaim clears our claim of a segment, due at once, under the
+// statement deadline (stmtTimeoutMin).
 func (p *pipeDrainer) releaseClaim(ctx context.Context, c stuckClaim) error {
 	d := p.d
-	_, err := d.cfg.DB.ExecContext(ctx, releaseStatement(d.segments, `id = ? AND claimer = ?`, false),
-		releaseArgs(0, !c.keepAttempt, c.id, d.claimer)...)
-	return err
+	return d.withDeadline(ctx, func(wctx context.Context) error {
+		_, err := d.cfg.DB.ExecContext(wctx, releaseStatement(d.segments, `id = ? AND claimer = ?`, false),
+			releaseArgs(0, !c.keepAttempt, c.id, d.claimer)...)
+		return err
+	})
 }
 
 // openKeys returns the key hashes of the pipe's pending outbox rows: their

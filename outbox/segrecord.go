@@ -14,34 +14,44 @@ import (
 // as outbox rows, in one transaction, conditional on our claim: if it
 // lapsed and another drainer took the segment, that drainer records it.
 func (p *pipeDrainer) recordSegment(ctx context.Context, seg *segment, left []leftRecord, delivered []*segRecord) (bool, error) {
-	d := p.d
-	write := func() (bool, error) {
-		tx, err := d.cfg.DB.BeginTx(ctx, nil)
-		if err != nil {
-			return false, err
-		}
-		defer tx.Rollback()
-		res, err := tx.ExecContext(ctx, `UPDATE `+d.segments+` SET status = 'done', next_attempt_at = NOW(6)
-WHERE id = ? AND status = 'pending' AND claimer = ?`, seg.id, d.claimer)
-		if err != nil {
-			return false, fmt.Errorf("mark segment done: %w", err)
-		}
-		if n, _ := res.RowsAffected(); n == 0 {
-			return false, nil
-		}
-		if err := p.insertLeft(ctx, tx, seg, left); err != nil {
-			return false, err
-		}
-		return true, tx.Commit()
-	}
 	var ok bool
-	if err := p.writeOutcome(func() (err error) { ok, err = write(); return err }); err != nil {
-		return false, fmt.Errorf("record segment %s of %s (left to its claim lease): %w", seg.id, p.name, err)
+	if err := p.writeOutcome(ctx, func(wctx context.Context) (err error) { ok, err = p.writeSegment(wctx, seg, left); return err }); err != nil {
+		return false, fmt.Errorf("record segment %s of %s (written, or its claim taken back, on the next pass): %w", seg.id, p.name, err)
 	}
+	p.segmentRecorded(seg, left, delivered, ok)
+	return ok, nil
+}
+
+// writeSegment is recordSegment's transaction; false when our claim
+// lapsed and the segment is another drainer's.
+func (p *pipeDrainer) writeSegment(ctx context.Context, seg *segment, left []leftRecord) (bool, error) {
+	d := p.d
+	tx, err := d.cfg.DB.BeginTx(ctx, nil)
+	if err != nil {
+		return false, err
+	}
+	defer tx.Rollback()
+	res, err := tx.ExecContext(ctx, `UPDATE `+d.segments+` SET status = 'done', next_attempt_at = NOW(6)
+WHERE id = ? AND status = 'pending' AND claimer = ?`, seg.id, d.claimer)
+	if err != nil {
+		return false, fmt.Errorf("mark segment done: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return false, nil
+	}
+	if err := p.insertLeft(ctx, tx, seg, left); err != nil {
+		return false, err
+	}
+	return true, tx.Commit()
+}
+
+// segmentRecorded reports a segment's written outcome (ok), or that its
+// claim had lapsed.
+func (p *pipeDrainer) segmentRecorded(seg *segment, left []leftRecord, delivered []*segRecord, ok bool) {
 	if !ok {
 		p.log.Warn("segment claim lapsed before its outcome was written; another drainer has it",
 			zap.String("segment", seg.id))
-		return false, nil
+		return
 	}
 	commits := make([]time.Time, len(delivered))
 	for i, r := range delivered {
@@ -55,7 +65,6 @@ WHERE id = ? AND status = 'pending' AND claimer = ?`, seg.id, d.claimer)
 		}
 	}
 	p.report(commits, fails, zap.String("segment", seg.id))
-	return true, nil
 }
 
 // insertLeft writes the records that left a segment as outbox rows, and

@@ -20,6 +20,9 @@ import (
 const (
 	Running = "running"
 	Done    = "done"
+	// Failed: a pipe that could not be replayed (its last error says
+	// why), and a replay with such a pipe once no pipe of it runs.
+	Failed = "failed"
 )
 
 // Status is one replay as `cdcout status`, /v1/sinks and the dashboard
@@ -113,7 +116,7 @@ func List(ctx context.Context, db *sql.DB, schema, instance string, done int) ([
   FROM `+state.Table(schema, "replays")+` WHERE instance = ? AND status = 'running')
 UNION ALL
 (SELECT id, sink, range_from, range_to, max_id, status, requested_by, requested_at, finished_at
-  FROM `+state.Table(schema, "replays")+` WHERE instance = ? AND status = 'done' ORDER BY id DESC LIMIT ?)
+  FROM `+state.Table(schema, "replays")+` WHERE instance = ? AND status <> 'running' ORDER BY id DESC LIMIT ?)
 ORDER BY id DESC`, []any{instance, instance, done}, func(rows *sql.Rows) (Status, error) {
 		var (
 			s       Status
@@ -211,9 +214,30 @@ func FinishPipe(ctx context.Context, db *sql.DB, schema string, id int64, pipe, 
 WHERE replay_id = ? AND pipe = ?`, holder, id, pipe); err != nil {
 		return fmt.Errorf("finish replay %d of %s: %w", id, pipe, err)
 	}
-	if _, err := db.ExecContext(ctx, `UPDATE `+state.Table(schema, "replays")+` SET status = 'done', finished_at = NOW(6)
+	return finishReplay(ctx, db, schema, id)
+}
+
+// FailPipe marks pipe of replay id failed for reason, and the replay
+// (failed) once no pipe of it runs.
+func FailPipe(ctx context.Context, db *sql.DB, schema string, id int64, pipe, reason, holder string) error {
+	if err := state.CheckName(schema); err != nil {
+		return err
+	}
+	if _, err := db.ExecContext(ctx, `UPDATE `+state.Table(schema, "replay_pipes")+` SET status = 'failed', last_error = ?, holder = ?, updated_at = NOW(6)
+WHERE replay_id = ? AND pipe = ?`, reason, holder, id, pipe); err != nil {
+		return fmt.Errorf("fail replay %d of %s: %w", id, pipe, err)
+	}
+	return finishReplay(ctx, db, schema, id)
+}
+
+// finishReplay ends replay id once no pipe of it runs: failed when a
+// pipe failed, else done.
+func finishReplay(ctx context.Context, db *sql.DB, schema string, id int64) error {
+	pipes := state.Table(schema, "replay_pipes")
+	if _, err := db.ExecContext(ctx, `UPDATE `+state.Table(schema, "replays")+`
+SET status = IF(EXISTS (SELECT 1 FROM `+pipes+` WHERE replay_id = ? AND status = 'failed'), 'failed', 'done'), finished_at = NOW(6)
 WHERE id = ? AND status = 'running' AND NOT EXISTS
-  (SELECT 1 FROM `+state.Table(schema, "replay_pipes")+` WHERE replay_id = ? AND status = 'running')`, id, id); err != nil {
+  (SELECT 1 FROM `+pipes+` WHERE replay_id = ? AND status = 'running')`, id, id, id); err != nil {
 		return fmt.Errorf("finish replay %d: %w", id, err)
 	}
 	return nil

@@ -229,4 +229,70 @@ var migrations = []migration{
 )` + tableOptions,
 		}
 	}},
+	{version: 6, name: "backfill signals, fences and sink snapshots", stmts: func(s string) []string {
+		// backfill_signals: one INSERT starts a backfill (Debezium's
+		// execute-snapshot signal); the leader picks up pending rows and
+		// writes the outcome back (status, error, backfill_id).
+		// backfill_fences: a read-only backfill's chunk between the
+		// stream's arming of its window and the chunk's rows (the binlog
+		// positions that stand in for watermark rows). sink_subscriptions:
+		// the table subscription each sink had when the leader last
+		// started, so a table new to a sink with snapshot: initial is
+		// told from one created under an unchanged subscription;
+		// sink_tables: the snapshot backfills started, one per sink and
+		// table.
+		return []string{
+			`CREATE TABLE IF NOT EXISTS ` + Table(s, "backfill_signals") + ` (
+  id BIGINT NOT NULL AUTO_INCREMENT,
+  instance VARCHAR(64) NOT NULL DEFAULT 'default',
+  tbl VARCHAR(130) NOT NULL,
+  where_sql TEXT NULL,
+  sinks TEXT NULL,
+  read_only TINYINT(1) NOT NULL DEFAULT 0,
+  chunk_size INT NOT NULL DEFAULT 0,
+  status VARCHAR(16) NOT NULL DEFAULT 'pending',
+  backfill_id VARCHAR(64) NULL,
+  error TEXT NULL,
+  created_at DATETIME(6) NOT NULL DEFAULT NOW(6),
+  updated_at DATETIME(6) NOT NULL DEFAULT NOW(6),
+  PRIMARY KEY (id),
+  KEY pending (instance, status, id)
+)` + tableOptions,
+			`CREATE TABLE IF NOT EXISTS ` + Table(s, "backfill_fences") + ` (
+  backfill_id VARCHAR(64) NOT NULL,
+  chunk BIGINT NOT NULL,
+  instance VARCHAR(64) NOT NULL,
+  tbl VARCHAR(130) NOT NULL,
+  status VARCHAR(16) NOT NULL DEFAULT 'arming',
+  armed_at TEXT NULL,
+  high TEXT NULL,
+  updated_at DATETIME(6) NOT NULL DEFAULT NOW(6),
+  PRIMARY KEY (backfill_id, chunk),
+  KEY open_fences (instance, status)
+)` + tableOptions,
+			`CREATE TABLE IF NOT EXISTS ` + Table(s, "sink_subscriptions") + ` (
+  instance VARCHAR(64) NOT NULL,
+  sink VARCHAR(128) NOT NULL,
+  subscription TEXT NOT NULL,
+  updated_at DATETIME(6) NOT NULL DEFAULT NOW(6),
+  PRIMARY KEY (instance, sink)
+)` + tableOptions,
+			`CREATE TABLE IF NOT EXISTS ` + Table(s, "sink_tables") + ` (
+  instance VARCHAR(64) NOT NULL,
+  sink VARCHAR(128) NOT NULL,
+  tbl VARCHAR(130) NOT NULL,
+  backfill_id VARCHAR(64) NULL,
+  created_at DATETIME(6) NOT NULL DEFAULT NOW(6),
+  PRIMARY KEY (instance, sink, tbl)
+)` + tableOptions,
+		}
+	}},
+	{version: 7, name: "failed replays", stmts: func(s string) []string {
+		// A replay that cannot be carried out (the binlog it must re-read
+		// was purged) ends failed, with the reason on its pipe.
+		return []string{
+			`ALTER TABLE ` + Table(s, "replays") + ` MODIFY status ENUM('running','done','failed') NOT NULL DEFAULT 'running'`,
+			`ALTER TABLE ` + Table(s, "replay_pipes") + ` MODIFY status ENUM('running','done','failed') NOT NULL DEFAULT 'running'`,
+		}
+	}},
 }

@@ -12,7 +12,7 @@ import (
 
 func TestMain(m *testing.M) { mysqltest.RunMain(m) }
 
-var allTables = []string{"outbox", "segments", "claims", "leases", "checkpoints", "attempts", "replicas", "backfills", "backfill_chunks", "sink_controls", "replays", "replay_pipes", "retention_marks", "schema_migrations", MarkerTable}
+var allTables = []string{"outbox", "segments", "claims", "leases", "checkpoints", "attempts", "replicas", "backfills", "backfill_chunks", "sink_controls", "replays", "replay_pipes", "retention_marks", "backfill_signals", "backfill_fences", "sink_subscriptions", "sink_tables", "schema_migrations", MarkerTable}
 
 func dropAfter(t *testing.T, db *sql.DB, schema string) {
 	t.Cleanup(func() { db.Exec("DROP DATABASE IF EXISTS " + quoteIdent(schema)) })

@@ -1,0 +1,173 @@
+package backfill
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/cdcout/cdcout/state"
+)
+
+// Signals: one row of backfill_signals asks the fleet's enqueue leader for
+// a backfill, as Debezium's execute-snapshot signal does:
+//
+//	INSERT INTO cdcout.backfill_signals (instance, tbl, where_sql, sinks, read_only)
+//	VALUES ('default', 'shop.orders', 'created_at >= ''2026-01-01''', 'orders-hook', 0);
+//
+// The leader picks pending rows up within a second or two, writes the
+// backfill's id (status running) or why it refused (status failed, error),
+// and, when the backfill ends, its outcome (done, failed, cancelled).
+
+// Signal states.
+const (
+	SignalPending = "pending"
+	SignalRunning = "running"
+)
+
+// Signal is one row of backfill_signals.
+type Signal struct {
+	ID         int64     `json:"id"`
+	Instance   string    `json:"instance"`
+	Table      string    `json:"table"`
+	Where      string    `json:"where,omitempty"`
+	Sinks      []string  `json:"sinks,omitempty"`
+	ReadOnly   bool      `json:"read_only"`
+	ChunkSize  int       `json:"chunk_size,omitempty"`
+	Status     string    `json:"status"`
+	BackfillID string    `json:"backfill_id,omitempty"`
+	Error      string    `json:"error,omitempty"`
+	CreatedAt  time.Time `json:"created_at"`
+	UpdatedAt  time.Time `json:"updated_at"`
+}
+
+const signalColumns = "id, instance, tbl, COALESCE(where_sql, ''), COALESCE(sinks, ''), read_only, chunk_size, status, COALESCE(backfill_id, ''), COALESCE(error, ''), " +
+	"DATE_FORMAT(created_at, '%Y-%m-%d %H:%i:%s.%f'), DATE_FORMAT(updated_at, '%Y-%m-%d %H:%i:%s.%f')"
+
+func scanSignal(s scanner) (Signal, error) {
+	var g Signal
+	var sinks, created, updated string
+	if err := s.Scan(&g.ID, &g.Instance, &g.Table, &g.Where, &sinks, &g.ReadOnly, &g.ChunkSize, &g.Status, &g.BackfillID, &g.Error, &created, &updated); err != nil {
+		return Signal{}, err
+	}
+	g.Sinks = SplitSinks(sinks)
+	g.CreatedAt, _ = time.Parse(timeLayout, created)
+	g.UpdatedAt, _ = time.Parse(timeLayout, updated)
+	return g, nil
+}
+
+// SplitSinks reads the sinks column: names separated by commas (blanks
+// around them ignored); empty means every sink subscribed to the table.
+func SplitSinks(s string) []string {
+	var out []string
+	for _, n := range strings.Split(s, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// InsertSignal records a signal (POST /v1/backfills writes one, as an
+// operator's INSERT would) and returns its id.
+func InsertSignal(ctx context.Context, db *sql.DB, schema string, g Signal) (int64, error) {
+	res, err := db.ExecContext(ctx, "INSERT INTO "+state.Table(schema, "backfill_signals")+
+		" (instance, tbl, where_sql, sinks, read_only, chunk_size) VALUES (?, ?, ?, ?, ?, ?)",
+		g.Instance, g.Table, nullable(g.Where), nullable(strings.Join(g.Sinks, ",")), g.ReadOnly, g.ChunkSize)
+	if err != nil {
+		return 0, fmt.Errorf("record backfill signal: %w", err)
+	}
+	return res.LastInsertId()
+}
+
+// Signals lists instance's signals ("": every instance's), newest first,
+// at most limit.
+func Signals(ctx context.Context, db *sql.DB, schema, instance string, limit int) ([]Signal, error) {
+	q := "SELECT " + signalColumns + " FROM " + state.Table(schema, "backfill_signals")
+	if instance == "" {
+		return querySignals(ctx, db, q+" ORDER BY id DESC LIMIT ?", limit)
+	}
+	return querySignals(ctx, db, q+" WHERE instance = ? ORDER BY id DESC LIMIT ?", instance, limit)
+}
+
+// PendingSignals are instance's signals not picked up yet, oldest first.
+func PendingSignals(ctx context.Context, db *sql.DB, schema, instance string) ([]Signal, error) {
+	return querySignals(ctx, db, "SELECT "+signalColumns+" FROM "+state.Table(schema, "backfill_signals")+
+		" WHERE instance = ? AND status = ? ORDER BY id LIMIT 50", instance, SignalPending)
+}
+
+func querySignals(ctx context.Context, db *sql.DB, q string, args ...any) ([]Signal, error) {
+	rows, err := db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("read backfill signals: %w", err)
+	}
+	defer rows.Close()
+	var out []Signal
+	for rows.Next() {
+		g, err := scanSignal(rows)
+		if err != nil {
+			return nil, fmt.Errorf("read backfill signals: %w", err)
+		}
+		out = append(out, g)
+	}
+	return out, rows.Err()
+}
+
+// SignalStarted records that signal id started (or continues) backfill.
+func SignalStarted(ctx context.Context, db *sql.DB, schema string, id int64, backfill string) error {
+	if _, err := db.ExecContext(ctx, "UPDATE "+state.Table(schema, "backfill_signals")+
+		" SET status = ?, backfill_id = ?, error = NULL, updated_at = NOW(6) WHERE id = ? AND status = ?",
+		SignalRunning, backfill, id, SignalPending); err != nil {
+		return fmt.Errorf("record backfill signal %d: %w", id, err)
+	}
+	return nil
+}
+
+// SignalRefused records why signal id starts nothing.
+func SignalRefused(ctx context.Context, db *sql.DB, schema string, id int64, reason error) error {
+	msg := strings.TrimPrefix(reason.Error(), ErrBadInput.Error()+": ")
+	if _, err := db.ExecContext(ctx, "UPDATE "+state.Table(schema, "backfill_signals")+
+		" SET status = ?, error = ?, updated_at = NOW(6) WHERE id = ? AND status = ?",
+		StatusFailed, msg, id, SignalPending); err != nil {
+		return fmt.Errorf("record backfill signal %d: %w", id, err)
+	}
+	return nil
+}
+
+// SignalsFinished copies backfill's outcome to the signals that started
+// it.
+func SignalsFinished(ctx context.Context, db *sql.DB, schema string, info Info) error {
+	if _, err := db.ExecContext(ctx, "UPDATE "+state.Table(schema, "backfill_signals")+
+		" SET status = ?, error = ?, updated_at = NOW(6) WHERE backfill_id = ? AND status = ?",
+		info.Status, nullable(info.Error), info.ID, SignalRunning); err != nil {
+		return fmt.Errorf("record the outcome of backfill %s on its signals: %w", info.ID, err)
+	}
+	return nil
+}
+
+// FleetRunning lists the backfills instance's enqueue leader owes a run:
+// owned by the fleet and running.
+func FleetRunning(ctx context.Context, db *sql.DB, schema, instance string) ([]Info, error) {
+	rows, err := db.QueryContext(ctx, "SELECT "+infoColumns+" FROM "+state.Table(schema, "backfills")+
+		" WHERE status = ? ORDER BY created_at, id", StatusRunning)
+	if err != nil {
+		return nil, fmt.Errorf("list running backfills: %w", err)
+	}
+	defer rows.Close()
+	var out []Info
+	for rows.Next() {
+		i, _, err := scanInfo(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list running backfills: %w", err)
+		}
+		if i.Owner == OwnerFleet && i.Instance == instance {
+			out = append(out, i)
+		}
+	}
+	return out, rows.Err()
+}
+
+// IsBadInput reports an error the operator fixes by changing the request.
+func IsBadInput(err error) bool { return errors.Is(err, ErrBadInput) }
