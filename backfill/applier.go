@@ -103,11 +103,13 @@ type chunkRef struct {
 	id      string
 	chunk   int64
 	emitted int
+	seq     int // Handed before it was handed out
 }
 
 // Applier is the stream side of backfills: the enqueuer of the process
 // holding the enqueue lease shows it every change in stream order
-// (Change) and tells it when an enqueue transaction committed (Written).
+// (Change) and tells it which chunks are in committed enqueue
+// transactions (Handed, Written).
 // One Applier serves one stream (one lease tenure); it is not safe for
 // concurrent use, the enqueuer serialises its calls.
 type Applier struct {
@@ -119,6 +121,7 @@ type Applier struct {
 	log        *zap.Logger
 	windows    map[string]*window // by backfill id
 	emitted    []chunkRef         // handed out, not yet known durable
+	handed     int                // chunks handed out so far
 	maxChanged int
 	// Read-only backfills (fence.go): the qualified backfill_fences, the
 	// open windows, the last poll and when a poll last found a fence.
@@ -269,7 +272,8 @@ func (a *Applier) emit(ctx context.Context, id string, w *window) ([]Row, error)
 			Sinks:     doc.Sinks,
 		})
 	}
-	a.emitted = append(a.emitted, chunkRef{id: id, chunk: w.chunk, emitted: len(out)})
+	a.emitted = append(a.emitted, chunkRef{id: id, chunk: w.chunk, emitted: len(out), seq: a.handed})
+	a.handed++
 	return out, nil
 }
 
@@ -317,12 +321,18 @@ cols:
 	return hex.EncodeToString(b[:min(len(b), orderPrefixBytes)]) + hex.EncodeToString(sum[:])
 }
 
-// Written is told that an enqueue transaction committed: every row handed
-// out before it is in the outbox, so those chunks are done. A crash before
-// this marks nothing; the runner then reads the chunk again and its rows
-// collapse on their claims.
-func (a *Applier) Written(ctx context.Context) {
-	for len(a.emitted) > 0 {
+// Handed counts the chunks Change handed out so far: the mark an enqueue
+// batch cut now passes to Written once it commits.
+func (a *Applier) Handed() int { return a.handed }
+
+// Written is told that an enqueue transaction committed which holds every
+// row of the chunks handed out before mark (Handed when the batch was
+// cut), so those chunks are done. Chunks handed out later may still be in
+// a batch not yet written (the enqueuer reads on while one is in flight)
+// and stay as they are. A crash before this marks nothing; the runner then
+// reads the chunk again and its rows collapse on their claims.
+func (a *Applier) Written(ctx context.Context, mark int) {
+	for len(a.emitted) > 0 && a.emitted[0].seq < mark {
 		c := a.emitted[0]
 		if _, err := a.db.ExecContext(ctx, "UPDATE "+a.chunks+" SET status = ?, emitted = ?, rows_json = NULL, updated_at = NOW(6) WHERE backfill_id = ? AND chunk = ? AND status = ?",
 			chunkDone, c.emitted, c.id, c.chunk, chunkWritten); err != nil {

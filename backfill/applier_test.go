@@ -24,7 +24,7 @@ func rowChange(id int64) *canonical.Change {
 
 // TestApplierWindow: keys changed between LOW and HIGH are dropped from the
 // chunk, the rest come back as "r" rows at HIGH; the chunk is done only
-// after Written; a HIGH without its LOW asks for the chunk again; another
+// after Written for a batch cut after it; a HIGH without its LOW asks for the chunk again; another
 // instance's watermarks are consumed but ignored.
 func TestApplierWindow(t *testing.T) {
 	db, schema := migratedState(t)
@@ -59,6 +59,7 @@ func TestApplierWindow(t *testing.T) {
 		t.Fatal("a table change was consumed")
 	}
 	feed(wmChange(wm, "bfother", "i2", 0, markLow)) // another instance
+	mark := a.Handed()                              // a batch cut before the HIGH
 	c, rows := feed(wmChange(wm, "bf1", "i1", 0, markHigh))
 	if !c || len(rows) != 2 {
 		t.Fatalf("HIGH: consumed %v, %d rows, want 2", c, len(rows))
@@ -75,7 +76,13 @@ func TestApplierWindow(t *testing.T) {
 	if got := status(0); got != chunkWritten {
 		t.Fatalf("chunk 0 %s before Written, want written", got)
 	}
-	a.Written(ctx)
+	// The batch cut before the HIGH committed: the chunk's rows are in a
+	// later batch, still being built or written.
+	a.Written(ctx, mark)
+	if got := status(0); got != chunkWritten {
+		t.Fatalf("chunk 0 %s after a batch cut before it was written, want written", got)
+	}
+	a.Written(ctx, a.Handed())
 	if got := status(0); got != chunkDone {
 		t.Fatalf("chunk 0 %s after Written, want done", got)
 	}

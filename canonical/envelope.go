@@ -30,6 +30,12 @@ func MarshalEnvelope(c *Change, id string) ([]byte, error) {
 
 // AppendEnvelope appends the envelope of c (see MarshalEnvelope) to dst.
 func AppendEnvelope(dst []byte, c *Change, id string) ([]byte, error) {
+	return appendEnvelope(dst, c, id, nil)
+}
+
+// appendEnvelope is AppendEnvelope, with c's images taken from im when
+// it is not nil (EncodeImages of c).
+func appendEnvelope(dst []byte, c *Change, id string, im *Images) ([]byte, error) {
 	if c == nil {
 		return dst, errors.New("canonical json: nil change")
 	}
@@ -51,12 +57,18 @@ func AppendEnvelope(dst []byte, c *Change, id string) ([]byte, error) {
 	orig := dst
 	var err error
 	dst = append(dst, `{"after":`...)
-	if dst, err = e.object(dst, c.After, 0); err != nil {
-		return orig, fmt.Errorf("encode after: %w", err)
-	}
-	dst = append(dst, `,"before":`...)
-	if dst, err = e.object(dst, c.Before, 0); err != nil {
-		return orig, fmt.Errorf("encode before: %w", err)
+	if im != nil {
+		dst = append(dst, im.After...)
+		dst = append(dst, `,"before":`...)
+		dst = append(dst, im.Before...)
+	} else {
+		if dst, err = e.object(dst, c.After, 0); err != nil {
+			return orig, fmt.Errorf("encode after: %w", err)
+		}
+		dst = append(dst, `,"before":`...)
+		if dst, err = e.object(dst, c.Before, 0); err != nil {
+			return orig, fmt.Errorf("encode before: %w", err)
+		}
 	}
 	dst = append(dst, `,"change_key":`...)
 	if dst, err = appendString(dst, c.ChangeKey); err != nil {
@@ -217,7 +229,15 @@ func Digest(pipe string, op Op, key, next, prev Row) string {
 // DigestChange is Digest of a change: its key (either form), After as next
 // and Before as prev.
 func DigestChange(pipe string, c *Change) string {
-	b, err := appendDigestInput(make([]byte, 0, 256), pipe, c)
+	return digest(pipe, c, nil)
+}
+
+func digest(pipe string, c *Change, im *Images) string {
+	size := 256
+	if im != nil {
+		size = 128 + len(pipe) + len(im.After) + len(im.Before)
+	}
+	b, err := appendDigestInput(make([]byte, 0, size), pipe, c, im)
 	if err != nil {
 		return ""
 	}
@@ -225,8 +245,9 @@ func DigestChange(pipe string, c *Change) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// appendDigestInput appends the document DigestChange hashes to dst.
-func appendDigestInput(dst []byte, pipe string, c *Change) ([]byte, error) {
+// appendDigestInput appends the document DigestChange hashes to dst, with
+// c's images from im when it is not nil.
+func appendDigestInput(dst []byte, pipe string, c *Change, im *Images) ([]byte, error) {
 	e := getEncoder()
 	defer putEncoder(e)
 	orig := dst
@@ -237,7 +258,9 @@ func appendDigestInput(dst []byte, pipe string, c *Change) ([]byte, error) {
 	}
 	next, op, prev := c.After, c.Op, c.Before
 	dst = append(dst, `,"next":`...)
-	if dst, err = e.object(dst, next, 0); err != nil {
+	if im != nil {
+		dst = append(dst, im.After...)
+	} else if dst, err = e.object(dst, next, 0); err != nil {
 		return orig, fmt.Errorf("encode next: %w", err)
 	}
 	dst = append(dst, `,"op":`...)
@@ -249,7 +272,9 @@ func appendDigestInput(dst []byte, pipe string, c *Change) ([]byte, error) {
 		return orig, fmt.Errorf("encode pipe: %w", err)
 	}
 	dst = append(dst, `,"prev":`...)
-	if dst, err = e.object(dst, prev, 0); err != nil {
+	if im != nil {
+		dst = append(dst, im.Before...)
+	} else if dst, err = e.object(dst, prev, 0); err != nil {
 		return orig, fmt.Errorf("encode prev: %w", err)
 	}
 	return append(dst, '}'), nil

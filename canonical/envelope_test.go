@@ -147,7 +147,7 @@ func TestDigest(t *testing.T) {
 	key := Row{"id": int64(1)}
 	next := Row{"id": int64(1), "v": "b"}
 	prev := Row{"id": int64(1), "v": "a"}
-	in, err := appendDigestInput(nil, "i:db.t:hook", &Change{Op: OpUpdate, Key: key, After: next, Before: prev})
+	in, err := appendDigestInput(nil, "i:db.t:hook", &Change{Op: OpUpdate, Key: key, After: next, Before: prev}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

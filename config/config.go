@@ -90,6 +90,12 @@ type Config struct {
 	// current claim block (dedup.GTIDBlock, 100 changes), so the buffer
 	// may pass it by up to 100 rows per sink.
 	EnqueueMaxBuffer int `yaml:"enqueue_max_buffer"`
+	// EnqueuePipeline reads and keys the next batch while one enqueue
+	// transaction is in flight (engine/enqueuewrite.go). Off by default:
+	// on a 2-core box shared with the database it made backlogs slower
+	// (see docs/ARCHITECTURE.md); it pays where each transaction waits
+	// on round trips, e.g. a state database on another server.
+	EnqueuePipeline bool `yaml:"enqueue_pipeline"`
 	// MaxRowBytes, when positive, is the ceiling on a change's row images
 	// (the value bytes of before and after): a change above it is not
 	// written as a record but dead-lettered with the reason, its images

@@ -101,6 +101,7 @@ var settings = map[string]setter{
 	"enqueue-batch-size":     func(c *Config, v string) error { return setInt(&c.EnqueueBatchSize, v) },
 	"enqueue-flush-interval": func(c *Config, v string) error { return setDuration(&c.EnqueueFlushInterval, v) },
 	"enqueue-max-buffer":     func(c *Config, v string) error { return setInt(&c.EnqueueMaxBuffer, v) },
+	"enqueue-pipeline":       func(c *Config, v string) error { return setBool(&c.EnqueuePipeline, v) },
 	"max-row-bytes":          func(c *Config, v string) error { return setBytes(&c.MaxRowBytes, v) },
 	"shutdown-timeout":       func(c *Config, v string) error { return setDuration(&c.ShutdownTimeout, v) },
 	"admin-token":            func(c *Config, v string) error { c.AdminToken = Secret(v); return nil },

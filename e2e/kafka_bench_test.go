@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -26,8 +27,17 @@ import (
 // stored by the broker. It reports changes/s, the ratio to a bare go-mysql
 // read of the same binlog, and CPU per change of cdcout and of the
 // database. Targets: ≥ 70k changes/s narrow, ≥ 40k realistic.
+//
+// CDCOUT_BENCH_DIGESTS=1 starts the server with performance_schema on and
+// logs the statements that cost the database most during cdcout's run
+// (by digest: count, total and per-change time), to see where its CPU
+// per change goes.
 func BenchmarkKafkaEndToEnd(b *testing.B) {
-	srv := mysqltest.Start(b, mysqltest.Options{})
+	var opts mysqltest.Options
+	if os.Getenv("CDCOUT_BENCH_DIGESTS") == "1" {
+		opts.Args = []string{"--performance-schema=ON"}
+	}
+	srv := mysqltest.Start(b, opts)
 	conn := srv.Open(b)
 	changes := benchEnv("CDCOUT_BENCH_ROWS", 200_000)
 	for _, w := range []benchload.Workload{benchload.Narrow, benchload.Realistic} {
@@ -74,6 +84,10 @@ func kafkaEndToEnd(b *testing.B, srv *mysqltest.Server, conn *sql.DB, w benchloa
 		return sum
 	}
 
+	digests := os.Getenv("CDCOUT_BENCH_DIGESTS") == "1"
+	if digests {
+		srv.Exec(b, "TRUNCATE performance_schema.events_statements_summary_by_digest")
+	}
 	db0, dbOK := srv.CPUTime()
 	start := time.Now()
 	instance := "k" + w.Name
@@ -94,6 +108,9 @@ func kafkaEndToEnd(b *testing.B, srv *mysqltest.Server, conn *sql.DB, w benchloa
 		b.Fatalf("cdcout exit code %d after SIGTERM", code)
 	}
 	bin2 := srv.BinlogBytes(b)
+	if digests {
+		logDigests(b, conn, n)
+	}
 	if got := stored(); got != int64(n) {
 		b.Fatalf("the topic holds %d records, want %d (a duplicate or a loss)", got, n)
 	}
@@ -115,4 +132,15 @@ func kafkaEndToEnd(b *testing.B, srv *mysqltest.Server, conn *sql.DB, w benchloa
 	b.Logf("%s: %d changes binlog → outbox → Kafka in %s: %.0f changes/s (%.2f× the bare read's %.0f/s); CPU per change: cdcout %.1f µs, database %.1f µs; peak RSS %.0f MB; binlog per change: workload %d B, cdcout's state %d B",
 		w.Name, n, elapsed.Round(time.Millisecond), rate, rate/raw, raw, perChange(cdcCPU), perChange(db1-db0), float64(hwm)/(1<<20),
 		(bin1-bin0)/int64(n), (bin2-bin1)/int64(n))
+}
+
+// logDigests logs the 15 statement digests that took the server longest,
+// with their time per change of n.
+func logDigests(b *testing.B, conn *sql.DB, n int) {
+	rows := mysqltest.QueryStrings(b, conn, "SELECT COUNT_STAR, ROUND(SUM_TIMER_WAIT/1e6), LEFT(DIGEST_TEXT, 140) "+
+		"FROM performance_schema.events_statements_summary_by_digest ORDER BY SUM_TIMER_WAIT DESC LIMIT 15")
+	for _, r := range rows {
+		us, _ := strconv.ParseFloat(r[1], 64)
+		b.Logf("%8s × %9.0f µs = %5.2f µs/change  %s", r[0], us, us/float64(n), r[2])
+	}
 }

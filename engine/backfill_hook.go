@@ -21,8 +21,13 @@ type WatermarkHook interface {
 	// routed) and backfilled rows to enqueue at this point of the stream,
 	// ahead of every later change.
 	Change(ctx context.Context, ch *canonical.Change) (consumed bool, rows []backfill.Row, err error)
-	// Written: every row handed out by Change before it is in the outbox.
-	Written(ctx context.Context)
+	// Handed is a mark of the rows Change handed out so far, taken when
+	// a batch is cut.
+	Handed() int
+	// Written: every row handed out by Change before mark is in the
+	// outbox. Later ones may be in the batch being built while this one
+	// was written.
+	Written(ctx context.Context, mark int)
 	// Tick (between events, from the flush ticker) and Committed (after a
 	// transaction's commit) serve read-only backfills, whose windows are
 	// fenced by stream positions: they return rows to enqueue there.

@@ -101,6 +101,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 		b.ReportMetric(elapsed.Seconds(), "e2e_s")
 		b.ReportMetric(enqueued.Seconds(), "enqueued_s")
 		b.ReportMetric(st.EnqueueTime.Seconds(), "in_enqueue_tx_s")
+		b.ReportMetric(st.EnqueueWait.Seconds(), "enqueue_wait_s")
 		b.ReportMetric(float64(st.Batches), "batches")
 	}
 }

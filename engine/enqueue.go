@@ -12,8 +12,6 @@ import (
 	"github.com/cdcout/cdcout/binlog"
 	"github.com/cdcout/cdcout/canonical"
 	"github.com/cdcout/cdcout/dedup"
-	"github.com/cdcout/cdcout/internal/pause"
-	"github.com/cdcout/cdcout/lease"
 	"github.com/cdcout/cdcout/outbox"
 )
 
@@ -58,8 +56,11 @@ type enqueuer struct {
 	digestMode bool
 	counter    *dedup.OccurrenceCounter
 	batchSize  int
-	maxBuffer  int
-	interval   time.Duration
+	// pipeline: a batch's write runs while the next is read
+	// (enqueuewrite.go); without it flush waits for the write.
+	pipeline  bool
+	maxBuffer int
+	interval  time.Duration
 	// written is told which pipes got rows, to wake (or start) their
 	// drainers.
 	written func(pipes []string)
@@ -86,6 +87,7 @@ type enqueuer struct {
 
 	mu    sync.Mutex
 	ready []outbox.Pending   // keyed records, all before cp unless mid-flushed
+	spare []outbox.Pending   // a written batch's slice, for the next ready
 	open  []openChange       // the current transaction's rows, unkeyed
 	cp    *outbox.Checkpoint // last commit not yet written; nil when none
 	since time.Time          // when the oldest unwritten commit arrived
@@ -97,9 +99,19 @@ type enqueuer struct {
 	// (-1 at a transaction's start); a smaller or equal one is a replay.
 	lastRow int
 
+	// The write in flight (enqueuewrite.go): its batch, nil when none,
+	// and where its outcome arrives. failed is the error of a write that
+	// did not commit (sticky); unsent its batch when the tenure's end cut
+	// it short, for final.
+	inflight *batch
+	done     chan writeOutcome
+	failed   error
+	unsent   *batch
+
 	// Counters for logs and tests.
 	recordsWritten, flushes int64
 	flushTime               time.Duration
+	waitTime                time.Duration // the handler waiting for the write in flight
 	maxBuffered             int
 }
 
@@ -192,7 +204,14 @@ func (q *enqueuer) flushOpen(ctx context.Context) error {
 		return err
 	}
 	q.midTx = true
-	return q.flush(ctx, nil)
+	if err := q.flush(ctx, nil); err != nil {
+		return err
+	}
+	// A part of a huge transaction is written before the next is read:
+	// the buffer's ceiling bounds memory (invariant 6), and reading on
+	// would hold a second ceiling's worth of rows (peak RSS of the
+	// 1,000,000-row transaction 172 → 218 MB on the loaded box).
+	return q.wait(ctx)
 }
 
 func (q *enqueuer) handleCommit(ctx context.Context, c *binlog.Commit) error {
@@ -214,6 +233,12 @@ func (q *enqueuer) handleCommit(ctx context.Context, c *binlog.Commit) error {
 	if q.since.IsZero() {
 		q.since = time.Now()
 	}
+	// A due batch is cut now even while the one before it is written
+	// (flush waits for that write): letting it grow meanwhile made fewer,
+	// larger transactions, but held up to twice half the buffer ceiling
+	// of rows and raised peak RSS by half on a 200,000-change backlog
+	// (BenchmarkKafkaEndToEnd narrow, 108–126 → 172–189 MB) without a
+	// faster run.
 	if len(q.ready) >= q.batchSize || time.Since(q.since) >= q.interval {
 		return q.flush(ctx, q.cp)
 	}
@@ -258,11 +283,46 @@ func withoutImages(ch *canonical.Change) *canonical.Change {
 	return &c
 }
 
+// maxKeptImageBytes bounds the changes whose encoded images are kept from
+// the digest for the envelope: a wide row's would stay live beside its
+// decoded images until its batch is written (invariant 6 holds a value
+// once per stage), so those are encoded again instead.
+const maxKeptImageBytes = 64 << 10
+
+// imagesOf is the change's encoded images, nil for a wide change or one
+// whose images cannot be encoded (the envelope reports those).
+func imagesOf(ch *canonical.Change) *canonical.Images {
+	if ch.ImageBytes() > maxKeptImageBytes {
+		return nil
+	}
+	im, err := canonical.EncodeImages(ch)
+	if err != nil {
+		return nil
+	}
+	return im
+}
+
+// digestOf is the change's digest for pipe, from its images when encoded.
+func digestOf(pipe string, ch *canonical.Change, im *canonical.Images) string {
+	if im == nil {
+		return canonical.DigestChange(pipe, ch)
+	}
+	return canonical.DigestImages(pipe, ch, im)
+}
+
 // keyOpen gives the open rows their change keys and moves them to ready.
 func (q *enqueuer) keyOpen() error {
+	// Pipes without transforms share the change: its images are encoded
+	// once for all of them (the digest differs by pipe).
+	var lastCh *canonical.Change
+	var lastImages *canonical.Images
 	for _, o := range q.open {
 		ch := o.ch
-		digest := canonical.DigestChange(o.pipe, ch)
+		if ch != lastCh {
+			lastCh, lastImages = ch, imagesOf(ch)
+		}
+		images := lastImages
+		digest := digestOf(o.pipe, ch, images)
 		var key, unit string
 		if ch.Op == canonical.OpTransaction || ch.Op == canonical.OpDDL {
 			key = ch.ChangeKey // txRecord, ddlRecords: deterministic in either mode
@@ -284,12 +344,16 @@ func (q *enqueuer) keyOpen() error {
 		dead := o.dead
 		if q.maxRowBytes > 0 && dead == "" {
 			if n := ch.ImageBytes(); n > q.maxRowBytes {
+				images = nil
 				ch, dead = withoutImages(ch), fmt.Sprintf("row images of %d bytes exceed max_row_bytes %d: not delivered, its before and after dropped; re-sync the row", n, q.maxRowBytes)
 				q.log.Error("change exceeds max_row_bytes; dead-lettered without its row images",
 					zap.String("pipe", o.pipe), zap.String("change_key", key), zap.Int("bytes", n), zap.Int("max_row_bytes", q.maxRowBytes))
 			}
 		}
-		q.ready = append(q.ready, outbox.Pending{Pipe: o.pipe, Sink: o.sink, Change: ch, ChangeKey: key, Digest: digest, Unit: unit, Dead: dead, Filtered: o.filtered})
+		if dead != "" || o.filtered {
+			images = nil // no envelope
+		}
+		q.ready = append(q.ready, outbox.Pending{Pipe: o.pipe, Sink: o.sink, Change: ch, ChangeKey: key, Digest: digest, Unit: unit, Dead: dead, Filtered: o.filtered, Images: images})
 	}
 	clear(q.open)
 	q.open = q.open[:0]
@@ -298,77 +362,21 @@ func (q *enqueuer) keyOpen() error {
 
 // tick writes a batch whose oldest commit has waited the flush interval;
 // the stream may be idle, so commits alone cannot be relied on to do it.
-// busy: the hook wants the next tick soon.
+// It also collects a finished write, so an idle stream's last batch is
+// accounted (and its backfill chunks marked done) without waiting for
+// the next event. busy: the hook wants the next tick soon.
 func (q *enqueuer) tick(ctx context.Context) (busy bool, err error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	if err := q.poll(ctx); err != nil {
+		return false, err
+	}
 	if err := q.hookTick(ctx); err != nil {
 		return false, err
 	}
 	busy = q.hook != nil && q.hook.Busy()
-	if q.cp == nil || time.Since(q.since) < q.interval {
+	if q.inflight != nil || q.cp == nil || time.Since(q.since) < q.interval {
 		return busy, nil
 	}
 	return busy, q.flush(ctx, q.cp)
-}
-
-// final writes the complete transactions still buffered (graceful stop).
-// The open transaction's rows are dropped: it will be read again from the
-// checkpoint.
-func (q *enqueuer) final(ctx context.Context) error {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	q.open = q.open[:0]
-	if q.cp == nil && len(q.ready) == 0 {
-		return nil
-	}
-	return q.flush(ctx, q.cp)
-}
-
-// flush writes ready with cp (nil: no checkpoint move). Transient database
-// errors are retried until ctx ends; a fenced write ends the tenure.
-func (q *enqueuer) flush(ctx context.Context, cp *outbox.Checkpoint) error {
-	backoff := 100 * time.Millisecond
-	for {
-		if q.valid != nil && !q.valid() {
-			return fmt.Errorf("%w: local deadline passed without a renewal", errLeaseLost)
-		}
-		t0 := time.Now()
-		res, err := q.store.Enqueue(ctx, q.claimedBy, q.fence, q.ready, cp)
-		q.flushTime += time.Since(t0)
-		if q.report != nil && ctx.Err() == nil {
-			q.report(err)
-		}
-		if err == nil {
-			q.recordsWritten += int64(res.Records)
-			q.flushes++
-			clear(q.ready)
-			q.ready = q.ready[:0]
-			if cp == q.cp {
-				q.cp = nil
-				q.since = time.Time{}
-			}
-			if q.observe != nil {
-				q.observe(res)
-			}
-			if q.hook != nil {
-				q.hook.Written(ctx)
-			}
-			if len(res.Pipes) > 0 && q.written != nil {
-				q.written(res.Pipes)
-			}
-			return nil
-		}
-		if errors.Is(err, outbox.ErrFenced) || errors.Is(err, lease.ErrNotHeld) {
-			return fmt.Errorf("%w: %v", errLeaseLost, err)
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		q.log.Warn("enqueue failed; retrying", zap.Error(err), zap.Int("rows", len(q.ready)), zap.Duration("backoff", backoff))
-		if err := pause.For(ctx, backoff); err != nil {
-			return err
-		}
-		backoff = min(backoff*2, 5*time.Second)
-	}
 }

@@ -349,6 +349,7 @@ func (t *tenure) enqueuer(stream *binlog.Stream, claims []string) (*enqueuer, er
 		routes:      e.routes,
 		digestMode:  digestMode,
 		batchSize:   cfg.EnqueueBatchSize,
+		pipeline:    cfg.EnqueuePipeline,
 		maxBuffer:   cfg.EnqueueMaxBuffer,
 		maxRowBytes: cfg.MaxRowBytes,
 		interval:    cfg.EnqueueFlushInterval,
@@ -381,6 +382,13 @@ func (t *tenure) enqueuer(stream *binlog.Stream, claims []string) (*enqueuer, er
 func (t *tenure) enqueue(ctx context.Context, q *enqueuer, stream *binlog.Stream, buffered []binlog.Event) error {
 	e := t.e
 	tickErr := t.startTicker(q)
+	defer func() {
+		// The term is over whatever ended it: end the write in flight (a
+		// graceful stop has collected it already) before the next term
+		// can start one.
+		t.cancel()
+		q.stop()
+	}()
 	handle := func(ctx context.Context, ev binlog.Event) error {
 		e.observeEvent(ev)
 		return q.handle(ctx, ev)
@@ -410,7 +418,8 @@ func (t *tenure) enqueue(ctx context.Context, q *enqueuer, stream *binlog.Stream
 		if ferr != nil {
 			e.log.Warn("write last batch on stop; it is read again from the checkpoint", zap.Error(ferr))
 		}
-		e.log.Info("enqueue stopped", zap.Int64("rows_written", q.recordsWritten), zap.Int64("batches", q.flushes))
+		e.log.Info("enqueue stopped", zap.Int64("records_written", q.recordsWritten), zap.Int64("batches", q.flushes),
+			zap.Duration("in_transactions", q.flushTime), zap.Duration("waited", q.waitTime))
 		return nil
 	}
 	if errors.Is(err, context.Canceled) && lost {

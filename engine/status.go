@@ -236,11 +236,15 @@ func (e *Engine) observation() fleet.Observation {
 type Stats struct {
 	RecordsWritten int64
 	Batches        int64
-	// EnqueueTime is the time spent in outbox enqueue transactions.
-	EnqueueTime time.Duration
-	// Buffered is the records read but not yet written; Unwritten reports a
-	// commit whose checkpoint is not written yet. MaxBuffered is the peak
-	// of Buffered (bounded by enqueue_max_buffer plus one change's fan-out).
+	// EnqueueTime is the time spent in outbox enqueue transactions;
+	// EnqueueWait the part of it the stream's handler waited for (the
+	// rest overlapped with reading the next batch).
+	EnqueueTime, EnqueueWait time.Duration
+	// Buffered is the records read but not yet written (the batch in
+	// flight included); Unwritten reports a commit whose checkpoint is not
+	// written yet. MaxBuffered is the peak of the records buffered beside
+	// the batch in flight (bounded by enqueue_max_buffer plus one change's
+	// fan-out); with the batch in flight, at most twice that is held.
 	Buffered, MaxBuffered int
 	Unwritten             bool
 }
@@ -255,10 +259,15 @@ func (e *Engine) Stats() Stats {
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return Stats{
-		RecordsWritten: q.recordsWritten, Batches: q.flushes, EnqueueTime: q.flushTime,
+	st := Stats{
+		RecordsWritten: q.recordsWritten, Batches: q.flushes, EnqueueTime: q.flushTime, EnqueueWait: q.waitTime,
 		Buffered: len(q.ready) + len(q.open), MaxBuffered: q.maxBuffered, Unwritten: q.cp != nil,
 	}
+	if b := q.inflight; b != nil {
+		st.Buffered += len(b.items)
+		st.Unwritten = st.Unwritten || b.cp != nil
+	}
+	return st
 }
 
 // Kinds of state writes readiness watches.

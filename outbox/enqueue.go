@@ -61,6 +61,10 @@ type Pending struct {
 	// is claimed as any change (a re-read collapses on the claim) but no
 	// record is written.
 	Filtered bool
+	// Images, when set, are Change's row images already encoded
+	// (canonical.EncodeImages, for the digest): the envelope embeds them
+	// instead of encoding the images again.
+	Images *canonical.Images
 }
 
 // Fence is the enqueue lease an enqueue's checkpoint advance is conditional
@@ -558,7 +562,13 @@ func (s *Store) insertSegments(ctx context.Context, tx *sql.Tx, ours []*pendingR
 				}
 				continue
 			}
-			payload, err := canonical.MarshalEnvelope(&it.change, it.id)
+			var payload []byte
+			var err error
+			if it.Images != nil {
+				payload, err = canonical.MarshalEnvelopeImages(&it.change, it.id, it.Images)
+			} else {
+				payload, err = canonical.MarshalEnvelope(&it.change, it.id)
+			}
 			if err != nil {
 				return fmt.Errorf("enqueue: encode change %s for pipe %s: %w", it.ChangeKey, it.Pipe, err)
 			}

@@ -82,3 +82,41 @@ func TestOpenIdleLimitReleasesFrozenTransaction(t *testing.T) {
 		t.Fatalf("update waited %s behind the frozen transaction", d)
 	}
 }
+
+// Statements with arguments reach the server as one query with the
+// arguments in it, not as prepared statements (see Open), and binary
+// arguments arrive intact.
+func TestOpenInterpolatesArguments(t *testing.T) {
+	s := mysqltest.Shared(t)
+	p, err := Open(s.DSN, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	conn, err := p.Conn(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	prepares := func() int {
+		var name string
+		var n int
+		if err := conn.QueryRowContext(t.Context(), "SHOW SESSION STATUS LIKE 'Com_stmt_prepare'").Scan(&name, &n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := prepares()
+	blob := []byte{0, '\'', '\\', '"', 0x1a, '\n', '\r', 0xff, 0xc3, 'x'}
+	var got []byte
+	var n int
+	if err := conn.QueryRowContext(t.Context(), "SELECT ?, ?", blob, 42).Scan(&got, &n); err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != string(blob) || n != 42 {
+		t.Fatalf("arguments came back as %q, %d; want %q, 42", got, n, blob)
+	}
+	if d := prepares() - before; d != 0 {
+		t.Fatalf("%d server-side prepares for a statement with arguments, want 0 (interpolated)", d)
+	}
+}
