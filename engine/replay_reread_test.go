@@ -4,12 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
-	"net/http/httptest"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,56 +18,6 @@ import (
 	"github.com/cdcout/cdcout/replay"
 )
 
-// placed is a delivery with its place in the binlog.
-type placed struct {
-	id, key, place string
-}
-
-// placeReceiver logs every delivery with its envelope's source place.
-type placeReceiver struct {
-	srv *httptest.Server
-	mu  sync.Mutex
-	got []placed
-}
-
-func newPlaceReceiver(t *testing.T) *placeReceiver {
-	r := &placeReceiver{}
-	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		b, _ := io.ReadAll(req.Body)
-		var env struct {
-			ID     string          `json:"id"`
-			Key    json.RawMessage `json:"key"`
-			Source struct {
-				File string `json:"file"`
-				Pos  uint32 `json:"pos"`
-				Row  int    `json:"row"`
-			} `json:"source"`
-		}
-		if err := json.Unmarshal(b, &env); err != nil || env.ID == "" || env.Source.File == "" {
-			t.Errorf("bad delivery: %s", b)
-			w.WriteHeader(400)
-			return
-		}
-		r.mu.Lock()
-		r.got = append(r.got, placed{env.ID, string(env.Key), fmt.Sprintf("%s:%010d:%03d", env.Source.File, env.Source.Pos, env.Source.Row)})
-		r.mu.Unlock()
-	}))
-	t.Cleanup(r.srv.Close)
-	return r
-}
-
-func (r *placeReceiver) since(n int) []placed {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return slices.Clone(r.got[n:])
-}
-
-func (r *placeReceiver) count() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.got)
-}
-
 // TestReplayReread: retention deletes hook's first 5 records (and
 // other's), 3 more changes are delivered, and a replay of hook from the
 // first change's GTID re-reads the 5 from the binlog — under ids derived
@@ -83,7 +29,7 @@ func (r *placeReceiver) count() int {
 // retention deleted all of hook's records, a replay re-reads all 8 up to
 // the log's end.
 func TestReplayReread(t *testing.T) {
-	hook, other := newPlaceReceiver(t), newPlaceReceiver(t)
+	hook, other := newLogReceiver(t), newLogReceiver(t)
 	s := newSource(t, "rr", "id INT PRIMARY KEY, v INT", func(cfg *config.Config) {
 		cfg.Sinks = []config.Sink{{Name: "hook", URL: hook.srv.URL}, {Name: "other", URL: other.srv.URL}}
 	})
@@ -137,7 +83,7 @@ func TestReplayReread(t *testing.T) {
 	held := hook.since(5)
 
 	reader := inspect.Reader{DB: s.db, Schema: s.stateDB, Instance: "rr"}
-	replayed := func(from string) []placed {
+	replayed := func(from string) []received {
 		t.Helper()
 		n := hook.count()
 		st, err := reader.StartReplay(ctx, "hook", from, "", "test")
@@ -151,7 +97,7 @@ func TestReplayReread(t *testing.T) {
 	}
 	byGTID := replayed(first.Source.GTID)
 	byTime := replayed(time.UnixMilli(first.Source.TsMs).UTC().Format(time.RFC3339Nano))
-	ids := func(ps []placed) map[string]string {
+	ids := func(ps []received) map[string]string {
 		m := map[string]string{}
 		for _, p := range ps {
 			m[p.place] = p.id
@@ -215,7 +161,7 @@ func TestReplayReread(t *testing.T) {
 	checkRereadDelivery(t, all, append(slices.Clone(old), held...), nil)
 	before := ids(byGTID)
 	for _, p := range all {
-		if id, ok := before[p.place]; ok && slices.ContainsFunc(old, func(o placed) bool { return o.place == p.place }) && id != p.id {
+		if id, ok := before[p.place]; ok && slices.ContainsFunc(old, func(o received) bool { return o.place == p.place }) && id != p.id {
 			t.Errorf("re-read %s under %s, before under %s", p.place, p.id, id)
 		}
 	}
@@ -223,7 +169,7 @@ func TestReplayReread(t *testing.T) {
 
 // checkRereadDelivery: got are old's changes (by place) under new ids,
 // then held's under their own, each once, each key's in binlog order.
-func checkRereadDelivery(t *testing.T, got, old, held []placed) {
+func checkRereadDelivery(t *testing.T, got, old, held []received) {
 	t.Helper()
 	want := map[string]string{} // place → id, "" for a re-read one
 	for _, p := range old {

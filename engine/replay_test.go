@@ -22,30 +22,37 @@ import (
 )
 
 // logReceiver is a webhook receiver that logs every request it gets, in
-// arrival order, redeliveries included.
+// arrival order, redeliveries included, each with its place in the binlog.
 type logReceiver struct {
 	srv *httptest.Server
 	mu  sync.Mutex
 	got []received
 }
 
-type received struct{ id, key string }
+// received is one delivery: its id, row key and binlog place
+// (file:pos:row, ordered as the binlog is).
+type received struct{ id, key, place string }
 
 func newLogReceiver(t *testing.T) *logReceiver {
 	r := &logReceiver{}
 	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		b, _ := io.ReadAll(req.Body)
 		var env struct {
-			ID  string          `json:"id"`
-			Key json.RawMessage `json:"key"`
+			ID     string          `json:"id"`
+			Key    json.RawMessage `json:"key"`
+			Source struct {
+				File string `json:"file"`
+				Pos  uint32 `json:"pos"`
+				Row  int    `json:"row"`
+			} `json:"source"`
 		}
-		if err := json.Unmarshal(b, &env); err != nil || env.ID == "" || env.ID != req.Header.Get("webhook-id") {
+		if err := json.Unmarshal(b, &env); err != nil || env.ID == "" || env.ID != req.Header.Get("webhook-id") || env.Source.File == "" {
 			t.Errorf("bad delivery: id %q body %s", req.Header.Get("webhook-id"), b)
 			w.WriteHeader(400)
 			return
 		}
 		r.mu.Lock()
-		r.got = append(r.got, received{env.ID, string(env.Key)})
+		r.got = append(r.got, received{env.ID, string(env.Key), fmt.Sprintf("%s:%010d:%03d", env.Source.File, env.Source.Pos, env.Source.Row)})
 		r.mu.Unlock()
 	}))
 	t.Cleanup(r.srv.Close)
