@@ -62,47 +62,21 @@ func TestBarrierOrdersWholePipe(t *testing.T) {
 		t.Fatalf("%d one-record segments in %s, want one per schema-change record (2)", n, pipe)
 	}
 
-	var (
-		mu       sync.Mutex
-		order    []string // change keys as delivered, over both pipes
-		attempts = map[string]int{}
-	)
-	changeKey := map[string]string{}
-	for _, r := range records(t, st.db, st.schema) {
-		changeKey[r.ID] = r.ChangeKey
-	}
-	sink := fakeSink{fn: func(_ context.Context, recs []Record) []error {
-		mu.Lock()
-		defer mu.Unlock()
-		errs := make([]error, len(recs))
-		for i, r := range recs {
-			ck := changeKey[r.ID]
-			attempts[ck]++
-			switch {
-			case ck == "g:0-1-1:3" && attempts[ck] <= 3,
-				ck == "s:0-1-2:0" && attempts[ck] <= 2,
-				ck == oldItem.ChangeKey && attempts[ck] <= 4:
-				errs[i] = errors.New("503 from the receiver")
-				continue
-			}
-			order = append(order, ck)
+	sink := newScriptedSink(t, st, func(ck string, attempt int) error {
+		if ck == "g:0-1-1:3" && attempt <= 3 || ck == "s:0-1-2:0" && attempt <= 2 || ck == oldItem.ChangeKey && attempt <= 4 {
+			return errors.New("503 from the receiver")
 		}
-		return errs
-	}}
-	d := st.drainer(t, "d1", map[string]PipeConfig{pipe: {Sink: sink, Concurrency: 4, BatchSize: 3}, oldPipe: {Sink: sink}}, nil)
+		return nil
+	})
+	d := st.drainer(t, "d1", map[string]PipeConfig{pipe: {Sink: sink.fake(), Concurrency: 4, BatchSize: 3}, oldPipe: {Sink: sink.fake()}}, nil)
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { d.Run(runCtx); close(done) }()
-	waitFor(t, "every record delivered", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(order) == 28
-	})
+	waitFor(t, "every record delivered", func() bool { return len(sink.delivered()) == 28 })
 	cancel()
 	<-done
 
-	mu.Lock()
-	defer mu.Unlock()
+	order := sink.delivered()
 	pos := map[string]int{}
 	for i, ck := range order {
 		if _, dup := pos[ck]; dup {
@@ -125,7 +99,7 @@ func TestBarrierOrdersWholePipe(t *testing.T) {
 	if pos[oldItem.ChangeKey] > pos["s:0-1-4:0"] {
 		t.Errorf("the old table's record went at %d, after the RENAME at %d", pos[oldItem.ChangeKey], pos["s:0-1-4:0"])
 	}
-	if got := attempts["s:0-1-2:0"]; got != 3 {
+	if got := sink.attemptsOf("s:0-1-2:0"); got != 3 {
 		t.Errorf("the ALTER was tried %d times, want 3 (two failures)", got)
 	}
 	if n := count(t, st.db, "SELECT COUNT(*) FROM `"+st.schema+"`.outbox WHERE op = 's'"); n != 0 {
@@ -161,35 +135,16 @@ func TestTransactionRecordsWaitForChanges(t *testing.T) {
 	if _, err := s.Enqueue(context.Background(), "r1", Fence{}, items, nil); err != nil {
 		t.Fatal(err)
 	}
-	var (
-		mu       sync.Mutex
-		order    []string
-		attempts = map[string]int{}
-	)
-	changeKey := map[string]string{}
-	for _, r := range records(t, st.db, st.schema) {
-		changeKey[r.ID] = r.ChangeKey
-	}
-	fake := fakeSink{fn: func(_ context.Context, recs []Record) []error {
-		mu.Lock()
-		defer mu.Unlock()
-		errs := make([]error, len(recs))
-		for i, r := range recs {
-			ck := changeKey[r.ID]
-			attempts[ck]++
-			switch {
-			case ck == "g:0-1-1:4" && attempts[ck] <= 3:
-				errs[i] = errors.New("503 from the receiver")
-				continue
-			case ck == "t:0-1-2:BEGIN":
-				errs[i] = sink.Permanent(errors.New("400 bad record"))
-				continue
-			}
-			order = append(order, ck)
+	fake := newScriptedSink(t, st, func(ck string, attempt int) error {
+		switch {
+		case ck == "g:0-1-1:4" && attempt <= 3:
+			return errors.New("503 from the receiver")
+		case ck == "t:0-1-2:BEGIN":
+			return sink.Permanent(errors.New("400 bad record"))
 		}
-		return errs
-	}}
-	d := st.drainer(t, "d1", map[string]PipeConfig{data: {Sink: fake, Concurrency: 4, BatchSize: 3}, txPipe: {Sink: fake}}, nil)
+		return nil
+	})
+	d := st.drainer(t, "d1", map[string]PipeConfig{data: {Sink: fake.fake(), Concurrency: 4, BatchSize: 3}, txPipe: {Sink: fake.fake()}}, nil)
 	runCtx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { d.Run(runCtx); close(done) }()
@@ -203,8 +158,7 @@ func TestTransactionRecordsWaitForChanges(t *testing.T) {
 	})
 	cancel()
 	<-done
-	mu.Lock()
-	defer mu.Unlock()
+	order := fake.delivered()
 	end := slices.Index(order, "t:0-1-1:END")
 	for i := range 6 {
 		if j := slices.Index(order, fmt.Sprintf("g:0-1-1:%d", i)); j < 0 || j > end {
@@ -214,4 +168,54 @@ func TestTransactionRecordsWaitForChanges(t *testing.T) {
 	if !slices.Contains(order, "t:0-1-2:END") {
 		t.Errorf("the record after the dead one was never delivered: %v", order)
 	}
+}
+
+// scriptedSink answers each attempt at a record as fail says for its
+// change key and attempt number (1-based; nil delivers it) and logs the
+// change keys delivered, in order, over every pipe it serves.
+type scriptedSink struct {
+	fail      func(changeKey string, attempt int) error
+	changeKey map[string]string // record id → change key
+
+	mu       sync.Mutex
+	order    []string
+	attempts map[string]int
+}
+
+// newScriptedSink scripts a sink for the records st holds now.
+func newScriptedSink(t *testing.T, st *testState, fail func(changeKey string, attempt int) error) *scriptedSink {
+	s := &scriptedSink{fail: fail, changeKey: map[string]string{}, attempts: map[string]int{}}
+	for _, r := range records(t, st.db, st.schema) {
+		s.changeKey[r.ID] = r.ChangeKey
+	}
+	return s
+}
+
+func (s *scriptedSink) fake() fakeSink {
+	return fakeSink{fn: func(_ context.Context, recs []Record) []error {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		errs := make([]error, len(recs))
+		for i, r := range recs {
+			ck := s.changeKey[r.ID]
+			s.attempts[ck]++
+			if errs[i] = s.fail(ck, s.attempts[ck]); errs[i] == nil {
+				s.order = append(s.order, ck)
+			}
+		}
+		return errs
+	}}
+}
+
+// delivered returns the change keys delivered so far, in order.
+func (s *scriptedSink) delivered() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.order)
+}
+
+func (s *scriptedSink) attemptsOf(changeKey string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.attempts[changeKey]
 }

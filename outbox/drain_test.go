@@ -74,6 +74,18 @@ VALUES (?, ?, 'fake', ?, 'app', 't', 'u', ?, ?, NOW(6), ?)`,
 	return id
 }
 
+// insertKeyed adds n pending rows for pipe over keys "[0]" … "[keys-1]"
+// in turn and returns each key's ids in insertion (delivery) order.
+func (s *testState) insertKeyed(tb testing.TB, pipe string, n, keys int) map[string][]string {
+	tb.Helper()
+	order := map[string][]string{}
+	for i := range n {
+		k := fmt.Sprintf("[%d]", i%keys)
+		order[k] = append(order[k], s.insert(tb, pipe, k))
+	}
+	return order
+}
+
 func (s *testState) exec(tb testing.TB, q string, args ...any) {
 	tb.Helper()
 	if _, err := s.db.Exec(strings.ReplaceAll(q, "{outbox}", state.Table(s.schema, "outbox")), args...); err != nil {

@@ -27,11 +27,7 @@ func TestUnwrittenRowOutcomeIsWrittenNextPass(t *testing.T) {
 func testUnwrittenRowOutcome(t *testing.T, fault string) {
 	st := newTestState(t)
 	const pipe = "i:app.t:fake"
-	order := map[string][]string{}
-	for i := range 12 {
-		k := fmt.Sprintf("[%d]", i%3)
-		order[k] = append(order[k], st.insert(t, pipe, k))
-	}
+	order := st.insertKeyed(t, pipe, 12, 3)
 	db, proxy := proxiedDB(t)
 	var (
 		mu     sync.Mutex

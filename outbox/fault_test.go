@@ -152,11 +152,7 @@ func TestUnreleasedRowClaimIsTakenBack(t *testing.T) {
 func testUnreleasedRowClaim(t *testing.T, fault string) {
 	st := newTestState(t)
 	const pipe = "i:app.t:fake"
-	order := map[string][]string{}
-	for i := range 12 {
-		k := fmt.Sprintf("[%d]", i%3)
-		order[k] = append(order[k], st.insert(t, pipe, k))
-	}
+	order := st.insertKeyed(t, pipe, 12, 3)
 	db, proxy := proxiedDB(t)
 	var (
 		mu  sync.Mutex
