@@ -14,16 +14,11 @@ import (
 func sinkCommand() *cli.Command {
 	action := func(paused bool) cli.ActionFunc {
 		return func(c *cli.Context) error {
-			if c.NArg() != 1 {
-				return ConfigErrorf("name one sink: cdcout sink %s NAME", c.Command.Name)
-			}
-			sink := c.Args().First()
-			db, schema, err := deadStateDB(c)
+			sink, r, err := sinkReader(c, "cdcout sink "+c.Command.Name+" NAME")
 			if err != nil {
 				return err
 			}
-			defer db.Close()
-			r := inspect.Reader{DB: db, Schema: schema, Instance: c.String("instance")}
+			defer r.DB.Close()
 			changed, err := r.SetPaused(c.Context, sink, paused, "cli")
 			var unknown *inspect.ErrUnknownSink
 			if errors.As(err, &unknown) {
@@ -60,19 +55,28 @@ func sinkCommand() *cli.Command {
 	}
 }
 
+// sinkReader is the sink a cdcout sink subcommand names (its one
+// argument; usage shows how to name it) and a reader of the instance's
+// state; the caller closes r.DB.
+func sinkReader(c *cli.Context, usage string) (sink string, r inspect.Reader, err error) {
+	if c.NArg() != 1 {
+		return "", r, ConfigErrorf("name one sink: %s", usage)
+	}
+	db, schema, err := deadStateDB(c)
+	if err != nil {
+		return "", r, err
+	}
+	return c.Args().First(), inspect.Reader{DB: db, Schema: schema, Instance: c.String("instance")}, nil
+}
+
 // replayAction records a replay; the replicas holding the sink's pipes
 // carry it out, and cdcout status shows its progress.
 func replayAction(c *cli.Context) error {
-	if c.NArg() != 1 {
-		return ConfigErrorf("name one sink: cdcout sink replay NAME --from …")
-	}
-	sink := c.Args().First()
-	db, schema, err := deadStateDB(c)
+	sink, r, err := sinkReader(c, "cdcout sink replay NAME --from …")
 	if err != nil {
 		return err
 	}
-	defer db.Close()
-	r := inspect.Reader{DB: db, Schema: schema, Instance: c.String("instance")}
+	defer r.DB.Close()
 	st, err := r.StartReplay(c.Context, sink, c.String("from"), c.String("to"), "cli")
 	var (
 		unknown *inspect.ErrUnknownSink
