@@ -22,7 +22,13 @@ const adminToken = "adm-7c1f0e2b9a4d4e55-TOKEN"
 // and returns the status and body; no body ever holds the token.
 func do(t *testing.T, method, url, auth string) (int, string) {
 	t.Helper()
-	req, err := http.NewRequest(method, url, nil)
+	return send(t, method, url, auth, "")
+}
+
+// send is do with a request body.
+func send(t *testing.T, method, url, auth, body string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}

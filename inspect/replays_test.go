@@ -1,7 +1,6 @@
 package inspect
 
 import (
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -11,23 +10,7 @@ import (
 // post sends body to url with the Authorization header auth ("" none).
 func post(t *testing.T, url, auth, body string) (int, string) {
 	t.Helper()
-	req, err := http.NewRequest("POST", url, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if auth != "" {
-		req.Header.Set("Authorization", auth)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if strings.Contains(string(b), adminToken) {
-		t.Fatalf("the body holds the admin token: %s", b)
-	}
-	return resp.StatusCode, string(b)
+	return send(t, "POST", url, auth, body)
 }
 
 // TestAdminReplay: the replay endpoint is off (403) without a token,
