@@ -48,6 +48,8 @@ import (
 	"time"
 
 	gomysql "github.com/go-mysql-org/go-mysql/mysql"
+
+	"github.com/cdcout/cdcout/internal/pause"
 )
 
 // Fence states in backfill_fences.
@@ -172,7 +174,7 @@ func (r *Runner) arm(ctx context.Context, no int64) (position, error) {
 			return position{}, fmt.Errorf("no stream opened the window of read-only backfill %s chunk %d within %s: is a cdcout run of instance %q streaming?",
 				r.id, no, r.stall(), r.spec.Instance)
 		}
-		if err := sleepCtx(ctx, wait); err != nil {
+		if err := pause.For(ctx, wait); err != nil {
 			return position{}, err
 		}
 		wait = min(2*wait, 2*time.Millisecond)
@@ -200,7 +202,7 @@ func (r *Runner) visible(ctx context.Context, at position) (inTx bool, err error
 		if time.Now().After(deadline) {
 			return false, fmt.Errorf("backfill %s: the source's snapshots did not reach the stream position %s within %s", r.id, positionText(at), r.stall())
 		}
-		if err := sleepCtx(ctx, wait); err != nil {
+		if err := pause.For(ctx, wait); err != nil {
 			return false, err
 		}
 		wait = min(2*wait, 20*time.Millisecond)
@@ -312,15 +314,4 @@ func positionText(p position) string {
 		return p.GTIDSet
 	}
 	return fmt.Sprintf("%s:%d", p.File, p.Pos)
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }

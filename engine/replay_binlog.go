@@ -13,6 +13,7 @@ import (
 
 	"github.com/cdcout/cdcout/binlog"
 	"github.com/cdcout/cdcout/canonical"
+	"github.com/cdcout/cdcout/internal/pause"
 	"github.com/cdcout/cdcout/outbox"
 	"github.com/cdcout/cdcout/replay"
 )
@@ -327,23 +328,16 @@ type idleWatch struct {
 func newIdleWatch(ctx context.Context, cancel context.CancelFunc, after time.Duration) *idleWatch {
 	w := &idleWatch{last: time.Now()}
 	go func() {
-		t := time.NewTicker(after / 5)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
+		_ = pause.Every(ctx, after/5, func() error {
 			w.mu.Lock()
 			idle := !w.inside && time.Since(w.last) >= after
 			w.didFire = w.didFire || idle
 			w.mu.Unlock()
 			if idle {
-				cancel()
-				return
+				cancel() // ends ctx, and with it the loop
 			}
-		}
+			return nil
+		})
 	}()
 	return w
 }
