@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net/http"
 	"strings"
 	"testing"
@@ -26,37 +25,10 @@ import (
 	"github.com/cdcout/cdcout/state"
 )
 
-// writer updates, deletes and inserts random keys of table (ids 1..n+n/5)
-// until stop is called, which returns how many statements it ran.
+// writer churns table (mysqltest.Churn) until stop, which returns how
+// many statements it ran.
 func writer(t *testing.T, db *sql.DB, table string, n int) (stop func() int) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	writes := 0
-	go func() {
-		rng := rand.New(rand.NewPCG(3, 4))
-		var err error
-		for ctx.Err() == nil && err == nil {
-			id := rng.IntN(n+n/5) + 1
-			switch p := rng.IntN(10); {
-			case p < 5:
-				_, err = db.Exec("UPDATE "+table+" SET v = v + 1000000, s = ? WHERE id = ?", fmt.Sprintf("upd%d", writes), id)
-			case p < 7:
-				_, err = db.Exec("DELETE FROM "+table+" WHERE id = ?", id)
-			default:
-				_, err = db.Exec("INSERT INTO "+table+" (id, v, s) VALUES (?, ?, ?) ON DUPLICATE KEY UPDATE v = VALUES(v), s = VALUES(s)",
-					id, -int64(writes), fmt.Sprintf("ins%d", writes))
-			}
-			writes++
-		}
-		done <- err
-	}()
-	return func() int {
-		cancel()
-		if err := <-done; err != nil {
-			t.Fatalf("writer: %v", err)
-		}
-		return writes
-	}
+	return mysqltest.Churn(t, db, table, n, 3, 0)
 }
 
 // waitBackfills waits until every backfill of the state database is done

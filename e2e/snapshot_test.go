@@ -1,12 +1,10 @@
 package e2e
 
 import (
-	"context"
 	"database/sql"
 	"encoding/json"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -110,7 +108,7 @@ sinks:
 	replica := func(id string) []string { return append(append([]string(nil), args...), "--replica-id", id) }
 	log := newLogFile(t, "snapshot")
 
-	stopWriter := startSnapshotWriter(t, db, table, n)
+	stopWriter := mysqltest.Churn(t, db, table, n, 5, time.Millisecond)
 	defer stopWriter()
 
 	// waitRows waits until the snapshot has at least rows done, and
@@ -178,44 +176,6 @@ sinks:
 	}
 
 	compareConsumer(t, recv, db, table, writes)
-}
-
-// startSnapshotWriter updates, deletes and upserts random keys of table
-// (ids 1..n+n/5) until the returned stop, which reports the statements
-// run; stop may be called again.
-func startSnapshotWriter(t *testing.T, db *sql.DB, table string, n int) (stop func() int) {
-	ctx, cancel := context.WithCancel(context.Background())
-	writerDone := make(chan error, 1)
-	var writes int
-	go func() {
-		rng := rand.New(rand.NewPCG(5, 6))
-		var err error
-		for ctx.Err() == nil && err == nil {
-			id := rng.IntN(n+n/5) + 1
-			switch p := rng.IntN(10); {
-			case p < 5:
-				_, err = db.Exec("UPDATE "+table+" SET v = v + 1000000, s = ? WHERE id = ?", fmt.Sprintf("upd%d", writes), id)
-			case p < 7:
-				_, err = db.Exec("DELETE FROM "+table+" WHERE id = ?", id)
-			default:
-				_, err = db.Exec("INSERT INTO "+table+" (id, v, s) VALUES (?, ?, ?) ON DUPLICATE KEY UPDATE v = VALUES(v), s = VALUES(s)",
-					id, -int64(writes), fmt.Sprintf("ins%d", writes))
-			}
-			writes++
-			time.Sleep(time.Millisecond)
-		}
-		writerDone <- err
-	}()
-	var once sync.Once
-	return func() int {
-		once.Do(func() {
-			cancel()
-			if err := <-writerDone; err != nil {
-				t.Errorf("writer: %v", err)
-			}
-		})
-		return writes
-	}
 }
 
 // compareConsumer checks that the consumer's rows equal table's.
