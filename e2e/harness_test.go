@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/cdcout/cdcout/internal/mysqltest"
+	"github.com/cdcout/cdcout/internal/sinktest"
 	"github.com/cdcout/cdcout/internal/wait"
 	"github.com/cdcout/cdcout/outbox"
 )
@@ -230,7 +231,7 @@ func newReceiver(t testing.TB, answer func(env *envelope) (int, time.Duration)) 
 // served at once.
 func newSmallReceiver(t testing.TB, backlog, concurrent int, answer func(env *envelope) (int, time.Duration)) *receiver {
 	t.Helper()
-	ln, err := listenBacklog(backlog)
+	ln, err := sinktest.ListenBacklog(backlog)
 	if err != nil {
 		t.Fatalf("listen with backlog %d: %v", backlog, err)
 	}

@@ -111,7 +111,11 @@ type Limiter struct {
 	lastCut   time.Time
 	paused    time.Time // no request starts before
 	strikes   int       // overloads in a row without a success
-	overloads int64
+	// lastOverload is when the latest overload was reported: answers to
+	// requests sent before it are the same burst (requests sent together
+	// into one full accept queue), one strike however many they are.
+	lastOverload time.Time
+	overloads    int64
 	// probe > 0: the limit is 1 for that many more successes, so the
 	// floor is measured unloaded (with several in flight a queueing
 	// receiver never shows its own latency); then it returns to saved.
@@ -311,7 +315,13 @@ func (t *Token) Done(sig Signal, retryAfter time.Duration) (cut bool) {
 			return l.cut(now, 0.5)
 		case rtt > 2*target:
 			l.cut(now, 0.9)
-		case rtt <= target && 2*t.inflight >= l.cur():
+		case rtt > target:
+			// A queue is building: doubling on would overshoot it before
+			// an overload shows (a connect dropped from a full accept
+			// queue is only noticed when its connect times out), so
+			// growth goes on one per round trip (HyStart's delay exit).
+			l.slowStart = false
+		case 2*t.inflight >= l.cur():
 			// Only a limit in use earns growth.
 			if l.slowStart && l.limit < slowStartEnd {
 				l.limit++
@@ -332,18 +342,22 @@ func (t *Token) Done(sig Signal, retryAfter time.Duration) (cut bool) {
 			l.ceil = min(l.ceil, max(2, float64(t.inflight-1)))
 			l.overloadedInWindow = true
 		}
+		burst := t.start.Before(l.lastOverload)
+		l.lastOverload = now
 		switch {
 		case retryAfter > 0:
 			l.pause(now, min(retryAfter, maxRetryAfter))
 			l.slowStart = true // back to doubling once the pause is over
-		case !now.Before(l.paused):
+		case !burst:
 			// A second overload with no success in between (a receiver
 			// that refuses every connection, or answers every request
 			// with a 503) backs off the endpoint, not only the record:
 			// 100 ms, doubling, up to pauseCap. A lone one (a connect
-			// dropped from a full accept queue) is answered by the cut.
-			// Answers to requests sent before a pause began do not count
-			// again.
+			// dropped from a full accept queue) is answered by the cut,
+			// and so is a burst of them: only a request sent after the
+			// previous overload was seen counts again (a dozen connects
+			// dropped by one overshoot paused the endpoint for 100 ms
+			// after the accept queue had long drained).
 			if l.strikes++; l.strikes > 1 {
 				l.pause(now, min(pauseBase<<min(l.strikes-2, 10), pauseCap))
 			}

@@ -173,3 +173,64 @@ func TestWhenIdle(t *testing.T) {
 		t.Fatalf("f ran again on a later request: %v", runs)
 	}
 }
+
+// Overload answers to requests sent together (a burst of connects dropped
+// from one full accept queue) are one signal: one cut and no pause; an
+// overload of a request sent after the burst was seen, with no success
+// in between, pauses the endpoint.
+func TestLimiterOverloadBurstIsOneStrike(t *testing.T) {
+	l := NewLimiter(16, 64)
+	l.probe = 0
+	var burst []*Token
+	for range 12 {
+		tok, err := l.Acquire(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		burst = append(burst, tok)
+	}
+	for _, tok := range burst {
+		tok.Done(Overload, 0)
+	}
+	if st := l.Stats(); st.PausedFor != 0 || st.Limit != 8 || st.Overloads != 12 {
+		t.Fatalf("after one burst of 12 overloads: %+v, want limit 8, no pause", st)
+	}
+	done(t, l, 0, Overload, 0)
+	if st := l.Stats(); st.PausedFor <= 0 {
+		t.Fatalf("an overload sent after the burst, no success between: %+v, want a pause", st)
+	}
+}
+
+// Answers slower than the latency target end the doubling: the limit goes
+// on growing one per round trip, not one per answer.
+func TestLimiterSlowStartEndsWhenLatencyRises(t *testing.T) {
+	grow := func(queueing bool) int {
+		l := NewLimiter(4, 64)
+		l.probe = 0
+		done(t, l, time.Millisecond, Success, 0) // the floor: target 5 ms
+		toks := make([]*Token, 4)
+		for round := range 2 {
+			for i := range toks {
+				tok, err := l.Acquire(context.Background())
+				if err != nil {
+					t.Fatal(err)
+				}
+				toks[i] = tok
+			}
+			for _, tok := range toks {
+				tok.start = time.Now().Add(-time.Millisecond)
+				if round == 0 && queueing {
+					tok.start = time.Now().Add(-7 * time.Millisecond)
+				}
+				tok.Done(Success, 0)
+			}
+		}
+		return l.Stats().Limit
+	}
+	if got := grow(false); got != 8 {
+		t.Errorf("answers at the floor: limit %d after two round trips from 4, want 8 (doubling)", got)
+	}
+	if got := grow(true); got > 5 {
+		t.Errorf("a round trip above the target, then one at the floor: limit %d from 4, want at most 5 (one per round trip)", got)
+	}
+}

@@ -235,8 +235,16 @@ type dialer struct {
 // queue full) after 1 s, and few networks take 700 ms for a handshake.
 const connectStall = 700 * time.Millisecond
 
-// minDialTimeout bounds the adaptive connect timeout from below.
-const minDialTimeout = 250 * time.Millisecond
+// minDialTimeout bounds the adaptive connect timeout from below. A SYN
+// the listener dropped (its accept queue full) is sent again only after
+// a second, so a connect that has not completed long after the fastest
+// ones is waiting for that, holding its slot of the limit and its call:
+// against Python's http.server (backlog 5, a connection per request) a
+// 250 ms floor here left the endpoint nearly idle after each dropped
+// connect. Loopback and LAN connects take microseconds (the slowest of
+// 4,000 on the loaded 2-core development machine: 5.2 ms); a far host's
+// fastest connect is its round trip, and 20 × that applies.
+const minDialTimeout = 50 * time.Millisecond
 
 func (dd *dialer) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
 	timeout := dd.max

@@ -1,4 +1,4 @@
-package e2e
+package sinktest
 
 import (
 	"net"
@@ -6,10 +6,10 @@ import (
 	"syscall"
 )
 
-// listenBacklog listens on a free loopback port with the given accept
+// ListenBacklog listens on a free loopback port with the given accept
 // backlog (Go's net.Listen always asks for somaxconn). Connections beyond
 // it wait in SYN retransmits, as with Python's http.server (backlog 5).
-func listenBacklog(backlog int) (net.Listener, error) {
+func ListenBacklog(backlog int) (net.Listener, error) {
 	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, err
