@@ -21,104 +21,237 @@ type segmentHold struct {
 	overload bool
 }
 
-// deliverSegment delivers seg's records in rounds: each round sends the
-// next record of every key still going, in calls of at most BatchSize
-// records (distinct keys) with at most Concurrency calls at once. It
-// returns the records that leave the segment and the delivered ones, or a
-// hold when the first round looks like an outage.
+// deliverSegment delivers seg's records, each key's in order and
+// different keys concurrently, in calls of at most BatchSize records
+// (distinct keys) with at most Concurrency calls at once. A key's next
+// record goes out as soon as its previous one is delivered, not when a
+// whole round of every key is: a slow answer (a receiver thread that
+// waited for the CPU, a connect dropped from a full accept queue) then
+// holds only its call's keys while the rest keep the endpoint's limit
+// full (with rounds, one 300 ms answer left Python's http.server idle for
+// 300 ms). It returns the records that leave the segment and the
+// delivered ones, or a hold when the first record of every key failed
+// (an outage).
 func (p *pipeDrainer) deliverSegment(stop context.Context, seg *segment, blocked map[string]bool) (left []leftRecord, delivered []*segRecord, hold *segmentHold) {
-	// Lanes: each key's records in order.
-	var order []string
-	lanes := map[string][]*segRecord{}
+	r := p.newSegRun(stop, seg)
 	for i := range seg.recs {
-		r := &seg.recs[i]
-		if blocked[r.keyHash] {
-			left = append(left, leftRecord{rec: r, status: StatusPending})
+		rec := &seg.recs[i]
+		if blocked[rec.keyHash] {
+			r.left = append(r.left, leftRecord{rec: rec, status: StatusPending})
 			continue
 		}
-		if _, ok := lanes[r.keyHash]; !ok {
-			order = append(order, r.keyHash)
+		if _, ok := r.lanes[rec.keyHash]; !ok {
+			r.ready = append(r.ready, rec.keyHash)
+			r.heads[rec] = true
 		}
-		lanes[r.keyHash] = append(lanes[r.keyHash], r)
+		r.lanes[rec.keyHash] = append(r.lanes[rec.keyHash], rec)
 	}
-	failed := map[string]bool{}
-	for round := 0; len(order) > 0; round++ {
-		if stop.Err() != nil || time.Since(seg.claimedAt) > p.d.cfg.ClaimLease/2 || !p.leaseHeld() {
+	r.headsLeft = len(r.heads)
+	for {
+		r.dispatch()
+		if len(r.running) == 0 {
 			break
 		}
-		batch := make([]Record, 0, len(order))
-		roundRecs := make([]*segRecord, 0, len(order))
-		next := order[:0]
-		for _, k := range order {
-			lane := lanes[k]
-			roundRecs = append(roundRecs, lane[0])
-			batch = append(batch, lane[0].record(p.name, seg.sink, seg.attempt))
-			if lanes[k] = lane[1:]; len(lane) > 1 {
-				next = append(next, k)
-			} else {
-				delete(lanes, k)
-			}
+		res, ok := r.next()
+		if !ok {
+			r.detachRunning()
+			continue
 		}
-		order = next
-		errs, calls := p.deliverConcurrently(stop, seg.claimedAt, batch, !seg.fenced())
-		if stop.Err() != nil || !p.leaseHeld() {
-			// Overloaded answers of a delivery that is stopping are
-			// records not sent.
-			for i, err := range errs {
-				if err != nil && sink.IsOverloaded(err) {
-					errs[i] = errNotSent
-				}
-			}
-		}
-		if round == 0 && seg.attempt < p.cfg.MaxAttempts && len(calls) == 0 {
-			if h := p.outage(errs); h != nil {
-				return nil, nil, h
-			}
-		}
-		for i, r := range roundRecs {
-			switch {
-			case calls != nil && calls[i] != nil:
-				// Still under way: its row is written claimed by us, and
-				// the key's later records queue behind it.
-				left = append(left, leftRecord{rec: r, attempt: seg.attempt, status: StatusPending, call: calls[i]})
-			case errs[i] == nil:
-				delivered = append(delivered, r)
-				continue
-			case errors.Is(errs[i], errNotSent):
-				left = append(left, leftRecord{rec: r, status: StatusPending})
-			default:
-				left = append(left, p.failedRecord(r, seg.attempt, errs[i]))
-			}
-			failed[r.keyHash] = true
-		}
-		// A failed key's later records leave the segment untried, behind
-		// the failed one.
-		if len(failed) > 0 {
-			next := order[:0]
-			for _, k := range order {
-				if !failed[k] {
-					next = append(next, k)
-					continue
-				}
-				for _, r := range lanes[k] {
-					left = append(left, leftRecord{rec: r, status: StatusPending})
-				}
-				delete(lanes, k)
-			}
-			order = next
+		if h := r.collect(res); h != nil {
+			return nil, nil, h
 		}
 	}
 	// Stopped early: the rest goes to the row drainer.
-	for _, k := range order {
-		for _, r := range lanes[k] {
-			left = append(left, leftRecord{rec: r, status: StatusPending})
-		}
+	for _, k := range r.ready {
+		r.dropLane(k, r.lanes[k])
 	}
-	return left, delivered, nil
+	return r.left, r.delivered, nil
 }
 
-// outage returns a hold when a first round's errors look like the sink is
-// down rather than some records being bad: two or more records tried,
+// segRun is one segment's delivery under way (deliverSegment).
+type segRun struct {
+	p           *pipeDrainer
+	stop        context.Context
+	seg         *segment
+	batch, conc int
+	// detach: calls that stall are left to finish on rows of their own
+	// (see stallAfterFactor).
+	detach bool
+	lanes  map[string][]*segRecord // each key's records not yet sent, in order
+	ready  []string                // keys whose next record may go, oldest first
+	// heads are the first record of every key: when every one of them
+	// failed, none permanently, the segment is held whole (outage).
+	heads     map[*segRecord]bool
+	headsLeft int
+	headErrs  []error
+	headsDone bool // decided (or no hold possible: a call was detached)
+
+	results     chan callResult
+	running     map[*detachedCall][]*segRecord
+	runningRecs int
+	finished    int // calls returned
+	doneRecs    int // their records
+	took        time.Duration
+
+	left      []leftRecord
+	delivered []*segRecord
+}
+
+// callResult is one Deliver call's outcome.
+type callResult struct {
+	call *detachedCall
+	errs []error
+	took time.Duration
+}
+
+func (p *pipeDrainer) newSegRun(stop context.Context, seg *segment) *segRun {
+	batch, conc := p.cfg.BatchSize, p.cfg.Concurrency
+	if p.perRecord() {
+		// One request per record, paced by the sink: small calls, as many
+		// at once as the pipe allowed records in flight, so that one slow
+		// request holds few others (calls of one cost cdcout 15 % more
+		// CPU per change end to end than calls of 16).
+		batch = min(perRecordCall, p.cfg.BatchSize)
+		conc = max(1, p.cfg.Concurrency*p.cfg.BatchSize/batch)
+	}
+	return &segRun{p: p, stop: stop, seg: seg, batch: batch, conc: conc,
+		detach: !seg.fenced() && p.paced(),
+		lanes:  map[string][]*segRecord{}, heads: map[*segRecord]bool{},
+		// Every call sends one record at least: its result never waits
+		// for a reader, also after the call was detached.
+		results: make(chan callResult, len(seg.recs)),
+		running: map[*detachedCall][]*segRecord{}}
+}
+
+// stopping reports whether no further call may start: shutdown, the drain
+// lease lost, or half the claim lease spent.
+func (r *segRun) stopping() bool {
+	return r.stop.Err() != nil || time.Since(r.seg.claimedAt) > r.p.d.cfg.ClaimLease/2 || !r.p.leaseHeld()
+}
+
+// dispatch starts calls of the ready keys' next records while fewer than
+// conc calls are under way.
+func (r *segRun) dispatch() {
+	p, seg := r.p, r.seg
+	for len(r.ready) > 0 && len(r.running) < r.conc && !r.stopping() {
+		n := min(r.batch, len(r.ready))
+		recs := make([]*segRecord, n)
+		batch := make([]Record, n)
+		for i, k := range r.ready[:n] {
+			lane := r.lanes[k]
+			recs[i], r.lanes[k] = lane[0], lane[1:]
+			batch[i] = lane[0].record(p.name, seg.sink, seg.attempt)
+		}
+		r.ready = r.ready[n:]
+		c := &detachedCall{recs: batch, start: time.Now(), done: make(chan []error, 1)}
+		r.running[c] = recs
+		r.runningRecs += n
+		go func() {
+			e := p.deliverTimed(r.stop, seg.claimedAt, c.recs)
+			c.done <- e
+			r.results <- callResult{call: c, errs: e, took: time.Since(c.start)}
+		}()
+	}
+}
+
+// next waits for a call to return. Once no further call can start and
+// nine tenths of the records sent so far are done, it waits at most
+// stallAfterFactor × the mean call time (at least stallAfterMin) and
+// reports false when none returned by then: the calls under way stall.
+func (r *segRun) next() (callResult, bool) {
+	blocked := len(r.ready) == 0 || len(r.running) >= r.conc
+	if !r.detach || !blocked || r.finished == 0 || r.doneRecs*10 < 9*(r.doneRecs+r.runningRecs) {
+		return <-r.results, true
+	}
+	timer := time.NewTimer(max(stallAfterMin, stallAfterFactor*r.took/time.Duration(r.finished)))
+	defer timer.Stop()
+	select {
+	case res := <-r.results:
+		return res, true
+	case <-timer.C:
+		return callResult{}, false
+	}
+}
+
+// collect takes a returned call's outcome: a delivered record makes its
+// key ready for the next; a failed or unsent one leaves the segment with
+// the later records of its key. It returns a hold once the first record
+// of every key failed, none permanently.
+func (r *segRun) collect(res callResult) *segmentHold {
+	recs, ok := r.running[res.call]
+	if !ok {
+		return nil // detached: its outcome lands on its row (finishDetached)
+	}
+	delete(r.running, res.call)
+	r.runningRecs -= len(recs)
+	r.finished++
+	r.doneRecs += len(recs)
+	r.took += res.took
+	// Overloaded answers of a delivery that is stopping are records not
+	// sent.
+	stopping := r.stop.Err() != nil || !r.p.leaseHeld()
+	for i, rec := range recs {
+		err := res.errs[i]
+		if stopping && err != nil && sink.IsOverloaded(err) {
+			err = errNotSent
+		}
+		if r.heads[rec] {
+			r.headErrs = append(r.headErrs, err)
+			r.headsLeft--
+		}
+		lane := r.lanes[rec.keyHash]
+		switch {
+		case err == nil:
+			r.delivered = append(r.delivered, rec)
+			if len(lane) > 0 {
+				r.ready = append(r.ready, rec.keyHash)
+			} else {
+				delete(r.lanes, rec.keyHash)
+			}
+			continue
+		case errors.Is(err, errNotSent):
+			r.left = append(r.left, leftRecord{rec: rec, status: StatusPending})
+		default:
+			r.left = append(r.left, r.p.failedRecord(rec, r.seg.attempt, err))
+		}
+		// The key's later records leave the segment untried, behind it.
+		r.dropLane(rec.keyHash, lane)
+	}
+	if r.headsLeft == 0 && !r.headsDone {
+		r.headsDone = true
+		if r.seg.attempt < r.p.cfg.MaxAttempts {
+			return r.p.outage(r.headErrs)
+		}
+	}
+	return nil
+}
+
+// detachRunning leaves the calls under way to finish without the
+// segment: their records leave it as rows claimed by us, the later
+// records of their keys as pending rows behind them.
+func (r *segRun) detachRunning() {
+	for c, recs := range r.running {
+		for _, rec := range recs {
+			r.left = append(r.left, leftRecord{rec: rec, attempt: r.seg.attempt, status: StatusPending, call: c})
+			r.dropLane(rec.keyHash, r.lanes[rec.keyHash])
+		}
+	}
+	clear(r.running)
+	r.runningRecs = 0
+	r.headsDone = true // a detached call's outcome is not known: no hold
+}
+
+// dropLane moves a key's records not yet sent out of the segment, untried.
+func (r *segRun) dropLane(key string, lane []*segRecord) {
+	for _, rec := range lane {
+		r.left = append(r.left, leftRecord{rec: rec, status: StatusPending})
+	}
+	delete(r.lanes, key)
+}
+
+// outage returns a hold when the errors of every key's first record look
+// like the sink is down rather than some records being bad: two or more
+// records tried,
 // every one failed, none permanently. The delay is the largest Retry-After
 // asked for, else the backoff of the segment's attempt.
 func (p *pipeDrainer) outage(errs []error) *segmentHold {
@@ -168,16 +301,16 @@ func (p *pipeDrainer) holdSegment(ctx context.Context, seg *segment, h *segmentH
 	return nil
 }
 
-// errNotSent marks records of calls not started because the delivery is
-// stopping.
+// errNotSent marks records whose overloaded answer came while the
+// delivery is stopping: not sent, not an attempt.
 var errNotSent = errors.New("not sent: the drainer is stopping")
 
-// Detaching stalled calls: once nine tenths of a round's records are
-// done, the rest is waited for at most stallAfterFactor × the mean time
-// of the calls done so far (at least stallAfterMin); calls still under way
-// then no longer hold the round, the segment and the pipe's later
-// segments (a request that waits for a dropped connect, or a receiver
-// thread that hangs): see deliverSegment.
+// Detaching stalled calls: once no further call can start and nine tenths
+// of the records sent so far are done, the rest is waited for at most
+// stallAfterFactor × the mean time of the calls done so far (at least
+// stallAfterMin); calls still under way then no longer hold the segment
+// and the pipe's later segments (a request that waits for a dropped
+// connect, or a receiver thread that hangs): see segRun.next.
 const (
 	stallAfterFactor = 4
 	stallAfterMin    = 100 * time.Millisecond
@@ -185,104 +318,6 @@ const (
 	// record and pace themselves.
 	perRecordCall = 16
 )
-
-// deliverConcurrently sends recs (distinct keys) in calls of at most
-// BatchSize, at most Concurrency at once, and returns one error per record.
-// Once stop ends no further call starts (their records get errNotSent);
-// calls under way finish, bounded by the pipe's timeout (see callContext
-// for paced sinks).
-//
-// With detach, calls that stall (see stallAfterFactor) are not waited for:
-// calls[i] is set for their records (calls is nil when none stalled), and
-// the call's errors arrive on its done channel.
-func (p *pipeDrainer) deliverConcurrently(stop context.Context, claimedAt time.Time, recs []Record, detach bool) (errs []error, calls []*detachedCall) {
-	errs = make([]error, len(recs))
-	batch, conc := p.cfg.BatchSize, p.cfg.Concurrency
-	if p.perRecord() {
-		// One request per record, paced by the sink: small calls, as many
-		// at once as the pipe allowed records in flight, so that one slow
-		// request holds few others (calls of one cost cdcout 15 % more
-		// CPU per change end to end than calls of 16).
-		batch = min(perRecordCall, p.cfg.BatchSize)
-		conc = max(1, p.cfg.Concurrency*p.cfg.BatchSize/batch)
-	}
-	type result struct {
-		start int
-		errs  []error
-		took  time.Duration
-	}
-	results := make(chan result, (len(recs)+batch-1)/batch)
-	running := map[int]*detachedCall{}
-	sem := make(chan struct{}, conc)
-	started, finished, doneRecs := 0, 0, 0
-	var took time.Duration
-	collect := func(r result) {
-		copy(errs[r.start:], r.errs)
-		delete(running, r.start)
-		finished++
-		doneRecs += len(r.errs)
-		took += r.took
-	}
-	for start := 0; start < len(recs); start += batch {
-		end := min(start+batch, len(recs))
-	acquire:
-		for {
-			select {
-			case sem <- struct{}{}:
-				break acquire
-			case r := <-results:
-				collect(r)
-			}
-		}
-		if stop.Err() != nil {
-			<-sem
-			for i := start; i < end; i++ {
-				errs[i] = errNotSent
-			}
-			doneRecs += end - start
-			continue
-		}
-		c := &detachedCall{recs: recs[start:end], start: time.Now(), done: make(chan []error, 1)}
-		running[start] = c
-		started++
-		go func() {
-			defer func() { <-sem }()
-			e := p.deliverTimed(stop, claimedAt, c.recs)
-			c.done <- e
-			results <- result{start: start, errs: e, took: time.Since(c.start)}
-		}()
-	}
-	for finished < started {
-		var timeout <-chan time.Time
-		if detach && p.paced() && doneRecs*10 >= 9*len(recs) && finished > 0 {
-			wait := max(stallAfterMin, stallAfterFactor*took/time.Duration(finished))
-			timer := time.NewTimer(wait)
-			timeout = timer.C
-			select {
-			case r := <-results:
-				timer.Stop()
-				collect(r)
-				continue
-			case <-timeout:
-			}
-			// The rest stalls: its calls go on without us.
-			calls = make([]*detachedCall, len(recs))
-			for start, c := range running {
-				for i := range c.recs {
-					calls[start+i] = c
-				}
-			}
-			go func(n int) { // drain the results channel
-				for range n {
-					<-results
-				}
-			}(started - finished)
-			return errs, calls
-		}
-		collect(<-results)
-	}
-	return errs, nil
-}
 
 // failedRecord is the row a failed record becomes: retried after its
 // backoff, or dead.

@@ -30,8 +30,8 @@ import (
 //   - the delivery of the segment stops early (shutdown, lost lease, half
 //     the claim lease spent): the rest is handed to the row drainer.
 //
-// Except in an outage: when the first round fails for every key it tried
-// (two keys at least), every failure retryable, the segment is not taken
+// Except in an outage: when the first record of every key fails (two
+// keys at least), every failure retryable, the segment is not taken
 // apart but waits out a backoff whole (held) and is tried again, so a sink
 // that is down costs one update per segment attempt instead of a row per
 // record. After MaxAttempts it is taken apart as above (its records dead).
@@ -81,7 +81,7 @@ type leftRecord struct {
 	// logged, and attempt is the count before this claim).
 	overload bool
 	// call is set for a record still being delivered when its segment
-	// is recorded (a stalled call, see deliverConcurrently): its row is
+	// is recorded (a stalled call, see segRun.next): its row is
 	// written claimed by us, and the call's outcome is recorded on it.
 	call *detachedCall
 }

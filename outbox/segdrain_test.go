@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -350,5 +351,77 @@ func TestSegmentReleasedWhenLeaseLostBeforeSending(t *testing.T) {
 	d2 := st.drainer(t, "d2", map[string]PipeConfig{pipe: {Sink: okSink()}}, nil)
 	if n, err := d2.DrainOnce(context.Background()); err != nil || n != 5 {
 		t.Fatalf("next drainer delivered %d (%v), want 5", n, err)
+	}
+}
+
+// A key's next record in a segment goes out as soon as its previous one is
+// delivered: one slow record holds its own key's later records, not every
+// other key's (delivery in rounds of every key's next record held them all
+// until the slow one returned).
+func TestSlowRecordHoldsOnlyItsKey(t *testing.T) {
+	st := newTestState(t)
+	const pipe = "a:app.users:seg"
+	const keys, txns = 10, 3
+	// One Enqueue: one segment holding three records of every key.
+	var items []Pending
+	for txn := 1; txn <= txns; txn++ {
+		for i := range keys {
+			items = append(items, gtidItem(pipe, txn, i))
+		}
+	}
+	if _, err := NewStore(st.db, st.schema, zaptest.NewLogger(t)).Enqueue(context.Background(), "r1", Fence{}, items, nil); err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	var mu sync.Mutex
+	got := map[string][]string{} // key → GTIDs delivered, in order
+	snk := fakeSink{fn: func(_ context.Context, recs []Record) []error {
+		for _, r := range recs {
+			var env struct {
+				Source struct {
+					GTID string `json:"gtid"`
+				} `json:"source"`
+			}
+			if err := json.Unmarshal(r.Payload, &env); err != nil {
+				t.Error(err)
+			}
+			if r.Key == `{"id":0}` && env.Source.GTID == "0-1-1" {
+				<-release
+			}
+			mu.Lock()
+			got[r.Key] = append(got[r.Key], env.Source.GTID)
+			mu.Unlock()
+		}
+		return nil
+	}}
+	d := st.drainer(t, "d1", map[string]PipeConfig{pipe: {Sink: snk, BatchSize: 1, Concurrency: 4}}, nil)
+	defer wait.Background(t, 30*time.Second, d.Run)()
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	defer free() // before the drainer stops, also when the test fails
+	waitFor(t, "every other key's three records delivered while key 0's first is under way", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for i := 1; i < keys; i++ {
+			if len(got[fmt.Sprintf(`{"id":%d}`, i)]) != txns {
+				return false
+			}
+		}
+		return true
+	})
+	free()
+	waitFor(t, "the segment done", func() bool {
+		return st.count(t, "SELECT COUNT(*) FROM "+state.Table(st.schema, "segments")+" WHERE status = 'done'") == 1
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for i := range keys {
+		k := fmt.Sprintf(`{"id":%d}`, i)
+		if g := strings.Join(got[k], " "); g != "0-1-1 0-1-2 0-1-3" {
+			t.Errorf("key %s delivered %s, want 0-1-1 0-1-2 0-1-3 (once each, in order)", k, g)
+		}
+	}
+	if n := st.count(t, "SELECT COUNT(*) FROM {outbox}"); n != 0 {
+		t.Errorf("%d outbox rows, want none (nothing failed)", n)
 	}
 }
