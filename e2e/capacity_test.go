@@ -4,9 +4,11 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -27,7 +29,7 @@ import (
 // capacity itself (measureCapacity) and asserts that every change arrives
 // in per-key order, nothing is dead-lettered, no attempt is counted for
 // overload, and the delivery takes at most 1.5× what the receiver's
-// capacity allows.
+// capacity (measured alone before and after) allows.
 //
 // CDCOUT_CAPACITY_CHANGES sets the number of changes (the issue's figure
 // is 4,000); by default each test sizes it to about 8 s of the receiver's
@@ -65,15 +67,22 @@ func threadingReceiver(t testing.TB) (string, *capacityReceiver) {
 		return "threading-go", &capacityReceiver{url: r.srv.URL, arrivals: r.snapshot}
 	}
 	rc := startPythonReceiver(t, py)
-	// Python's server shares the 2 CPUs with cdcout, MariaDB and whatever
-	// else runs: measured on a loaded machine, delivery took 1.1–1.7× what
-	// its capacity (measured alone, before and after) allows, and 2.1× in
-	// a CI run where other packages' tests ran beside it (Python's round
-	// trip 14 ms against its 1.5 ms floor). The test holds it to 3× — the
-	// collapse it guards against took over 10× — and
-	// CDCOUT_CAPACITY_STRICT=1 and BenchmarkLimitedReceivers to the
+	// Python's server is CPU-bound and shares the 2 CPUs with cdcout,
+	// MariaDB and whatever else runs; its capacity is measured alone,
+	// before and after. On the development machine shared with other
+	// sessions' builds and tests (load average 2–10), 14 runs came to
+	// 0.59–1.23 of that capacity (the worst 1.69× what it allows), with
+	// the endpoint's limit in use almost all along (slots unused for
+	// 11–41 ms of 2.5–3.3 s in the three runs traced): the receiver got
+	// less of the CPUs while cdcout delivered than while it was measured. A twin receiver probed
+	// in the same window was no fairer a reference: its probe, in the
+	// test process (built with -race in CI), became the bottleneck, and
+	// delivery reached 1.82× its rate. So CI holds it to 2× — the collapse
+	// it guards against took over 10×, the tree before the fixes for
+	// dropped connects and delivery in rounds 1.73× on a quiet machine —
+	// and CDCOUT_CAPACITY_STRICT=1 and BenchmarkLimitedReceivers to the
 	// issue's 1.5×.
-	rc.bound = 3
+	rc.bound = 2
 	return "threading-python", rc
 }
 
@@ -220,47 +229,65 @@ srv.serve_forever()
 // them like deliveries, at the same cost, and the test skips them).
 func measureCapacity(t testing.TB, url string, body []byte) float64 {
 	t.Helper()
-	tr := &http.Transport{MaxIdleConnsPerHost: 8}
-	defer tr.CloseIdleConnections()
-	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
 	best := 0.0
 	for _, conc := range []int{1, 2, 4, 8} {
-		var n atomic.Int64
+		stop := make(chan struct{})
 		start := time.Now()
-		deadline := start.Add(time.Second)
-		var wg sync.WaitGroup
-		for range conc {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for time.Now().Before(deadline) {
-					req, _ := http.NewRequest(http.MethodPost, url+"/hook", bytes.NewReader(body))
-					for _, h := range []string{"Ce-Specversion", "Ce-Id", "Ce-Source", "Ce-Type", "Ce-Subject", "Ce-Time", "Webhook-Id", "Webhook-Timestamp"} {
-						req.Header[h] = []string{"0192f0c1-aaaa-7bbb-8ccc-123456789012"}
-					}
-					req.Header.Set("Content-Type", "application/json")
-					req.Header.Set("X-Capacity-Probe", "1")
-					resp, err := client.Do(req)
-					if err != nil {
-						continue
-					}
-					io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-					if resp.StatusCode/100 == 2 {
-						n.Add(1)
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		if rate := float64(n.Load()) / time.Since(start).Seconds(); rate > best {
-			best = rate
-		}
+		time.AfterFunc(time.Second, func() { close(stop) })
+		n := probeReceiver(url, body, conc, stop)
+		best = max(best, float64(n)/time.Since(start).Seconds())
 	}
 	if best == 0 {
 		t.Fatal("the receiver answered no capacity probe")
 	}
 	return best
+}
+
+// probeReceiver posts body to url from conc clients back to back until
+// stop is closed (see measureCapacity) and returns the number of 2xx
+// answers.
+func probeReceiver(url string, body []byte, conc int, stop <-chan struct{}) int {
+	// A connect dropped from a full accept queue (Python's backlog is 5)
+	// is tried again after 50 ms, as cdcout does, not after the kernel's
+	// one-second SYN retransmit: the probe measures the receiver, not the
+	// retransmit timer.
+	tr := &http.Transport{MaxIdleConnsPerHost: conc, DialContext: (&net.Dialer{Timeout: 50 * time.Millisecond}).DialContext}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	var (
+		n  atomic.Int64
+		wg sync.WaitGroup
+	)
+	for range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				req, _ := http.NewRequest(http.MethodPost, url+"/hook", bytes.NewReader(body))
+				for _, h := range []string{"Ce-Specversion", "Ce-Id", "Ce-Source", "Ce-Type", "Ce-Subject", "Ce-Time", "Webhook-Id", "Webhook-Timestamp"} {
+					req.Header[h] = []string{"0192f0c1-aaaa-7bbb-8ccc-123456789012"}
+				}
+				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set("X-Capacity-Probe", "1")
+				resp, err := client.Do(req)
+				if err != nil {
+					continue
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode/100 == 2 {
+					n.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return int(n.Load())
 }
 
 // capacityResult is what runCapacity measured.
@@ -294,33 +321,8 @@ func runCapacity(t testing.TB, name string, rc *capacityReceiver, n int) capacit
 	if v, err := strconv.Atoi(os.Getenv("CDCOUT_CAPACITY_CHANGES")); err == nil && v > 0 {
 		n = v
 	}
-
-	// Small transactions (1–4 row changes): 100 keys inserted, then
-	// updated round-robin, so every key has a history to keep in order.
 	from := gtidPos(t, db)
-	const keys = 100
-	written := 0
-	for tx := 0; written < n; tx++ {
-		size := min(1+tx%4, n-written)
-		txn, err := db.Begin()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for range size {
-			k := written%keys + 1
-			q := fmt.Sprintf("UPDATE `%s`.t SET v = v + 1, note = 'u%d' WHERE id = %d", src, written, k)
-			if written < keys {
-				q = fmt.Sprintf("INSERT INTO `%s`.t VALUES (%d, 0, 'n')", src, k)
-			}
-			if _, err := txn.Exec(q); err != nil {
-				t.Fatalf("%s: %v", q, err)
-			}
-			written++
-		}
-		if err := txn.Commit(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	writeSmallTxns(t, db, src, n)
 
 	inspectAddr := mysqltest.FreeAddr(t)
 	dir := t.TempDir()
@@ -360,22 +362,77 @@ func runCapacity(t testing.TB, name string, rc *capacityReceiver, n int) capacit
 		return len(ids) == n, fmt.Sprintf("%d of %d changes arrived; outbox: %s", len(ids), n, outboxSummary(db, stateDB))
 	})
 	ids, envs, first, last := accepted()
+	res := capacityResult{changes: n, window: last.Sub(first)}
 	endpoint := sinksEndpoint(t, inspectAddr)
 	// The machine is shared: the capacity is measured again after the
 	// delivery, and the mean of the two is what the delivery is held to.
 	after := measureCapacity(t, rc.url, probe)
-	capacity = (capacity + after) / 2
-	expected = rc.refuses + time.Duration(float64(n)/capacity*float64(time.Second))
+	res.capacity = (capacity + after) / 2
 	if code := p.stop(20 * time.Second); code != 0 {
 		t.Errorf("cdcout exited with code %d after SIGTERM", code)
 	}
-
 	if len(ids) != n {
 		t.Fatalf("%d distinct changes arrived, want %d", len(ids), n)
 	}
 	for _, v := range orderViolations(envs) {
 		t.Errorf("per-key order: %s", v)
 	}
+	checkNoAttempts(t, db, stateDB)
+	if n := log.count(`"delivery failed`); n > 0 && rc.refuses == 0 {
+		t.Errorf("%d delivery-failed lines against a receiver that never fails", n)
+	}
+
+	expected = rc.refuses + time.Duration(float64(n)/res.capacity*float64(time.Second))
+	if d := res.window - rc.refuses; d > 0 {
+		res.fraction = float64(n) / d.Seconds() / res.capacity
+	}
+	t.Logf("%s: %d changes, receiver capacity %.0f requests/s, delivered in %s (capacity allows %s): %.2f of capacity; endpoint at the end: %s",
+		name, n, res.capacity, res.window.Round(time.Millisecond), expected.Round(time.Millisecond), res.fraction, endpoint)
+	bound := rc.bound
+	if bound == 0 || os.Getenv("CDCOUT_CAPACITY_STRICT") != "" {
+		bound = 1.5
+	}
+	if limit := time.Duration(bound * float64(expected)); res.window > limit {
+		t.Errorf("delivery took %s, more than %.1f× the %s the receiver's capacity allows", res.window.Round(time.Millisecond), bound, expected.Round(time.Millisecond))
+	}
+	return res
+}
+
+// writeSmallTxns writes n row changes in transactions of 1–4: 100 keys
+// inserted, then updated round-robin, so every key has a history to keep
+// in order.
+func writeSmallTxns(t testing.TB, db *sql.DB, src string, n int) {
+	t.Helper()
+	const keys = 100
+	written := 0
+	for tx := 0; written < n; tx++ {
+		size := min(1+tx%4, n-written)
+		txn, err := db.Begin()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range size {
+			k := written%keys + 1
+			q := fmt.Sprintf("UPDATE `%s`.t SET v = v + 1, note = 'u%d' WHERE id = %d", src, written, k)
+			if written < keys {
+				q = fmt.Sprintf("INSERT INTO `%s`.t VALUES (%d, 0, 'n')", src, k)
+			}
+			if _, err := txn.Exec(q); err != nil {
+				t.Fatalf("%s: %v", q, err)
+			}
+			written++
+		}
+		if err := txn.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// checkNoAttempts fails the test when a record was dead-lettered or an
+// attempt counted beyond the one that delivered it (overload is not an
+// attempt).
+func checkNoAttempts(t testing.TB, db *sql.DB, stateDB string) {
+	t.Helper()
 	var dead, rowsMaxAttempts, segMaxAttempts, logged int
 	q := "`" + stateDB + "`."
 	if err := db.QueryRow("SELECT (SELECT COUNT(*) FROM "+q+"outbox WHERE status = 'dead'),"+
@@ -391,24 +448,6 @@ func runCapacity(t testing.TB, name string, rc *capacityReceiver, n int) capacit
 		t.Errorf("attempts counted: max %d on outbox rows, %d on segments, %d failed attempts logged; want one attempt each, none failed",
 			rowsMaxAttempts, segMaxAttempts, logged)
 	}
-	window := last.Sub(first)
-	res := capacityResult{changes: n, capacity: capacity, window: window}
-	if d := window - rc.refuses; d > 0 {
-		res.fraction = float64(n) / d.Seconds() / capacity
-	}
-	t.Logf("%s: %d changes, receiver capacity %.0f requests/s, delivered in %s (capacity allows %s): %.2f of capacity; endpoint at the end: %s",
-		name, n, capacity, window.Round(time.Millisecond), expected.Round(time.Millisecond), res.fraction, endpoint)
-	bound := rc.bound
-	if bound == 0 || os.Getenv("CDCOUT_CAPACITY_STRICT") != "" {
-		bound = 1.5
-	}
-	if limit := time.Duration(bound * float64(expected)); window > limit {
-		t.Errorf("delivery took %s, more than %.1f× the %s the receiver's capacity allows", window.Round(time.Millisecond), bound, expected.Round(time.Millisecond))
-	}
-	if n := log.count(`"delivery failed`); n > 0 && rc.refuses == 0 {
-		t.Errorf("%d delivery-failed lines against a receiver that never fails", n)
-	}
-	return res
 }
 
 // sinksEndpoint returns the endpoint block of /v1/sinks (the webhook's
