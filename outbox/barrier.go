@@ -48,31 +48,91 @@ const barrierPoll = 50 * time.Millisecond
 // whole pipe.
 func isBarrier(op string) bool { return op == string(canonical.OpDDL) }
 
+// isTxRecord reports whether a record is a transaction record (BEGIN or
+// END).
+func isTxRecord(op string) bool { return op == string(canonical.OpTransaction) }
+
+// alone reports whether a record is written as a segment of its own: a
+// barrier, or a transaction record, which the sink's changes wait for
+// (BEGIN) or which waits for them (END) one by one.
+func alone(op string) bool { return isBarrier(op) || isTxRecord(op) }
+
 // barrier reports whether seg is a barrier record's segment.
 func (seg *segment) barrier() bool { return len(seg.recs) == 1 && isBarrier(seg.recs[0].op) }
+
+// TransactionPipe is the pipe of a sink's transaction records:
+// "<instance>:__cdcout.transaction:<sink>".
+func TransactionPipe(instance, sink string) string {
+	return PipeName(instance, canonical.HeartbeatDB, canonical.TransactionTable, sink)
+}
+
+// isTransactionPipe reports whether pipe holds a sink's transaction
+// records.
+func isTransactionPipe(pipe string) bool {
+	_, table, _, ok := SplitPipe(pipe)
+	return ok && table == canonical.HeartbeatDB+"."+canonical.TransactionTable
+}
 
 // txRecords reports whether seg holds transaction records (the pipe of a
 // sink's BEGIN and END records).
 func (seg *segment) txRecords() bool {
-	return len(seg.recs) > 0 && seg.recs[0].op == string(canonical.OpTransaction)
+	return len(seg.recs) > 0 && isTxRecord(seg.recs[0].op)
 }
 
-// fenced reports whether seg waits for records of other pipes or of its
-// whole pipe before it is delivered, and is held whole rather than left
-// in part as rows.
+// fenced reports whether seg is held whole rather than left in part as
+// rows: a barrier, or transaction records.
 func (seg *segment) fenced() bool { return seg.barrier() || seg.txRecords() }
 
-// fenceWait reports whether the fenced segment seg must wait for earlier
-// records. A barrier waits for pending outbox rows of its pipe, and, for
-// a RENAME, pending segments and rows of the old name's pipe older than
-// it. Transaction records wait for every record of the sink's other pipes
-// older than the segment's last one: an END reaches the sink after every
-// change of its transaction (docs/ARCHITECTURE.md, "Transaction
-// metadata").
-func (p *pipeDrainer) fenceWait(ctx context.Context, seg *segment) (bool, error) {
-	if seg.txRecords() {
-		return p.d.sinkPendingBefore(ctx, p.name, seg.recs[len(seg.recs)-1].id)
+// errWaits: the pipe's oldest segment waits for older records of the
+// sink's other pipes (orderWait); it was not claimed.
+var errWaits = errors.New("segment waits for older records of its sink")
+
+// orderWait reports whether the pipe's oldest pending segment (id, its
+// last record last) must wait before it is claimed, for the order of a
+// sink's transaction records with its changes (docs/ARCHITECTURE.md,
+// "Transaction metadata"):
+//
+//   - a segment of transaction records waits until the sink's other pipes
+//     have no pending segment or row older than its last record: an END
+//     reaches the sink after every change of its transaction;
+//   - a segment of a data pipe of a sink with transactions waits until
+//     the sink's transaction pipe has no pending record older than its
+//     first: a BEGIN reaches the sink before every change of its
+//     transaction. Only transaction segments wholly older count, so one
+//     written before transaction records were alone in their segments
+//     (several records, spanning id) cannot wait for this one while this
+//     one waits for it.
+//
+// Every wait is for strictly older records, so none closes a cycle.
+// While it checks, the pipe is marked waiting: an acknowledgement in
+// another pipe of the sink in this process wakes it (Wakes).
+func (p *pipeDrainer) orderWait(ctx context.Context, id, last string) (bool, error) {
+	if !p.txRecords && p.txPipe == "" {
+		return false, nil
 	}
+	p.waiting.Store(true)
+	var wait bool
+	var err error
+	if p.txRecords {
+		wait, err = p.d.sinkPendingBefore(ctx, p.name, last)
+	} else {
+		wait, err = p.d.pendingWhollyBefore(ctx, p.txPipe, id)
+	}
+	p.waiting.Store(wait || err != nil)
+	return wait, err
+}
+
+// fenceWait reports whether the barrier segment seg must wait for earlier
+// records: pending outbox rows of its pipe, and, for a RENAME, pending
+// segments and rows of the old name's pipe older than it.
+func (p *pipeDrainer) fenceWait(ctx context.Context, seg *segment) (bool, error) {
+	p.waiting.Store(true)
+	wait, err := p.barrierWait(ctx, seg)
+	p.waiting.Store(wait || err != nil)
+	return wait, err
+}
+
+func (p *pipeDrainer) barrierWait(ctx context.Context, seg *segment) (bool, error) {
 	if wait, err := p.d.pendingBefore(ctx, p.name, ""); wait || err != nil {
 		return wait, err
 	}
@@ -122,17 +182,42 @@ func (d *Drainer) sinkPendingBefore(ctx context.Context, pipe, before string) (b
 // seen done has its rows visible to the read that follows, while the
 // other order could miss both (done after the rows were read).
 func (d *Drainer) pendingBefore(ctx context.Context, pipe, before string) (bool, error) {
-	var one int
 	if before != "" {
-		err := d.cfg.DB.QueryRowContext(ctx, `SELECT 1 FROM `+d.segments+` WHERE pipe = ? AND status = 'pending' AND id < ? LIMIT 1`,
-			pipe, before).Scan(&one)
-		if err == nil {
-			return true, nil
-		}
-		if !errors.Is(err, sql.ErrNoRows) {
-			return false, fmt.Errorf("pending segments of %s: %w", pipe, err)
+		if wait, err := d.pendingSegment(ctx, pipe, `id < ?`, before); wait || err != nil {
+			return wait, err
 		}
 	}
+	return d.pendingRow(ctx, pipe, before)
+}
+
+// pendingWhollyBefore is pendingBefore for the segments wholly older than
+// before (their last record too) and the rows older than it.
+func (d *Drainer) pendingWhollyBefore(ctx context.Context, pipe, before string) (bool, error) {
+	// id < ? bounds the scan of the fifo index; last_id decides.
+	if wait, err := d.pendingSegment(ctx, pipe, `id < ? AND last_id < ?`, before, before); wait || err != nil {
+		return wait, err
+	}
+	return d.pendingRow(ctx, pipe, before)
+}
+
+// pendingSegment reports whether pipe has a pending segment matching cond.
+func (d *Drainer) pendingSegment(ctx context.Context, pipe, cond string, args ...any) (bool, error) {
+	var one int
+	err := d.cfg.DB.QueryRowContext(ctx, `SELECT 1 FROM `+d.segments+` WHERE pipe = ? AND status = 'pending' AND `+cond+` LIMIT 1`,
+		append([]any{pipe}, args...)...).Scan(&one)
+	if err == nil {
+		return true, nil
+	}
+	if !errors.Is(err, sql.ErrNoRows) {
+		return false, fmt.Errorf("pending segments of %s: %w", pipe, err)
+	}
+	return false, nil
+}
+
+// pendingRow reports whether pipe has a pending outbox row (with an id
+// below before, when set).
+func (d *Drainer) pendingRow(ctx context.Context, pipe, before string) (bool, error) {
+	var one int
 	q := `SELECT 1 FROM ` + d.outbox + ` FORCE INDEX (due) WHERE pipe = ? AND status = 'pending'`
 	args := []any{pipe}
 	if before != "" {

@@ -116,6 +116,10 @@ type pendingRecord struct {
 	unit     *claimUnit
 	// Per attempt:
 	id string
+	// epoch counts the transaction records of the item's sink up to it in
+	// the records written (txEpochs): a segment holds records of one
+	// epoch only.
+	epoch int
 }
 
 // claimUnit is the changes of one pipe that share one claim: a GTID block,
@@ -504,11 +508,34 @@ func (s *Store) insertDead(ctx context.Context, tx *sql.Tx, it *pendingRecord) e
 	return nil
 }
 
+// txEpochs numbers, in item order (id order), each record of ours with
+// the count of its sink's transaction records up to it. A pipe's segment
+// is cut where the epoch changes, so no segment of a sink's data pipe
+// spans one of the sink's transaction records (docs/ARCHITECTURE.md,
+// "Transaction metadata"): a record's transaction id could not say it, as
+// backfill rows and other pipes' records lie between a pipe's records and
+// the transaction records.
+func txEpochs(ours []*pendingRecord) {
+	var bySink map[string]int
+	for _, it := range ours {
+		if isTxRecord(string(it.change.Op)) {
+			if bySink == nil {
+				bySink = map[string]int{}
+			}
+			bySink[it.Sink]++
+		}
+		it.epoch = bySink[it.Sink]
+	}
+}
+
 // insertSegments writes the records of ours as segments: per pipe, in
 // item order, segments of at most maxSegmentRecords records and
 // maxSegmentBytes bytes, each one row and one statement. A segment's id is
-// its first record's, so segments of a pipe sort in commit order.
+// its first record's, so segments of a pipe sort in commit order. Barrier
+// and transaction records are alone in their segments, and a segment
+// holds records of one transaction-record epoch (txEpochs).
 func (s *Store) insertSegments(ctx context.Context, tx *sql.Tx, ours []*pendingRecord) error {
+	txEpochs(ours)
 	var pipes []string
 	byPipe := map[string][]*pendingRecord{}
 	for _, it := range ours {
@@ -552,6 +579,7 @@ func (s *Store) insertSegments(ctx context.Context, tx *sql.Tx, ours []*pendingR
 	}
 	for _, pipe := range pipes {
 		sink := byPipe[pipe][0].Sink
+		epoch := 0
 		for _, it := range byPipe[pipe] {
 			if it.Filtered {
 				continue
@@ -574,14 +602,17 @@ func (s *Store) insertSegments(ctx context.Context, tx *sql.Tx, ours []*pendingR
 			}
 			r := &segRecord{id: it.id, changeKey: it.ChangeKey, db: it.change.Source.DB, tbl: it.change.Source.Table,
 				op: string(it.change.Op), rowKey: it.rowKey, keyHash: it.keyHash, commitTS: it.commitTS, payload: payload}
-			if len(recs) > 0 && (len(recs) >= maxSegmentRecords || size+r.size() > maxSegmentBytes || isBarrier(r.op)) {
+			if len(recs) > 0 && (len(recs) >= maxSegmentRecords || size+r.size() > maxSegmentBytes || alone(r.op) || it.epoch != epoch) {
 				if err := flush(pipe, sink); err != nil {
 					return err
 				}
 			}
+			if len(recs) == 0 {
+				epoch = it.epoch
+			}
 			recs = append(recs, r)
 			size += r.size()
-			if isBarrier(r.op) {
+			if alone(r.op) {
 				// Alone in its segment (barrier.go).
 				if err := flush(pipe, sink); err != nil {
 					return err

@@ -101,18 +101,22 @@ func (p *pipeDrainer) drainSegment(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	seg, err := p.claimSegment(ctx)
+	if errors.Is(err, errWaits) {
+		p.retryDueIn(p.d.segmentPoll) // or woken sooner (Wakes)
+		return 0, nil
+	}
 	if err != nil || seg == nil {
 		return 0, err
 	}
 	// From the claim on, the segment is finished even during a stop: what
 	// is not delivered by then leaves it as outbox rows.
 	wctx := context.WithoutCancel(ctx)
-	if seg.fenced() {
+	if seg.barrier() {
 		wait, err := p.fenceWait(wctx, seg)
 		if err != nil || wait {
 			// Untouched: given back with its attempt, looked at again soon.
 			p.releaseSegment(wctx, seg.id)
-			p.retryDueIn(barrierPoll)
+			p.retryDueIn(p.d.segmentPoll)
 			return 0, err
 		}
 	}
@@ -219,7 +223,8 @@ func untried(left []leftRecord) bool {
 }
 
 // claimSegment claims the oldest pending segment of the pipe, if it is due
-// (unclaimed, or its claim lapsed). Segments are delivered strictly in
+// (unclaimed, or its claim lapsed) and need not wait for other pipes'
+// records (orderWait; errWaits). Segments are delivered strictly in
 // order, so a newer one is never taken while an older one is claimed.
 func (p *pipeDrainer) claimSegment(ctx context.Context) (*segment, error) {
 	d := p.d
@@ -227,14 +232,26 @@ func (p *pipeDrainer) claimSegment(ctx context.Context) (*segment, error) {
 	if err != nil {
 		return nil, err
 	}
-	var id string
-	err = d.cfg.DB.QueryRowContext(ctx, `SELECT id FROM `+d.segments+`
-WHERE pipe = ? AND status = 'pending' ORDER BY id LIMIT 1`, p.name).Scan(&id)
+	// Only a transaction pipe's wait needs last_id (a row read); id is in
+	// the fifo index.
+	last := "id"
+	if p.txRecords {
+		last = "last_id"
+	}
+	var id, lastID string
+	err = d.cfg.DB.QueryRowContext(ctx, `SELECT id, `+last+` FROM `+d.segments+`
+WHERE pipe = ? AND status = 'pending' ORDER BY id LIMIT 1`, p.name).Scan(&id, &lastID)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("claim segment of %s: %w", p.name, err)
+	}
+	if wait, err := p.orderWait(ctx, id, lastID); err != nil || wait {
+		if err == nil {
+			err = errWaits
+		}
+		return nil, fmt.Errorf("segment %s of %s: %w", id, p.name, err)
 	}
 	// Due: unclaimed and not held (next_attempt_at is its creation or
 	// release), a lapsed claim, or a hold that ended.
