@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/cdcout/cdcout/canonical"
@@ -52,11 +53,6 @@ func isBarrier(op string) bool { return op == string(canonical.OpDDL) }
 // END).
 func isTxRecord(op string) bool { return op == string(canonical.OpTransaction) }
 
-// alone reports whether a record is written as a segment of its own: a
-// barrier, or a transaction record, which the sink's changes wait for
-// (BEGIN) or which waits for them (END) one by one.
-func alone(op string) bool { return isBarrier(op) || isTxRecord(op) }
-
 // barrier reports whether seg is a barrier record's segment.
 func (seg *segment) barrier() bool { return len(seg.recs) == 1 && isBarrier(seg.recs[0].op) }
 
@@ -87,39 +83,147 @@ func (seg *segment) fenced() bool { return seg.barrier() || seg.txRecords() }
 // sink's other pipes (orderWait); it was not claimed.
 var errWaits = errors.New("segment waits for older records of its sink")
 
-// orderWait reports whether the pipe's oldest pending segment (id, its
-// last record last) must wait before it is claimed, for the order of a
-// sink's transaction records with its changes (docs/ARCHITECTURE.md,
+// oldestSegment returns the id of the pipe's oldest pending segment ("":
+// none) and whether it must wait before it is claimed, for the order of
+// a sink's transaction records with its changes (docs/ARCHITECTURE.md,
 // "Transaction metadata"):
 //
-//   - a segment of transaction records waits until the sink's other pipes
-//     have no pending segment or row older than its last record: an END
-//     reaches the sink after every change of its transaction;
+//   - a segment of transaction records with an END waits until the pipes
+//     of the tables its ENDs count have no pending segment or row older
+//     than its last record: an END reaches the sink after every change of
+//     its transaction. BEGINs wait for nothing (the changes before one are
+//     older than the END before it, which waited). An END that counts no
+//     table, or a record that does not parse, waits for every record of
+//     the sink's other pipes older than the last (sinkPendingBefore);
 //   - a segment of a data pipe of a sink with transactions waits until
 //     the sink's transaction pipe has no pending record older than its
 //     first: a BEGIN reaches the sink before every change of its
 //     transaction. Only transaction segments wholly older count, so one
-//     written before transaction records were alone in their segments
-//     (several records, spanning id) cannot wait for this one while this
-//     one waits for it.
+//     spanning id (written before segments were cut at transaction
+//     records) cannot wait for this one while this one waits for it. The
+//     wait is read with the segment, in one statement.
 //
 // Every wait is for strictly older records, so none closes a cycle.
-// While it checks, the pipe is marked waiting: an acknowledgement in
+// While it reads, the pipe is marked waiting: an acknowledgement in
 // another pipe of the sink in this process wakes it (Wakes).
-func (p *pipeDrainer) orderWait(ctx context.Context, id, last string) (bool, error) {
-	if !p.txRecords && p.txPipe == "" {
-		return false, nil
+func (p *pipeDrainer) oldestSegment(ctx context.Context) (id string, wait bool, err error) {
+	d := p.d
+	// A pipe without waits reads only the fifo index; a transaction pipe
+	// also its segment's last record and payload (a few small records).
+	cols, args := "s.id, s.id, NULL, FALSE", []any{}
+	switch {
+	case p.txRecords:
+		cols = "s.id, s.last_id, s.payload, FALSE"
+	case p.txPipe != "":
+		cols = "s.id, s.id, NULL, " + pendingSQL(d.segments, d.outbox, true, "s.id")
+		args = append(args, p.txPipe, p.txPipe)
 	}
-	p.waiting.Store(true)
-	var wait bool
-	var err error
+	tracked := p.txRecords || p.txPipe != ""
+	if tracked {
+		p.waiting.Store(true)
+		defer func() { p.waiting.Store(id != "" && (wait || err != nil)) }()
+	}
+	var (
+		last    string
+		payload []byte
+	)
+	err = d.cfg.DB.QueryRowContext(ctx, `SELECT `+cols+` FROM `+d.segments+` s
+WHERE s.pipe = ? AND s.status = 'pending' ORDER BY s.id LIMIT 1`, append(args, p.name)...).Scan(&id, &last, &payload, &wait)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("claim segment of %s: %w", p.name, err)
+	}
 	if p.txRecords {
-		wait, err = p.d.sinkPendingBefore(ctx, p.name, last)
-	} else {
-		wait, err = p.d.pendingWhollyBefore(ctx, p.txPipe, id)
+		wait, err = p.endWait(ctx, last, payload)
 	}
-	p.waiting.Store(wait || err != nil)
-	return wait, err
+	return id, wait, err
+}
+
+// endWait reports whether a segment of transaction records (its last
+// record last) waits for the changes its ENDs count (oldestSegment).
+func (p *pipeDrainer) endWait(ctx context.Context, last string, payload []byte) (bool, error) {
+	tables, wide := endTables(payload)
+	if wide {
+		return p.d.sinkPendingBefore(ctx, p.name, last)
+	}
+	if len(tables) == 0 {
+		return false, nil // BEGINs only
+	}
+	instance, _, sink, _ := SplitPipe(p.name)
+	var q strings.Builder
+	q.WriteString("SELECT ")
+	var args []any
+	for i, t := range tables {
+		if i > 0 {
+			q.WriteString(" OR ")
+		}
+		q.WriteString(pendingSQL(p.d.segments, p.d.outbox, false, "?"))
+		pipe := instance + ":" + t + ":" + sink
+		args = append(args, pipe, last, pipe, last)
+	}
+	var wait bool
+	if err := p.d.cfg.DB.QueryRowContext(ctx, q.String(), args...).Scan(&wait); err != nil {
+		return false, fmt.Errorf("pending changes before %s of %s: %w", last, p.name, err)
+	}
+	return wait, nil
+}
+
+// pendingSQL is a condition, true when a pipe (the first and third
+// argument) has a pending segment older than before (a column or the
+// second and fourth argument) — wholly: its last record too — or a
+// pending row older than it. One statement is one read view (autocommit
+// at the pool's REPEATABLE READ), so a segment recorded meanwhile cannot
+// hide a record that left it as a row from both reads.
+func pendingSQL(segments, outbox string, wholly bool, before string) string {
+	seg := `EXISTS (SELECT 1 FROM ` + segments + ` t WHERE t.pipe = ? AND t.status = 'pending' AND t.id < ` + before
+	if wholly {
+		// id < before bounds the scan of the fifo index; last_id decides.
+		seg += ` AND t.last_id < ` + before
+	}
+	return seg + `) OR EXISTS (SELECT 1 FROM ` + outbox + ` o FORCE INDEX (due) WHERE o.pipe = ? AND o.status = 'pending' AND o.id < ` + before + `)`
+}
+
+// endTables returns the tables ("db.table") the ENDs of a segment of
+// transaction records count, in first appearance order; wide when an END
+// counts none or a record is no transaction record that parses.
+func endTables(payload []byte) (tables []string, wide bool) {
+	recs, err := parseSegment(payload)
+	if err != nil {
+		return nil, true
+	}
+	seen := map[string]bool{}
+	for _, r := range recs {
+		var env struct {
+			Tx *struct {
+				Status          string `json:"status"`
+				DataCollections []struct {
+					Name string `json:"data_collection"`
+				} `json:"data_collections"`
+			} `json:"tx"`
+		}
+		if err := json.Unmarshal(r.payload, &env); err != nil || env.Tx == nil {
+			return nil, true
+		}
+		switch env.Tx.Status {
+		case canonical.TxBegin:
+			continue
+		case canonical.TxEnd:
+			if len(env.Tx.DataCollections) == 0 {
+				return nil, true
+			}
+		default:
+			return nil, true
+		}
+		for _, dc := range env.Tx.DataCollections {
+			if !seen[dc.Name] {
+				seen[dc.Name] = true
+				tables = append(tables, dc.Name)
+			}
+		}
+	}
+	return tables, false
 }
 
 // fenceWait reports whether the barrier segment seg must wait for earlier
@@ -186,16 +290,6 @@ func (d *Drainer) pendingBefore(ctx context.Context, pipe, before string) (bool,
 		if wait, err := d.pendingSegment(ctx, pipe, `id < ?`, before); wait || err != nil {
 			return wait, err
 		}
-	}
-	return d.pendingRow(ctx, pipe, before)
-}
-
-// pendingWhollyBefore is pendingBefore for the segments wholly older than
-// before (their last record too) and the rows older than it.
-func (d *Drainer) pendingWhollyBefore(ctx context.Context, pipe, before string) (bool, error) {
-	// id < ? bounds the scan of the fifo index; last_id decides.
-	if wait, err := d.pendingSegment(ctx, pipe, `id < ? AND last_id < ?`, before, before); wait || err != nil {
-		return wait, err
 	}
 	return d.pendingRow(ctx, pipe, before)
 }

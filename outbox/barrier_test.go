@@ -111,10 +111,18 @@ func TestBarrierOrdersWholePipe(t *testing.T) {
 	}
 }
 
-// txItem is a transaction record for pipe (the sink's transaction pipe).
-func txItem(pipe string, txn int, status string) Pending {
+// txItem is a transaction record for pipe (the sink's transaction pipe);
+// an END counts one change of each of tables ("db.table").
+func txItem(pipe string, txn int, status string, tables ...string) Pending {
+	r := &canonical.TxRecord{ID: fmt.Sprint("0-1-", txn), Status: status}
+	if status == canonical.TxEnd {
+		r.EventCount, r.Tables = len(tables), map[string]int{}
+		for _, t := range tables {
+			r.Tables[t] = 1
+		}
+	}
 	c := &canonical.Change{Op: canonical.OpTransaction, Key: canonical.Row{"instance": "a"}, TsMs: 1_700_000_000_456,
-		Tx:     &canonical.TxRecord{ID: fmt.Sprint("0-1-", txn), Status: status},
+		Tx:     r,
 		Source: canonical.Source{Connector: "cdcout", DB: canonical.HeartbeatDB, Table: canonical.TransactionTable, GTID: fmt.Sprint("0-1-", txn)}}
 	return Pending{Pipe: pipe, Sink: sinkOf(pipe), Change: c, ChangeKey: fmt.Sprintf("t:0-1-%d:%s", txn, status), Digest: canonical.DigestChange(pipe, c)}
 }
@@ -132,7 +140,7 @@ func TestTransactionRecordsWaitForChanges(t *testing.T) {
 	for i := range 6 {
 		items = append(items, gtidItem(data, 1, i))
 	}
-	items = append(items, txItem(txPipe, 1, "END"), txItem(txPipe, 2, "BEGIN"), txItem(txPipe, 2, "END"))
+	items = append(items, txItem(txPipe, 1, "END", "app.users"), txItem(txPipe, 2, "BEGIN"), txItem(txPipe, 2, "END", "app.users"))
 	if _, err := s.Enqueue(context.Background(), "r1", Fence{}, items, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -198,16 +206,16 @@ func TestTransactionBeginBeforeChanges(t *testing.T) {
 	}
 	var batch1, batch2 []Pending
 	for _, part := range [][]Pending{
-		{txItem(txPipe, 1, "BEGIN")}, rows(a, 1, 0, 3), rows(bf, 0, 0, 2), rows(b, 1, 3, 5), {txItem(txPipe, 1, "END")},
+		{txItem(txPipe, 1, "BEGIN")}, rows(a, 1, 0, 3), rows(bf, 0, 0, 2), rows(b, 1, 3, 5), {txItem(txPipe, 1, "END", "app.users", "app.orders")},
 		rows(bf, 0, 0, 2),
-		{txItem(txPipe, 2, "BEGIN")}, rows(a, 2, 0, 4), rows(bf, 0, 0, 1), rows(b, 2, 4, 5), {txItem(txPipe, 2, "END")},
+		{txItem(txPipe, 2, "BEGIN")}, rows(a, 2, 0, 4), rows(bf, 0, 0, 1), rows(b, 2, 4, 5), {txItem(txPipe, 2, "END", "app.users", "app.orders")},
 		{txItem(txPipe, 3, "BEGIN")}, rows(a, 3, 0, 10), // the huge transaction's first part
 	} {
 		batch1 = append(batch1, part...)
 	}
 	for _, part := range [][]Pending{
-		rows(a, 3, 10, 20), rows(b, 3, 20, 25), rows(bf, 0, 0, 2), {txItem(txPipe, 3, "END")},
-		{txItem(txPipe, 4, "BEGIN")}, rows(b, 4, 0, 1), {txItem(txPipe, 4, "END")},
+		rows(a, 3, 10, 20), rows(b, 3, 20, 25), rows(bf, 0, 0, 2), {txItem(txPipe, 3, "END", "app.users", "app.orders")},
+		{txItem(txPipe, 4, "BEGIN")}, rows(b, 4, 0, 1), {txItem(txPipe, 4, "END", "app.orders")},
 	} {
 		batch2 = append(batch2, part...)
 	}
@@ -216,8 +224,11 @@ func TestTransactionBeginBeforeChanges(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n := count(t, st.db, "SELECT COUNT(*) FROM `"+st.schema+"`.segments WHERE pipe = ? AND records > 1", txPipe); n != 0 {
-		t.Errorf("%d transaction-record segments hold several records; each must be alone", n)
+	// A segment of transaction records and one of changes of the sink
+	// never overlap: neither spans a record of the other.
+	if n := count(t, st.db, "SELECT COUNT(*) FROM `"+st.schema+"`.segments t JOIN `"+st.schema+"`.segments d ON d.sink = t.sink AND d.pipe <> t.pipe"+
+		" WHERE t.pipe = ? AND d.id <= t.last_id AND t.id <= d.last_id", txPipe); n != 0 {
+		t.Errorf("%d segments of changes overlap one of transaction records", n)
 	}
 
 	fake := newScriptedSink(t, st, func(ck string, attempt int) error {
@@ -281,7 +292,7 @@ func TestTransactionWaitsWokenInProcess(t *testing.T) {
 	for batch := range 3 {
 		var items []Pending
 		for txn := batch*10 + 1; txn <= batch*10+10; txn++ {
-			items = append(items, txItem(txPipe, txn, "BEGIN"), gtidItem(a, txn, 0), gtidItem(b, txn, 1), txItem(txPipe, txn, "END"))
+			items = append(items, txItem(txPipe, txn, "BEGIN"), gtidItem(a, txn, 0), gtidItem(b, txn, 1), txItem(txPipe, txn, "END", "app.users", "app.orders"))
 		}
 		if _, err := s.Enqueue(context.Background(), "r1", Fence{}, items, nil); err != nil {
 			t.Fatal(err)
@@ -316,6 +327,67 @@ func TestTransactionWaitsWokenInProcess(t *testing.T) {
 		}
 	}
 	t.Logf("30 transactions in %v (%.0f/s)", took, 30/took.Seconds())
+}
+
+// TestTransactionSegmentsOfEarlierVersionsDrain: segments written before
+// transaction records were alone in theirs (one of BEGIN, END, BEGIN,
+// END; one data segment spanning them) neither wait for each other nor
+// lose the END's order: the changes go first, the records after.
+func TestTransactionSegmentsOfEarlierVersionsDrain(t *testing.T) {
+	st := newTestState(t)
+	const a, txPipe = "a:app.users:seg", "a:__cdcout.transaction:seg"
+	s := NewStore(st.db, st.schema, zaptest.NewLogger(t))
+	items := []Pending{txItem(txPipe, 1, "BEGIN"), gtidItem(a, 1, 0), gtidItem(a, 1, 1), txItem(txPipe, 1, "END", "app.users"),
+		txItem(txPipe, 2, "BEGIN"), gtidItem(a, 2, 0), txItem(txPipe, 2, "END", "app.users")}
+	if _, err := s.Enqueue(context.Background(), "r1", Fence{}, items, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, pipe := range []string{a, txPipe} {
+		st.mergeSegments(t, pipe)
+	}
+	fake := newScriptedSink(t, st, func(string, int) error { return nil })
+	d := st.drainer(t, "d1", map[string]PipeConfig{a: {Sink: fake.fake(), Transactions: true}, txPipe: {Sink: fake.fake()}}, nil)
+	runCtx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.Run(runCtx); close(done) }()
+	waitFor(t, "every record delivered", func() bool { return len(fake.delivered()) == len(items) })
+	cancel()
+	<-done
+	order := fake.delivered()
+	if got := slices.Index(order, "t:0-1-1:BEGIN"); got != 3 {
+		t.Errorf("delivered %v: the old segment of transaction records must follow the one of changes it spans", order)
+	}
+}
+
+// mergeSegments makes the pipe's pending segments one, as enqueues wrote
+// them before transaction records were alone in theirs.
+func (s *testState) mergeSegments(t *testing.T, pipe string) {
+	t.Helper()
+	seg := "`" + s.schema + "`.segments"
+	rows, err := s.db.Query("SELECT payload FROM "+seg+" WHERE pipe = ? AND status = 'pending' ORDER BY id", pipe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recs []*segRecord
+	for rows.Next() {
+		var payload []byte
+		if err := rows.Scan(&payload); err != nil {
+			t.Fatal(err)
+		}
+		parsed, err := parseSegment(payload)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range parsed {
+			recs = append(recs, &parsed[i])
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	s.exec(t, "DELETE FROM "+seg+" WHERE pipe = ?", pipe)
+	s.exec(t, "INSERT INTO "+seg+" (id, pipe, sink, records, last_id, first_commit_ts, payload) VALUES (?,?,?,?,?,?,?)",
+		recs[0].id, pipe, PipeSink(pipe), len(recs), recs[len(recs)-1].id, recs[0].commitTS, appendSegment(nil, recs))
 }
 
 // scriptedSink answers each attempt at a record as fail says for its

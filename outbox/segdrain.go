@@ -68,6 +68,9 @@ type segment struct {
 	attempt   int
 	recs      []segRecord
 	claimedAt time.Time
+	// rowsPending: the pipe had pending outbox rows when the segment was
+	// read, so their keys are looked up (openKeys); usually it has none.
+	rowsPending bool
 }
 
 // leftRecord is a record that leaves its segment as an outbox row.
@@ -120,10 +123,12 @@ func (p *pipeDrainer) drainSegment(ctx context.Context) (int, error) {
 			return 0, err
 		}
 	}
-	blocked, err := p.openKeys(wctx)
-	if err != nil {
-		p.releaseSegment(wctx, seg.id)
-		return 0, fmt.Errorf("segment %s of %s: read keys with pending rows: %w", seg.id, p.name, err)
+	var blocked map[string]bool
+	if seg.rowsPending {
+		if blocked, err = p.openKeys(wctx); err != nil {
+			p.releaseSegment(wctx, seg.id)
+			return 0, fmt.Errorf("segment %s of %s: read keys with pending rows: %w", seg.id, p.name, err)
+		}
 	}
 	left, delivered, hold := p.deliverSegment(ctx, seg, blocked)
 	if hold != nil {
@@ -232,26 +237,12 @@ func (p *pipeDrainer) claimSegment(ctx context.Context) (*segment, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Only a transaction pipe's wait needs last_id (a row read); id is in
-	// the fifo index.
-	last := "id"
-	if p.txRecords {
-		last = "last_id"
+	id, wait, err := p.oldestSegment(ctx)
+	if err != nil || id == "" {
+		return nil, err
 	}
-	var id, lastID string
-	err = d.cfg.DB.QueryRowContext(ctx, `SELECT id, `+last+` FROM `+d.segments+`
-WHERE pipe = ? AND status = 'pending' ORDER BY id LIMIT 1`, p.name).Scan(&id, &lastID)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("claim segment of %s: %w", p.name, err)
-	}
-	if wait, err := p.orderWait(ctx, id, lastID); err != nil || wait {
-		if err == nil {
-			err = errWaits
-		}
-		return nil, fmt.Errorf("segment %s of %s: %w", id, p.name, err)
+	if wait {
+		return nil, fmt.Errorf("segment %s of %s: %w", id, p.name, errWaits)
 	}
 	// Due: unclaimed and not held (next_attempt_at is its creation or
 	// release), a lapsed claim, or a hold that ended.
@@ -282,8 +273,9 @@ WHERE pipe = ? AND status = 'pending' ORDER BY id LIMIT 1`, p.name).Scan(&id, &l
 // (packet, copy, decompressed).
 func (p *pipeDrainer) readSegment(ctx context.Context, seg *segment) ([]segRecord, error) {
 	d := p.d
-	rows, err := d.cfg.DB.QueryContext(ctx, `SELECT sink, attempts, payload FROM `+d.segments+`
-WHERE id = ? AND status = 'pending' AND claimer = ?`, seg.id, d.claimer)
+	rows, err := d.cfg.DB.QueryContext(ctx, `SELECT sink, attempts, EXISTS (SELECT 1 FROM `+d.outbox+` FORCE INDEX (due)
+WHERE pipe = ? AND status = 'pending'), payload FROM `+d.segments+`
+WHERE id = ? AND status = 'pending' AND claimer = ?`, p.name, seg.id, d.claimer)
 	if err != nil {
 		return nil, err
 	}
@@ -295,7 +287,7 @@ WHERE id = ? AND status = 'pending' AND claimer = ?`, seg.id, d.claimer)
 		return nil, sql.ErrNoRows
 	}
 	var raw sql.RawBytes
-	if err := rows.Scan(&seg.sink, &seg.attempt, &raw); err != nil {
+	if err := rows.Scan(&seg.sink, &seg.attempt, &seg.rowsPending, &raw); err != nil {
 		return nil, err
 	}
 	payload := []byte(raw)
