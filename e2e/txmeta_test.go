@@ -81,6 +81,7 @@ enqueue_max_buffer: 40
 sinks:
   - name: file
     url: file://%s
+    format: native # the stored envelopes: op "tx" records, source.tx on changes
     transactions: true
     timeout: 2s
     batch_size: 32
