@@ -3,7 +3,7 @@ package outbox
 import "sync"
 
 // Wakes wakes, within one process, a pipe whose oldest segment waits for
-// another pipe of the same sink (orderWait, fenceWait) as soon as that
+// another pipe of the same sink (oldestSegment, fenceWait) as soon as that
 // pipe's records are acknowledged (delivered or dead), instead of at its
 // next poll (barrierPoll). A sink with transactions delivers about one
 // transaction at a time — BEGIN, its changes, END, each waiting for the
