@@ -86,13 +86,6 @@ func txPipeKind(pipe string) (begin, end bool) {
 	return table == canonical.HeartbeatDB+"."+beginTable, table == canonical.HeartbeatDB+"."+canonical.TransactionTable
 }
 
-// isTransactionPipe reports whether pipe holds a sink's transaction
-// records (its BEGIN or its END pipe).
-func isTransactionPipe(pipe string) bool {
-	begin, end := txPipeKind(pipe)
-	return begin || end
-}
-
 // txRecords reports whether seg holds transaction records.
 func (seg *segment) txRecords() bool {
 	return len(seg.recs) > 0 && isTxRecord(seg.recs[0].op)
