@@ -3,6 +3,7 @@ package binlog
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -13,6 +14,11 @@ import (
 
 	"github.com/cdcout/cdcout/canonical"
 )
+
+// ddlDropDatabase is the kind of a DROP DATABASE target (ddlTargets),
+// which names the database only: ddlRecords makes it a DROP of each table
+// of it the stream knows.
+const ddlDropDatabase = "DROP DATABASE"
 
 // ddlTarget is one table a DDL statement changes.
 type ddlTarget struct {
@@ -30,6 +36,7 @@ type ddlTarget struct {
 //	RENAME TABLE a TO b [, c TO d …]
 //	DROP TABLE [IF EXISTS] t1 [, t2 …]
 //	DROP INDEX [IF EXISTS] i ON t                                            (ALTER of t)
+//	DROP {DATABASE|SCHEMA} [IF EXISTS] d                                     (ddlDropDatabase)
 //	TRUNCATE [TABLE] t
 //
 // TEMPORARY tables, views and every other statement give nothing. Names
@@ -69,6 +76,11 @@ func ddlTargets(q, defaultDB string) []ddlTarget {
 			}
 		case "INDEX":
 			return p.indexTarget()
+		case "DATABASE", "SCHEMA":
+			p.skip("IF", "EXISTS")
+			if p.i < len(p.toks) && (p.toks[p.i].quoted || isIdent(p.toks[p.i].s)) {
+				return []ddlTarget{{kind: ddlDropDatabase, db: p.toks[p.i].s}}
+			}
 		}
 	case "TRUNCATE":
 		p.skip("TABLE")
@@ -224,7 +236,7 @@ func (p *ddlParser) alterRename() (db, name string, ok bool) {
 // DDL of the same table gets that later definition (docs/ARCHITECTURE.md,
 // "Schema-change records"). The list before is the one the cache last saw.
 func (r *reader) ddlRecords(ctx context.Context, q []byte, defaultDB string, hdr, outer *replication.EventHeader) error {
-	targets := ddlTargets(string(q), defaultDB)
+	targets := r.s.schema.databaseTables(ddlTargets(string(q), defaultDB))
 	if len(targets) == 0 {
 		return nil
 	}
@@ -300,8 +312,12 @@ func (c *schemaCache) ddlColumns(ctx context.Context, tg ddlTarget) (ddlCols, er
 		out.before = nil
 	}
 	delete(c.mapped, old)
+	odb, otable := tg.db, tg.table
+	if tg.kind == canonical.DDLRename {
+		odb, otable = tg.oldDB, tg.oldTable
+	}
 	if tg.kind == canonical.DDLDrop {
-		delete(c.cols, old)
+		c.setCols(odb, otable, nil)
 		return out, nil
 	}
 	after, err := c.columnsNow(ctx, tg.db, tg.table)
@@ -309,12 +325,59 @@ func (c *schemaCache) ddlColumns(ctx context.Context, tg ddlTarget) (ddlCols, er
 		return out, err
 	}
 	out.after = after
-	delete(c.cols, old)
-	if after != nil {
-		c.cols[tg.db+"."+tg.table] = after
-		c.ddlAfter[tg.db+"."+tg.table] = ddlAfter{list: after, statement: tg.kind}
+	c.setCols(odb, otable, nil)
+	if after == nil {
+		// Gone by the time the statement is read (a reader behind a later
+		// DROP): the binlog says the table exists here all the same.
+		c.know(tg.db, tg.table)
+		return out, nil
 	}
+	c.setCols(tg.db, tg.table, after)
+	c.ddlAfter[tg.db+"."+tg.table] = ddlAfter{list: after, statement: tg.kind}
 	return out, nil
+}
+
+// setCols remembers a table's column list (cols), or forgets the table
+// (nil), as known (know) too.
+func (c *schemaCache) setCols(db, table string, cols []canonical.DDLColumn) {
+	if cols == nil {
+		delete(c.cols, db+"."+table)
+		delete(c.known[db], table)
+		return
+	}
+	c.cols[db+"."+table] = cols
+	c.know(db, table)
+}
+
+// know notes a table of db that the stream decoded or read a schema change
+// of (a DROP DATABASE's tables).
+func (c *schemaCache) know(db, table string) {
+	if c.known[db] == nil {
+		c.known[db] = map[string]bool{}
+	}
+	c.known[db][table] = true
+}
+
+// databaseTables replaces a DROP DATABASE target by a DROP of each table
+// of the database the stream knows, in name order: the tables it decoded
+// a row of or read a schema change of since it started. There is no
+// schema history to list the others (a captured table quiet since the
+// stream started gets no record; docs/formats.md).
+func (c *schemaCache) databaseTables(targets []ddlTarget) []ddlTarget {
+	if !slices.ContainsFunc(targets, func(tg ddlTarget) bool { return tg.kind == ddlDropDatabase }) {
+		return targets
+	}
+	var out []ddlTarget
+	for _, tg := range targets {
+		if tg.kind != ddlDropDatabase {
+			out = append(out, tg)
+			continue
+		}
+		for _, t := range slices.Sorted(maps.Keys(c.known[tg.db])) {
+			out = append(out, ddlTarget{kind: canonical.DDLDrop, db: tg.db, table: t})
+		}
+	}
+	return out
 }
 
 // ddlSettleTimeout bounds how long columnsNow waits for the statement's

@@ -3,6 +3,8 @@ package binlog
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -122,7 +124,11 @@ func (c *collector) waitFor(t testing.TB, cond func([]Event) bool, what string, 
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for "+what+"; have %d changes", append(args, len(changesOf(evs)))...)
+			var have []string
+			for _, ch := range changesOf(evs) {
+				have = append(have, fmt.Sprintf("%s %s.%s", ch.Op, ch.Source.DB, ch.Source.Table))
+			}
+			t.Fatalf("timed out waiting for "+what+"; have %d changes: %s", append(args, len(have), strings.Join(have, ", "))...)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -48,6 +48,9 @@ type schemaCache struct {
 	// mapped is the table last decoded from a table map per table, since
 	// its last DDL: what the binlog itself says the table was.
 	mapped map[string]*Table
+	// known are the tables of each database the stream decoded a table
+	// map of or read a schema change of: a DROP DATABASE's (ddlrecord.go).
+	known map[string]map[string]bool
 	// ddlAfter: schema-change records' lists after, to check against the
 	// next table map (ddlrecord.go).
 	ddlAfter map[string]ddlAfter
@@ -82,7 +85,7 @@ func newSchemaCache(db *sql.DB, log *zap.Logger, mariadb, fullMeta bool, collati
 		db: db, log: log, mariadb: mariadb, fullMeta: fullMeta, collations: collations,
 		info: map[string]*tableInfo{}, byID: map[uint64]*mappedTable{}, keyless: map[string]bool{},
 		cols: map[string][]canonical.DDLColumn{}, mapped: map[string]*Table{},
-		ddlAfter: map[string]ddlAfter{},
+		known: map[string]map[string]bool{}, ddlAfter: map[string]ddlAfter{},
 	}
 }
 
@@ -180,6 +183,7 @@ func (c *schemaCache) table(ctx context.Context, tm *replication.TableMapEvent) 
 	}
 	c.byID[tm.TableID] = &mappedTable{tm: tm, table: t}
 	c.mapped[t.DB+"."+t.Name] = t
+	c.know(t.DB, t.Name)
 	c.checkDDLAfter(t)
 	return t, nil
 }
@@ -532,7 +536,7 @@ func (c *schemaCache) lookup(ctx context.Context, db, name string) (*tableInfo, 
 		for i, ic := range info.cols {
 			cols[i] = canonical.DDLColumn{Name: ic.name, Type: ic.columnType, Nullable: ic.nullable, Key: ic.key}
 		}
-		c.cols[key] = cols
+		c.setCols(db, name, cols)
 	}
 	return info, nil
 }

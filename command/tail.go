@@ -25,21 +25,26 @@ var errLimitReached = errors.New("limit reached")
 func tailCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "tail",
-		Usage: "print row changes and schema changes (and, with --heartbeat, heartbeats) as canonical JSON, one per line",
+		Usage: "print row changes and schema changes (and, with --transactions and --heartbeat, transaction records and heartbeats) as canonical JSON, one per line",
 		Description: "Reads the binary log of a MySQL/MariaDB server as a replica and prints each row change\n" +
 			"as a Debezium-style envelope on stdout (logs go to stderr) until interrupted or --limit is reached;\n" +
 			"a CREATE, ALTER, RENAME, DROP or TRUNCATE of a captured table prints as an op \"ddl\" record\n" +
-			"(statement and column lists, docs/formats.md) where it happened among the rows.",
+			"(statement and column lists, docs/formats.md) where it happened among the rows; with --transactions,\n" +
+			"an op \"tx\" BEGIN before each transaction's first change and END after its last, with the counts,\n" +
+			"and source.tx on each change (the stored envelopes of a sink with transactions: true).",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "dsn", Required: true, EnvVars: []string{"CDCOUT_DSN"},
 				Usage: "go-sql-driver DSN of the source, e.g. user:pass@tcp(host:3306)/?tls=true"},
 			&cli.StringFlag{Name: "tables", Usage: "comma-separated table patterns: db.tbl, db.*, *.tbl (default all)"},
 			&cli.StringFlag{Name: "from", Value: "now", Usage: "start position: now, start, a GTID set, or file:pos"},
 			&cli.UintFlag{Name: "server-id", DefaultText: "random", Usage: "replica server id, unique in the topology"},
-			&cli.IntFlag{Name: "limit", DefaultText: "none", Usage: "stop after N records (changes and schema changes)"},
+			&cli.IntFlag{Name: "limit", DefaultText: "none",
+				Usage: "stop after N records (changes and schema changes; with --transactions, at the END of the transaction holding the Nth)"},
 			&cli.StringFlag{Name: "instance", Usage: "instance name for the envelope's source block"},
 			&cli.DurationFlag{Name: "heartbeat", DefaultText: "off",
 				Usage: `print an "hb" record with the position read whenever nothing was printed for this long`},
+			&cli.BoolFlag{Name: "transactions",
+				Usage: `print "tx" records (BEGIN, END with counts) around each transaction and source.tx on its changes`},
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error"},
 			&cli.StringFlag{Name: "log-format", Usage: "json or console (default: console on a terminal)"},
 		},
@@ -102,6 +107,9 @@ func runTail(c *cli.Context) error {
 
 	limit := c.Int("limit")
 	p := &tailPrinter{out: bufio.NewWriterSize(c.App.Writer, tailBufferBytes), buf: make([]byte, 0, 4096), last: time.Now()}
+	if c.Bool("transactions") {
+		p.tx = &tailTx{instance: c.String("instance")}
+	}
 	var bg sync.WaitGroup
 	bgCtx, stopBG := context.WithCancel(ctx)
 	defer func() {
@@ -122,13 +130,19 @@ func runTail(c *cli.Context) error {
 	}
 	err = s.Run(ctx, func(_ context.Context, ev binlog.Event) error {
 		if ev.Commit != nil {
-			return p.committed(ev.Commit.Time)
+			if err := p.committed(ev.Commit); err != nil {
+				return err
+			}
+			if n, _ := p.printed(); limit > 0 && p.tx != nil && n >= limit {
+				return errLimitReached
+			}
+			return nil
 		}
 		n, err := p.change(ev.Change)
 		if err != nil {
 			return err
 		}
-		if limit > 0 && n >= limit {
+		if limit > 0 && n >= limit && (p.tx == nil || !p.tx.open()) {
 			return errLimitReached
 		}
 		return nil
@@ -152,7 +166,7 @@ func runTail(c *cli.Context) error {
 // tailPrinter writes tail's records to stdout: the stream's, and
 // heartbeats from their own goroutine. They are buffered and written at
 // every commit (and schema change), when the buffer is full and, for
-// anything else left, within flushEvery: one write per change was a
+// anything else left, within tailFlushEvery: one write per change was a
 // system call per change, more than encoding it.
 type tailPrinter struct {
 	out *bufio.Writer
@@ -163,6 +177,7 @@ type tailPrinter struct {
 	last       time.Time // when one was last printed
 	sourceTime time.Time // the last commit's
 	err        error     // a write error of another goroutine, which ends the tail
+	tx         *tailTx   // with --transactions
 }
 
 // tailBufferBytes is how much output tail holds before writing it, and
@@ -175,11 +190,15 @@ const (
 func (p *tailPrinter) change(ch *canonical.Change) (int, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	var err error
-	if p.buf, err = canonical.AppendEnvelope(p.buf[:0], ch, ""); err != nil {
-		return p.n, fmt.Errorf("encode change: %w", err)
+	if p.tx != nil && ch.Op != canonical.OpDDL {
+		var begin *canonical.Change
+		if ch, begin = p.tx.place(ch); begin != nil {
+			if err := p.print(begin); err != nil {
+				return p.n, err
+			}
+		}
 	}
-	if err := p.write(); err != nil {
+	if err := p.print(ch); err != nil {
 		return p.n, err
 	}
 	if ch.Op == canonical.OpDDL {
@@ -190,6 +209,15 @@ func (p *tailPrinter) change(ch *canonical.Change) (int, error) {
 	}
 	p.n++
 	return p.n, nil
+}
+
+// print writes one record.
+func (p *tailPrinter) print(ch *canonical.Change) error {
+	var err error
+	if p.buf, err = canonical.AppendEnvelope(p.buf[:0], ch, ""); err != nil {
+		return fmt.Errorf("encode change: %w", err)
+	}
+	return p.write()
 }
 
 func (p *tailPrinter) write() error {
@@ -208,10 +236,20 @@ func (p *tailPrinter) flush() error {
 	return nil
 }
 
-func (p *tailPrinter) committed(t time.Time) error {
+// committed notes the commit time (for heartbeats), prints the END of
+// the transaction it commits (--transactions) and writes what is
+// buffered.
+func (p *tailPrinter) committed(c *binlog.Commit) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.sourceTime = t
+	p.sourceTime = c.Time
+	if p.tx != nil {
+		if end := p.tx.end(c); end != nil {
+			if err := p.print(end); err != nil {
+				return err
+			}
+		}
+	}
 	return p.flush()
 }
 

@@ -118,6 +118,7 @@ func TestTail(t *testing.T) {
 
 	t.Run("heartbeat", func(t *testing.T) { testTailHeartbeat(t, srv, db) })
 	t.Run("follow", func(t *testing.T) { testTailFollow(t, srv, db) })
+	t.Run("transactions", func(t *testing.T) { testTailTransactions(t, srv) })
 
 	t.Run("bad flags", func(t *testing.T) {
 		for _, args := range [][]string{
@@ -221,5 +222,84 @@ func testTailHeartbeat(t *testing.T, srv *mysqltest.Server, db string) {
 		if err := json.Unmarshal([]byte(l), &hb); err != nil || hb.Op != "hb" || hb.Source.File == "" && hb.Source.GTIDSet == "" {
 			t.Errorf("line %q (%v): want a heartbeat with the position", l, err)
 		}
+	}
+}
+
+// testTailTransactions: tail --transactions brackets a two-table
+// transaction with BEGIN and END (the counts per table), numbers its
+// changes in source.tx, and --limit reached inside it stops at its END.
+func testTailTransactions(t *testing.T, srv *mysqltest.Server) {
+	db := srv.CreateDB(t, "tailtx")
+	srv.Exec(t, "CREATE TABLE `"+db+"`.a (id INT PRIMARY KEY)", "CREATE TABLE `"+db+"`.b (id INT PRIMARY KEY)")
+	conn := srv.Open(t)
+	tx, err := conn.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{"INSERT INTO `" + db + "`.a VALUES (1)", "INSERT INTO `" + db + "`.b VALUES (1)",
+		"INSERT INTO `" + db + "`.a VALUES (2)"} {
+		if _, err := tx.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	srv.Exec(t, "UPDATE `"+db+"`.a SET id = 3 WHERE id = 1")
+
+	// The two CREATEs and two changes reach --limit 4 inside the
+	// transaction: its last change and END follow, the UPDATE does not.
+	code, out, errOut := runCmd(t, "tail", "--dsn", srv.DSN, "--from", "start", "--tables", db+".*", "--transactions",
+		"--limit", "4", "--server-id", "7003", "--log-format", "json")
+	if code != ExitOK {
+		t.Fatalf("exit %d, stderr:\n%s", code, errOut)
+	}
+	var got []string
+	var txID string
+	for _, l := range strings.Split(strings.TrimSuffix(out, "\n"), "\n") {
+		var env struct {
+			Op        string
+			ChangeKey string `json:"change_key"`
+			Source    struct {
+				Table, File string
+				Tx          *canonical.TxOrder
+			}
+			Tx *struct {
+				ID, Status      string
+				EventCount      int `json:"event_count"`
+				DataCollections []struct {
+					DataCollection string `json:"data_collection"`
+					EventCount     int    `json:"event_count"`
+				} `json:"data_collections"`
+			}
+		}
+		if err := json.Unmarshal([]byte(l), &env); err != nil {
+			t.Fatalf("line %q: %v", l, err)
+		}
+		switch {
+		case env.Op == "tx" && env.Tx != nil:
+			rec := fmt.Sprintf("tx %s %s %d", env.Source.Table, env.Tx.Status, env.Tx.EventCount)
+			for _, dc := range env.Tx.DataCollections {
+				rec += fmt.Sprintf(" %s=%d", strings.TrimPrefix(dc.DataCollection, db+"."), dc.EventCount)
+			}
+			if txID == "" {
+				txID = env.Tx.ID
+			}
+			if env.Tx.ID != txID || env.ChangeKey != "t:"+txID+":"+strings.ToLower(env.Tx.Status) || env.Source.File == "" {
+				t.Errorf("transaction record %s: id, change key or position wrong (BEGIN's id %s)", l, txID)
+			}
+			got = append(got, rec)
+		case env.Source.Tx != nil:
+			if env.Source.Tx.ID != txID {
+				t.Errorf("change %s: source.tx.id, want %s", l, txID)
+			}
+			got = append(got, fmt.Sprintf("%s %s %d/%d", env.Op, env.Source.Table, env.Source.Tx.TotalOrder, env.Source.Tx.TableOrder))
+		default:
+			got = append(got, env.Op+" "+env.Source.Table)
+		}
+	}
+	want := []string{"ddl a", "ddl b", "tx transaction BEGIN 0", "c a 1/1", "c b 2/1", "c a 3/2", "tx transaction END 3 a=2 b=1"}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("records:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }

@@ -46,6 +46,12 @@ func record(t *testing.T, name string) outbox.Record {
 	if err := json.Unmarshal(payload, &env); err != nil {
 		t.Fatal(err)
 	}
+	switch env.Op { // as stored (one letter)
+	case canonical.TransactionOpName:
+		env.Op = canonical.OpTransaction
+	case canonical.DDLOpName:
+		env.Op = canonical.OpDDL
+	}
 	return outbox.Record{ID: env.ID, Pipe: env.Source.Instance + ":" + env.Source.DB + "." + env.Source.Table + ":hook",
 		Sink: "hook", DB: env.Source.DB, Table: env.Source.Table, Op: env.Op, Key: string(env.Key),
 		Payload: payload, Attempt: 1, CommitTime: time.UnixMilli(env.Source.TsMs)}
@@ -337,7 +343,6 @@ func TestDecodeSchemaChanges(t *testing.T) {
 	for _, fname := range format.Names {
 		for _, name := range []string{"ddl-alter", "ddl-truncate"} {
 			rec := record(t, name)
-			rec.Op = canonical.OpDDL // as stored
 			f, err := format.New(fname)
 			if err != nil {
 				t.Fatal(err)
@@ -358,5 +363,44 @@ func TestDecodeSchemaChanges(t *testing.T) {
 				t.Errorf("%s %s: op %q %s.%s, want %s shop.items", fname, name, c.Op, c.DB, c.Table, want)
 			}
 		}
+	}
+}
+
+// TestRecordsWithoutRowDecodeWithDeliveryID sends a transaction's BEGIN
+// and END, a change of it and a heartbeat through the real webhook sink
+// in each format, each twice: every one is processed once, under its
+// delivery id — in the debezium format a transaction record's id is the
+// transaction's, the same on BEGIN and END, so deduplicating on it would
+// drop the END — with its op and the transaction's id.
+func TestRecordsWithoutRowDecodeWithDeliveryID(t *testing.T) {
+	recs := []outbox.Record{record(t, "tx-begin"), record(t, "insert-tx"), record(t, "tx-end"), record(t, "heartbeat")}
+	wantOp := []string{"tx", "c", "tx", "hb"}
+	wantTx := []string{"0-1-43", "0-1-43", "0-1-43", ""}
+	for _, fname := range format.Names {
+		t.Run(fname, func(t *testing.T) {
+			r := newReceiver(t, nil, consumer.NewDedup(time.Hour, 1000))
+			s := newSink(t, r.srv.URL, fname, secret, nil)
+			for range 2 {
+				for _, rec := range recs {
+					sinktest.NoErrors(t, deliver(t, s, rec))
+				}
+			}
+			got := r.changes()
+			if len(got) != len(recs) {
+				t.Fatalf("processed %d records, want %d (each once)", len(got), len(recs))
+			}
+			for i, c := range got {
+				if c.ID != recs[i].ID || c.Op != wantOp[i] || c.DB != recs[i].DB || c.Table != recs[i].Table {
+					t.Errorf("record %d = {id %s op %s %s.%s}, want {%s %s %s.%s}",
+						i, c.ID, c.Op, c.DB, c.Table, recs[i].ID, wantOp[i], recs[i].DB, recs[i].Table)
+				}
+				if c.TxID != wantTx[i] && (fname != format.Maxwell || c.Op != "c") {
+					t.Errorf("record %d (op %s): transaction id %q, want %q", i, c.Op, c.TxID, wantTx[i])
+				}
+				if c.CommitTime.IsZero() && c.Op != "hb" {
+					t.Errorf("record %d (op %s): no commit time", i, c.Op)
+				}
+			}
+		})
 	}
 }

@@ -8,11 +8,21 @@ import (
 	"time"
 )
 
+// Where cdcout's records without a row come from (canonical.HeartbeatDB
+// and friends; the package keeps to the standard library).
+const (
+	cdcoutDB         = "__cdcout"
+	heartbeatTable   = "heartbeat"
+	transactionTable = "transaction"
+)
+
 // Change is one record, whatever format cdcout's sink was configured with.
 type Change struct {
 	// ID is the delivery id (the outbox record's id, the sink's
 	// webhook-id / ce-id): the same on every redelivery. A maxwell body
-	// has none; Handler takes it from the webhook-id header.
+	// has none; Handler takes it from the webhook-id header. A debezium
+	// transaction record carries it as delivery_id (its id is the
+	// transaction's).
 	ID string
 	// Op is "c" (insert), "u" (update), "d" (delete) or "r" (backfill);
 	// "ddl" for a schema change, "tx" for a transaction's BEGIN or END,
@@ -29,6 +39,11 @@ type Change struct {
 	Before, After json.RawMessage
 	// GTID is the source transaction's GTID ("" without GTIDs).
 	GTID string
+	// TxID is the source transaction's id (its GTID, else file:pos) on a
+	// transaction record and on a change of a sink with transactions:
+	// true (not on maxwell rows, which carry only xid and xoffset); ""
+	// otherwise.
+	TxID string
 	// CommitTime is the source commit time (zero if unknown).
 	CommitTime time.Time
 	// Format is "debezium" (the native format too: row changes are the
@@ -38,7 +53,8 @@ type Change struct {
 	Body json.RawMessage
 }
 
-// debeziumEnvelope is cdcout's canonical envelope (docs/formats.md).
+// debeziumEnvelope is cdcout's canonical envelope (docs/formats.md), and
+// a heartbeat in the debezium format (no op).
 type debeziumEnvelope struct {
 	ID     string          `json:"id"`
 	Op     string          `json:"op"`
@@ -50,7 +66,25 @@ type debeziumEnvelope struct {
 		Table string `json:"table"`
 		GTID  string `json:"gtid"`
 		TsMs  int64  `json:"ts_ms"`
+		Tx    *txID  `json:"tx"`
 	} `json:"source"`
+	Tx *txID `json:"tx"` // transaction records
+	// Transaction is Debezium's block on a change (debezium format).
+	Transaction *txID `json:"transaction"`
+	TsMs        int64 `json:"ts_ms"`
+}
+
+type txID struct {
+	ID string `json:"id"`
+}
+
+// debeziumTx is a transaction record in the debezium format: Debezium's
+// transaction-topic value plus cdcout's delivery id.
+type debeziumTx struct {
+	DeliveryID string `json:"delivery_id"`
+	ID         string `json:"id"`
+	Status     string `json:"status"`
+	TsMs       int64  `json:"ts_ms"`
 }
 
 type cloudEvent struct {
@@ -137,17 +171,39 @@ func DecodeOne(body []byte) (Change, error) {
 		if m.Ts > 0 {
 			c.CommitTime = time.Unix(m.Ts, 0).UTC()
 		}
-	case probe["op"] != nil && probe["source"] != nil:
+		if op == "tx" {
+			var tx txID
+			if err := json.Unmarshal(m.Data, &tx); err != nil {
+				return Change{}, fmt.Errorf("maxwell transaction record: %w", err)
+			}
+			c.TxID = tx.ID
+		}
+	case probe["source"] != nil:
 		var e debeziumEnvelope
 		if err := json.Unmarshal(body, &e); err != nil {
 			return Change{}, fmt.Errorf("decode envelope: %w", err)
+		}
+		if e.Op == "" && e.Source != nil && e.Source.DB == cdcoutDB && e.Source.Table == heartbeatTable {
+			e.Op = "hb" // debezium's form of a heartbeat
 		}
 		if err := c.fromEnvelope(e); err != nil {
 			return Change{}, err
 		}
 		c.Format = "debezium"
+	case probe["status"] != nil && probe["delivery_id"] != nil:
+		var tx debeziumTx
+		if err := json.Unmarshal(body, &tx); err != nil {
+			return Change{}, fmt.Errorf("decode transaction record: %w", err)
+		}
+		c.ID, c.Op, c.TxID, c.Format = tx.DeliveryID, "tx", tx.ID, "debezium"
+		c.DB, c.Table = cdcoutDB, transactionTable
+		c.Key, c.Before, c.After = json.RawMessage("null"), json.RawMessage("null"), json.RawMessage("null")
+		if tx.TsMs > 0 {
+			c.CommitTime = time.UnixMilli(tx.TsMs).UTC()
+		}
 	default:
-		return Change{}, errors.New("record is neither a cdcout envelope (op, source), a CloudEvent (specversion) nor a maxwell row (database, type)")
+		return Change{}, errors.New("record is neither a cdcout envelope (op, source), a debezium transaction record " +
+			"(status, delivery_id), a CloudEvent (specversion) nor a maxwell row (database, type)")
 	}
 	return c, nil
 }
@@ -158,6 +214,14 @@ func (c *Change) fromEnvelope(e debeziumEnvelope) error {
 	}
 	c.ID, c.Op, c.Key, c.Before, c.After = e.ID, e.Op, orNull(e.Key), orNull(e.Before), orNull(e.After)
 	c.DB, c.Table, c.GTID = e.Source.DB, e.Source.Table, e.Source.GTID
+	switch {
+	case e.Tx != nil:
+		c.TxID = e.Tx.ID
+	case e.Transaction != nil:
+		c.TxID = e.Transaction.ID
+	case e.Source.Tx != nil:
+		c.TxID = e.Source.Tx.ID
+	}
 	if e.Source.TsMs > 0 {
 		c.CommitTime = time.UnixMilli(e.Source.TsMs).UTC()
 	}

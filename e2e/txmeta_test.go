@@ -45,11 +45,12 @@ type txLine struct {
 // parts), `cdcout run` SIGKILLed five times meanwhile. Every transaction
 // gets exactly one BEGIN and one END record (one id each: no duplicate
 // records, however often the file got them), the END first written after
-// every change of its transaction was, END's counts equal the
-// changes carrying the transaction's id in source.tx, whose total_order
-// and table_order number them 1…n without gaps, and the transactions and
-// changes are exactly those the writer committed. In both identity modes:
-// the transaction records' keys do not depend on it.
+// every change of its transaction was and the BEGIN before any of them
+// (first lines: a redelivery after a SIGKILL repeats lines), END's counts
+// equal the changes carrying the transaction's id in source.tx, whose
+// total_order and table_order number them 1…n without gaps, and the
+// transactions and changes are exactly those the writer committed. In
+// both identity modes: the transaction records' keys do not depend on it.
 func TestTransactionRecords(t *testing.T) {
 	for _, mode := range []string{"gtid", "digest"} {
 		t.Run(mode, func(t *testing.T) { testTransactionRecords(t, mode) })
@@ -80,6 +81,7 @@ enqueue_max_buffer: 40
 sinks:
   - name: file
     url: file://%s
+    format: native # the stored envelopes: op "tx" records, source.tx on changes
     transactions: true
     timeout: 2s
     batch_size: 32
@@ -190,9 +192,12 @@ sinks:
 			orders = append(orders, c.Source.Tx.TotalOrder)
 			perTable[src+"."+c.Source.Table] = append(perTable[src+"."+c.Source.Table], c.Source.Tx.TableOrder)
 		}
-		last := 0
+		first, last := v.begins[0].line, 0
 		for _, c := range v.changes {
-			last = max(last, c.line)
+			first, last = min(first, c.line), max(last, c.line)
+		}
+		if v.begins[0].line > first {
+			t.Errorf("transaction %s: BEGIN at line %d, after its change at line %d", id, v.begins[0].line, first)
 		}
 		if v.ends[0].line < last {
 			t.Errorf("transaction %s: END at line %d, before its change at line %d", id, v.ends[0].line, last)

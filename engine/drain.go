@@ -33,6 +33,10 @@ type drainers struct {
 	// got rows (the drain leases learn pipes from it).
 	leases func(pipe string) (lease.Lease, bool)
 	notify func(pipes []string)
+	// wakes is shared by every drainer: a pipe waiting for another pipe
+	// of its sink (transaction records and changes, a RENAME) is woken
+	// when that pipe's records are acknowledged.
+	wakes *outbox.Wakes
 
 	mu      sync.Mutex
 	byPipe  map[string]*outbox.Drainer
@@ -45,7 +49,7 @@ func newDrainers(ctx context.Context, db *sql.DB, cfg *config.Config, holder str
 	ctx, cancel := context.WithCancel(ctx)
 	return &drainers{
 		ctx: ctx, cancel: cancel, db: db, store: outbox.NewStore(db, cfg.StateDB, log), cfg: cfg, holder: holder, sinks: sinks, log: log,
-		byPipe: map[string]*outbox.Drainer{}, skipped: map[string]bool{},
+		byPipe: map[string]*outbox.Drainer{}, skipped: map[string]bool{}, wakes: outbox.NewWakes(),
 	}
 }
 
@@ -109,10 +113,14 @@ func (d *drainers) ensure(pipe string) *outbox.Drainer {
 			MaxAttempts: se.cfg.MaxAttempts,
 			Concurrency: se.cfg.Concurrency,
 			BatchSize:   se.cfg.BatchSize,
+			// From the configuration: a sink without transactions reads
+			// no transaction pipe per segment.
+			Transactions: se.cfg.Transactions,
 		}},
 		Logger:  d.log,
 		Metrics: d.metrics,
 		Leases:  d.leases,
+		Wakes:   d.wakes,
 	})
 	if err != nil {
 		d.skipped[pipe] = true

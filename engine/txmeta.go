@@ -78,7 +78,7 @@ func (q *enqueuer) txRecord(sink string, r *canonical.TxRecord, src canonical.So
 		status = "end"
 	}
 	return openChange{
-		pipe: outbox.PipeName(q.instance, canonical.HeartbeatDB, canonical.TransactionTable, sink),
+		pipe: outbox.TransactionPipe(q.instance, sink),
 		sink: sink,
 		ch: &canonical.Change{Op: canonical.OpTransaction, Key: canonical.Row{"instance": q.instance}, Source: src, TsMs: tsMs,
 			ChangeKey: "t:" + r.ID + ":" + status, Tx: r},

@@ -57,20 +57,6 @@ func New(name string) (Format, error) {
 // the same canonical encoder as the envelopes they embed.
 var marshal = canonical.Marshal
 
-// debeziumFormat sends the stored envelope untouched (it is already
-// canonical JSON with "id" = the deliveryKey), except a schema-change
-// record, which takes Debezium's schema-change form (debeziumDDL).
-type debeziumFormat struct{}
-
-func (debeziumFormat) Encode(rec outbox.Record) ([]byte, error) {
-	if rec.Op == canonical.OpDDL {
-		return debeziumDDL(rec)
-	}
-	return rec.Payload, nil
-}
-
-func (debeziumFormat) ContentType() string { return "application/json" }
-
 // nativeFormat sends the stored envelope untouched, schema-change records
 // included (op "ddl" with the "ddl" object, docs/formats.md).
 type nativeFormat struct{}

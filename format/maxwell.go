@@ -20,7 +20,9 @@ import (
 // last row) are not in the binlog row events cdcout reads; instead xid is
 // the GTID's sequence number, which is just as unique per transaction within
 // a GTID domain, and "gtid" and "position" carry the exact origin. commit is
-// never emitted.
+// never emitted: a row cannot tell it is its transaction's last when it is
+// written. A change of a sink with transactions: true has Maxwell's
+// xoffset, its 0-based place among the transaction's changes the sink gets.
 type maxwellFormat struct{}
 
 func (maxwellFormat) ContentType() string { return "application/json" }
@@ -40,6 +42,9 @@ type envelope struct {
 		File    string `json:"file"`
 		Pos     uint32 `json:"pos"`
 		TsMs    int64  `json:"ts_ms"`
+		// Tx is the change's place in its transaction (sinks with
+		// transactions: true).
+		Tx *canonical.TxOrder `json:"tx"`
 	} `json:"source"`
 	TsMs int64           `json:"ts_ms"`
 	Tx   json.RawMessage `json:"tx"` // transaction records
@@ -95,6 +100,9 @@ func (maxwellFormat) Encode(rec outbox.Record) ([]byte, error) {
 		if xid, ok := gtidSeq(env.Source.GTID); ok {
 			doc["xid"] = xid
 		}
+	}
+	if env.Source.Tx != nil {
+		doc["xoffset"] = env.Source.Tx.TotalOrder - 1
 	}
 	return marshalMaxwell(rec, env, doc)
 }

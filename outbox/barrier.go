@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/cdcout/cdcout/canonical"
@@ -48,31 +49,194 @@ const barrierPoll = 50 * time.Millisecond
 // whole pipe.
 func isBarrier(op string) bool { return op == string(canonical.OpDDL) }
 
+// isTxRecord reports whether a record is a transaction record (BEGIN or
+// END).
+func isTxRecord(op string) bool { return op == string(canonical.OpTransaction) }
+
 // barrier reports whether seg is a barrier record's segment.
 func (seg *segment) barrier() bool { return len(seg.recs) == 1 && isBarrier(seg.recs[0].op) }
+
+// TransactionPipe is the pipe of a sink's transaction records:
+// "<instance>:__cdcout.transaction:<sink>".
+func TransactionPipe(instance, sink string) string {
+	return PipeName(instance, canonical.HeartbeatDB, canonical.TransactionTable, sink)
+}
+
+// isTransactionPipe reports whether pipe holds a sink's transaction
+// records.
+func isTransactionPipe(pipe string) bool {
+	_, table, _, ok := SplitPipe(pipe)
+	return ok && table == canonical.HeartbeatDB+"."+canonical.TransactionTable
+}
 
 // txRecords reports whether seg holds transaction records (the pipe of a
 // sink's BEGIN and END records).
 func (seg *segment) txRecords() bool {
-	return len(seg.recs) > 0 && seg.recs[0].op == string(canonical.OpTransaction)
+	return len(seg.recs) > 0 && isTxRecord(seg.recs[0].op)
 }
 
-// fenced reports whether seg waits for records of other pipes or of its
-// whole pipe before it is delivered, and is held whole rather than left
-// in part as rows.
+// fenced reports whether seg is held whole rather than left in part as
+// rows: a barrier, or transaction records.
 func (seg *segment) fenced() bool { return seg.barrier() || seg.txRecords() }
 
-// fenceWait reports whether the fenced segment seg must wait for earlier
-// records. A barrier waits for pending outbox rows of its pipe, and, for
-// a RENAME, pending segments and rows of the old name's pipe older than
-// it. Transaction records wait for every record of the sink's other pipes
-// older than the segment's last one: an END reaches the sink after every
-// change of its transaction (docs/ARCHITECTURE.md, "Transaction
-// metadata").
-func (p *pipeDrainer) fenceWait(ctx context.Context, seg *segment) (bool, error) {
-	if seg.txRecords() {
-		return p.d.sinkPendingBefore(ctx, p.name, seg.recs[len(seg.recs)-1].id)
+// errWaits: the pipe's oldest segment waits for older records of the
+// sink's other pipes (orderWait); it was not claimed.
+var errWaits = errors.New("segment waits for older records of its sink")
+
+// oldestSegment returns the id of the pipe's oldest pending segment ("":
+// none) and whether it must wait before it is claimed, for the order of
+// a sink's transaction records with its changes (docs/ARCHITECTURE.md,
+// "Transaction metadata"):
+//
+//   - a segment of transaction records with an END waits until the pipes
+//     of the tables its ENDs count have no pending segment or row older
+//     than its last record: an END reaches the sink after every change of
+//     its transaction. BEGINs wait for nothing (the changes before one are
+//     older than the END before it, which waited). An END that counts no
+//     table, or a record that does not parse, waits for every record of
+//     the sink's other pipes older than the last (sinkPendingBefore);
+//   - a segment of a data pipe of a sink with transactions waits until
+//     the sink's transaction pipe has no pending record older than its
+//     first: a BEGIN reaches the sink before every change of its
+//     transaction. Only transaction segments wholly older count, so one
+//     spanning id (written before segments were cut at transaction
+//     records) cannot wait for this one while this one waits for it. The
+//     wait is read with the segment, in one statement.
+//
+// Every wait is for strictly older records, so none closes a cycle.
+// While it reads, the pipe is marked waiting: an acknowledgement in
+// another pipe of the sink in this process wakes it (Wakes).
+func (p *pipeDrainer) oldestSegment(ctx context.Context) (id string, wait bool, err error) {
+	d := p.d
+	// A pipe without waits reads only the fifo index; a transaction pipe
+	// also its segment's last record and payload (a few small records).
+	cols, args := "s.id, s.id, NULL, FALSE", []any{}
+	switch {
+	case p.txRecords:
+		cols = "s.id, s.last_id, s.payload, FALSE"
+	case p.txPipe != "":
+		cols = "s.id, s.id, NULL, " + pendingSQL(d.segments, d.outbox, true, "s.id")
+		args = append(args, p.txPipe, p.txPipe)
 	}
+	tracked := p.txRecords || p.txPipe != ""
+	if tracked {
+		p.waiting.Store(true)
+		defer func() { p.waiting.Store(id != "" && (wait || err != nil)) }()
+	}
+	var (
+		last    string
+		payload []byte
+	)
+	err = d.cfg.DB.QueryRowContext(ctx, `SELECT `+cols+` FROM `+d.segments+` s
+WHERE s.pipe = ? AND s.status = 'pending' ORDER BY s.id LIMIT 1`, append(args, p.name)...).Scan(&id, &last, &payload, &wait)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("claim segment of %s: %w", p.name, err)
+	}
+	if p.txRecords {
+		wait, err = p.endWait(ctx, last, payload)
+	}
+	return id, wait, err
+}
+
+// endWait reports whether a segment of transaction records (its last
+// record last) waits for the changes its ENDs count (oldestSegment).
+func (p *pipeDrainer) endWait(ctx context.Context, last string, payload []byte) (bool, error) {
+	tables, wide := endTables(payload)
+	if wide {
+		return p.d.sinkPendingBefore(ctx, p.name, last)
+	}
+	if len(tables) == 0 {
+		return false, nil // BEGINs only
+	}
+	instance, _, sink, _ := SplitPipe(p.name)
+	var q strings.Builder
+	q.WriteString("SELECT ")
+	var args []any
+	for i, t := range tables {
+		if i > 0 {
+			q.WriteString(" OR ")
+		}
+		q.WriteString(pendingSQL(p.d.segments, p.d.outbox, false, "?"))
+		pipe := instance + ":" + t + ":" + sink
+		args = append(args, pipe, last, pipe, last)
+	}
+	var wait bool
+	if err := p.d.cfg.DB.QueryRowContext(ctx, q.String(), args...).Scan(&wait); err != nil {
+		return false, fmt.Errorf("pending changes before %s of %s: %w", last, p.name, err)
+	}
+	return wait, nil
+}
+
+// pendingSQL is a condition, true when a pipe (the first and third
+// argument) has a pending segment older than before (a column or the
+// second and fourth argument) — wholly: its last record too — or a
+// pending row older than it. One statement is one read view (autocommit
+// at the pool's REPEATABLE READ), so a segment recorded meanwhile cannot
+// hide a record that left it as a row from both reads.
+func pendingSQL(segments, outbox string, wholly bool, before string) string {
+	seg := `EXISTS (SELECT 1 FROM ` + segments + ` t WHERE t.pipe = ? AND t.status = 'pending' AND t.id < ` + before
+	if wholly {
+		// id < before bounds the scan of the fifo index; last_id decides.
+		seg += ` AND t.last_id < ` + before
+	}
+	return seg + `) OR EXISTS (SELECT 1 FROM ` + outbox + ` o FORCE INDEX (due) WHERE o.pipe = ? AND o.status = 'pending' AND o.id < ` + before + `)`
+}
+
+// endTables returns the tables ("db.table") the ENDs of a segment of
+// transaction records count, in first appearance order; wide when an END
+// counts none or a record is no transaction record that parses.
+func endTables(payload []byte) (tables []string, wide bool) {
+	recs, err := parseSegment(payload)
+	if err != nil {
+		return nil, true
+	}
+	seen := map[string]bool{}
+	for _, r := range recs {
+		var env struct {
+			Tx *struct {
+				Status          string `json:"status"`
+				DataCollections []struct {
+					Name string `json:"data_collection"`
+				} `json:"data_collections"`
+			} `json:"tx"`
+		}
+		if err := json.Unmarshal(r.payload, &env); err != nil || env.Tx == nil {
+			return nil, true
+		}
+		switch env.Tx.Status {
+		case canonical.TxBegin:
+			continue
+		case canonical.TxEnd:
+			if len(env.Tx.DataCollections) == 0 {
+				return nil, true
+			}
+		default:
+			return nil, true
+		}
+		for _, dc := range env.Tx.DataCollections {
+			if !seen[dc.Name] {
+				seen[dc.Name] = true
+				tables = append(tables, dc.Name)
+			}
+		}
+	}
+	return tables, false
+}
+
+// fenceWait reports whether the barrier segment seg must wait for earlier
+// records: pending outbox rows of its pipe, and, for a RENAME, pending
+// segments and rows of the old name's pipe older than it.
+func (p *pipeDrainer) fenceWait(ctx context.Context, seg *segment) (bool, error) {
+	p.waiting.Store(true)
+	wait, err := p.barrierWait(ctx, seg)
+	p.waiting.Store(wait || err != nil)
+	return wait, err
+}
+
+func (p *pipeDrainer) barrierWait(ctx context.Context, seg *segment) (bool, error) {
 	if wait, err := p.d.pendingBefore(ctx, p.name, ""); wait || err != nil {
 		return wait, err
 	}
@@ -122,17 +286,32 @@ func (d *Drainer) sinkPendingBefore(ctx context.Context, pipe, before string) (b
 // seen done has its rows visible to the read that follows, while the
 // other order could miss both (done after the rows were read).
 func (d *Drainer) pendingBefore(ctx context.Context, pipe, before string) (bool, error) {
-	var one int
 	if before != "" {
-		err := d.cfg.DB.QueryRowContext(ctx, `SELECT 1 FROM `+d.segments+` WHERE pipe = ? AND status = 'pending' AND id < ? LIMIT 1`,
-			pipe, before).Scan(&one)
-		if err == nil {
-			return true, nil
-		}
-		if !errors.Is(err, sql.ErrNoRows) {
-			return false, fmt.Errorf("pending segments of %s: %w", pipe, err)
+		if wait, err := d.pendingSegment(ctx, pipe, `id < ?`, before); wait || err != nil {
+			return wait, err
 		}
 	}
+	return d.pendingRow(ctx, pipe, before)
+}
+
+// pendingSegment reports whether pipe has a pending segment matching cond.
+func (d *Drainer) pendingSegment(ctx context.Context, pipe, cond string, args ...any) (bool, error) {
+	var one int
+	err := d.cfg.DB.QueryRowContext(ctx, `SELECT 1 FROM `+d.segments+` WHERE pipe = ? AND status = 'pending' AND `+cond+` LIMIT 1`,
+		append([]any{pipe}, args...)...).Scan(&one)
+	if err == nil {
+		return true, nil
+	}
+	if !errors.Is(err, sql.ErrNoRows) {
+		return false, fmt.Errorf("pending segments of %s: %w", pipe, err)
+	}
+	return false, nil
+}
+
+// pendingRow reports whether pipe has a pending outbox row (with an id
+// below before, when set).
+func (d *Drainer) pendingRow(ctx context.Context, pipe, before string) (bool, error) {
+	var one int
 	q := `SELECT 1 FROM ` + d.outbox + ` FORCE INDEX (due) WHERE pipe = ? AND status = 'pending'`
 	args := []any{pipe}
 	if before != "" {

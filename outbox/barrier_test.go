@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"go.uber.org/zap/zaptest"
 
@@ -110,10 +111,18 @@ func TestBarrierOrdersWholePipe(t *testing.T) {
 	}
 }
 
-// txItem is a transaction record for pipe (the sink's transaction pipe).
-func txItem(pipe string, txn int, status string) Pending {
+// txItem is a transaction record for pipe (the sink's transaction pipe);
+// an END counts one change of each of tables ("db.table").
+func txItem(pipe string, txn int, status string, tables ...string) Pending {
+	r := &canonical.TxRecord{ID: fmt.Sprint("0-1-", txn), Status: status}
+	if status == canonical.TxEnd {
+		r.EventCount, r.Tables = len(tables), map[string]int{}
+		for _, t := range tables {
+			r.Tables[t] = 1
+		}
+	}
 	c := &canonical.Change{Op: canonical.OpTransaction, Key: canonical.Row{"instance": "a"}, TsMs: 1_700_000_000_456,
-		Tx:     &canonical.TxRecord{ID: fmt.Sprint("0-1-", txn), Status: status},
+		Tx:     r,
 		Source: canonical.Source{Connector: "cdcout", DB: canonical.HeartbeatDB, Table: canonical.TransactionTable, GTID: fmt.Sprint("0-1-", txn)}}
 	return Pending{Pipe: pipe, Sink: sinkOf(pipe), Change: c, ChangeKey: fmt.Sprintf("t:0-1-%d:%s", txn, status), Digest: canonical.DigestChange(pipe, c)}
 }
@@ -131,7 +140,7 @@ func TestTransactionRecordsWaitForChanges(t *testing.T) {
 	for i := range 6 {
 		items = append(items, gtidItem(data, 1, i))
 	}
-	items = append(items, txItem(txPipe, 1, "END"), txItem(txPipe, 2, "BEGIN"), txItem(txPipe, 2, "END"))
+	items = append(items, txItem(txPipe, 1, "END", "app.users"), txItem(txPipe, 2, "BEGIN"), txItem(txPipe, 2, "END", "app.users"))
 	if _, err := s.Enqueue(context.Background(), "r1", Fence{}, items, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -170,12 +179,226 @@ func TestTransactionRecordsWaitForChanges(t *testing.T) {
 	}
 }
 
+// TestTransactionBeginBeforeChanges: with transactions on, no change of
+// a transaction reaches the sink before its BEGIN was acknowledged, and
+// its END comes after all of them — while the first BEGIN fails twice
+// (held, with backoff), another is slow, a change is retried as a row,
+// a third pipe's rows without a transaction (backfill-like) lie between
+// the transactions' records in the batches, and a huge transaction comes
+// in two enqueues, its BEGIN with the first. Nothing waits forever (the
+// deadline of waitFor): every wait is for older records.
+func TestTransactionBeginBeforeChanges(t *testing.T) {
+	st := newTestState(t)
+	const a, b, bf, txPipe = "a:app.users:seg", "a:app.orders:seg", "a:app.items:seg", "a:__cdcout.transaction:seg"
+	s := NewStore(st.db, st.schema, zaptest.NewLogger(t))
+	n := 0
+	rows := func(pipe string, txn, from, to int) []Pending {
+		var out []Pending
+		for i := from; i < to; i++ {
+			it := gtidItem(pipe, txn, i)
+			if pipe == bf { // not of a transaction
+				n++
+				it.ChangeKey = fmt.Sprintf("b:1:%04d", n)
+			}
+			out = append(out, it)
+		}
+		return out
+	}
+	var batch1, batch2 []Pending
+	for _, part := range [][]Pending{
+		{txItem(txPipe, 1, "BEGIN")}, rows(a, 1, 0, 3), rows(bf, 0, 0, 2), rows(b, 1, 3, 5), {txItem(txPipe, 1, "END", "app.users", "app.orders")},
+		rows(bf, 0, 0, 2),
+		{txItem(txPipe, 2, "BEGIN")}, rows(a, 2, 0, 4), rows(bf, 0, 0, 1), rows(b, 2, 4, 5), {txItem(txPipe, 2, "END", "app.users", "app.orders")},
+		{txItem(txPipe, 3, "BEGIN")}, rows(a, 3, 0, 10), // the huge transaction's first part
+	} {
+		batch1 = append(batch1, part...)
+	}
+	for _, part := range [][]Pending{
+		rows(a, 3, 10, 20), rows(b, 3, 20, 25), rows(bf, 0, 0, 2), {txItem(txPipe, 3, "END", "app.users", "app.orders")},
+		{txItem(txPipe, 4, "BEGIN")}, rows(b, 4, 0, 1), {txItem(txPipe, 4, "END", "app.orders")},
+	} {
+		batch2 = append(batch2, part...)
+	}
+	for _, items := range [][]Pending{batch1, batch2} {
+		if _, err := s.Enqueue(context.Background(), "r1", Fence{}, items, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A segment of transaction records and one of changes of the sink
+	// never overlap: neither spans a record of the other.
+	if n := count(t, st.db, "SELECT COUNT(*) FROM `"+st.schema+"`.segments t JOIN `"+st.schema+"`.segments d ON d.sink = t.sink AND d.pipe <> t.pipe"+
+		" WHERE t.pipe = ? AND d.id <= t.last_id AND t.id <= d.last_id", txPipe); n != 0 {
+		t.Errorf("%d segments of changes overlap one of transaction records", n)
+	}
+
+	fake := newScriptedSink(t, st, func(ck string, attempt int) error {
+		if ck == "t:0-1-1:BEGIN" && attempt <= 2 || ck == "g:0-1-2:1" && attempt == 1 {
+			return errors.New("503 from the receiver")
+		}
+		return nil
+	})
+	fake.slow = func(ck string) time.Duration {
+		if ck == "t:0-1-3:BEGIN" {
+			return 150 * time.Millisecond
+		}
+		return 0
+	}
+	pipes := map[string]PipeConfig{txPipe: {Sink: fake.fake()}}
+	for _, p := range []string{a, b, bf} {
+		pipes[p] = PipeConfig{Sink: fake.fake(), Concurrency: 4, BatchSize: 3, Transactions: true}
+	}
+	d := st.drainer(t, "d1", pipes, nil)
+	runCtx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.Run(runCtx); close(done) }()
+	want := len(records(t, st.db, st.schema))
+	waitFor(t, "every record delivered", func() bool { return len(fake.delivered()) >= want })
+	cancel()
+	<-done
+
+	order := fake.delivered()
+	pos := map[string]int{}
+	for i, ck := range order {
+		if _, dup := pos[ck]; dup {
+			t.Errorf("%s delivered twice", ck)
+		}
+		pos[ck] = i
+	}
+	for ck, i := range pos {
+		var txn, row int
+		if _, err := fmt.Sscanf(ck, "g:0-1-%d:%d", &txn, &row); err != nil {
+			continue
+		}
+		begin, end := pos[fmt.Sprintf("t:0-1-%d:BEGIN", txn)], pos[fmt.Sprintf("t:0-1-%d:END", txn)]
+		if i < begin || i > end {
+			t.Errorf("change %s delivered at %d, its BEGIN at %d, its END at %d", ck, i, begin, end)
+		}
+	}
+	if got := fake.attemptsOf("t:0-1-1:BEGIN"); got != 3 {
+		t.Errorf("the first BEGIN was tried %d times, want 3 (two failures)", got)
+	}
+}
+
+// TestTransactionWaitsWokenInProcess: a sink with transactions delivers
+// about one transaction at a time (BEGIN, changes, END, each waiting for
+// the one before), so the pipes must wake each other when their records
+// are acknowledged. Here every pipe has a Drainer of its own, as in the
+// engine, sharing one Wakes, and no pipe polls (an hour): 30 transactions
+// over two tables are delivered, in order, only through the wake-ups.
+func TestTransactionWaitsWokenInProcess(t *testing.T) {
+	st := newTestState(t)
+	const a, b, txPipe = "a:app.users:seg", "a:app.orders:seg", "a:__cdcout.transaction:seg"
+	s := NewStore(st.db, st.schema, zaptest.NewLogger(t))
+	for batch := range 3 {
+		var items []Pending
+		for txn := batch*10 + 1; txn <= batch*10+10; txn++ {
+			items = append(items, txItem(txPipe, txn, "BEGIN"), gtidItem(a, txn, 0), gtidItem(b, txn, 1), txItem(txPipe, txn, "END", "app.users", "app.orders"))
+		}
+		if _, err := s.Enqueue(context.Background(), "r1", Fence{}, items, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fake := newScriptedSink(t, st, func(string, int) error { return nil })
+	wakes := NewWakes()
+	runCtx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for _, pipe := range []string{txPipe, a, b} {
+		d := st.drainer(t, "d1", map[string]PipeConfig{pipe: {Sink: fake.fake(), Transactions: pipe != txPipe}},
+			func(c *DrainerConfig) { c.Wakes = wakes })
+		d.segmentPoll = time.Hour
+		wg.Add(1)
+		go func() { defer wg.Done(); d.Run(runCtx) }()
+	}
+	start := time.Now()
+	waitFor(t, "every record delivered through wake-ups", func() bool { return len(fake.delivered()) == 4*30 })
+	took := time.Since(start)
+	cancel()
+	wg.Wait()
+	pos := map[string]int{}
+	for i, ck := range fake.delivered() {
+		pos[ck] = i
+	}
+	for txn := 1; txn <= 30; txn++ {
+		begin, end := pos[fmt.Sprintf("t:0-1-%d:BEGIN", txn)], pos[fmt.Sprintf("t:0-1-%d:END", txn)]
+		for _, ck := range []string{fmt.Sprintf("g:0-1-%d:0", txn), fmt.Sprintf("g:0-1-%d:1", txn)} {
+			if i := pos[ck]; i < begin || i > end {
+				t.Errorf("change %s delivered at %d, its BEGIN at %d, its END at %d", ck, i, begin, end)
+			}
+		}
+	}
+	t.Logf("30 transactions in %v (%.0f/s)", took, 30/took.Seconds())
+}
+
+// TestTransactionSegmentsOfEarlierVersionsDrain: segments written before
+// transaction records were alone in theirs (one of BEGIN, END, BEGIN,
+// END; one data segment spanning them) neither wait for each other nor
+// lose the END's order: the changes go first, the records after.
+func TestTransactionSegmentsOfEarlierVersionsDrain(t *testing.T) {
+	st := newTestState(t)
+	const a, txPipe = "a:app.users:seg", "a:__cdcout.transaction:seg"
+	s := NewStore(st.db, st.schema, zaptest.NewLogger(t))
+	items := []Pending{txItem(txPipe, 1, "BEGIN"), gtidItem(a, 1, 0), gtidItem(a, 1, 1), txItem(txPipe, 1, "END", "app.users"),
+		txItem(txPipe, 2, "BEGIN"), gtidItem(a, 2, 0), txItem(txPipe, 2, "END", "app.users")}
+	if _, err := s.Enqueue(context.Background(), "r1", Fence{}, items, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, pipe := range []string{a, txPipe} {
+		st.mergeSegments(t, pipe)
+	}
+	fake := newScriptedSink(t, st, func(string, int) error { return nil })
+	d := st.drainer(t, "d1", map[string]PipeConfig{a: {Sink: fake.fake(), Transactions: true}, txPipe: {Sink: fake.fake()}}, nil)
+	runCtx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.Run(runCtx); close(done) }()
+	waitFor(t, "every record delivered", func() bool { return len(fake.delivered()) == len(items) })
+	cancel()
+	<-done
+	order := fake.delivered()
+	if got := slices.Index(order, "t:0-1-1:BEGIN"); got != 3 {
+		t.Errorf("delivered %v: the old segment of transaction records must follow the one of changes it spans", order)
+	}
+}
+
+// mergeSegments makes the pipe's pending segments one, as enqueues wrote
+// them before transaction records were alone in theirs.
+func (s *testState) mergeSegments(t *testing.T, pipe string) {
+	t.Helper()
+	seg := "`" + s.schema + "`.segments"
+	rows, err := s.db.Query("SELECT payload FROM "+seg+" WHERE pipe = ? AND status = 'pending' ORDER BY id", pipe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recs []*segRecord
+	for rows.Next() {
+		var payload []byte
+		if err := rows.Scan(&payload); err != nil {
+			t.Fatal(err)
+		}
+		parsed, err := parseSegment(payload)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range parsed {
+			recs = append(recs, &parsed[i])
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	s.exec(t, "DELETE FROM "+seg+" WHERE pipe = ?", pipe)
+	s.exec(t, "INSERT INTO "+seg+" (id, pipe, sink, records, last_id, first_commit_ts, payload) VALUES (?,?,?,?,?,?,?)",
+		recs[0].id, pipe, PipeSink(pipe), len(recs), recs[len(recs)-1].id, recs[0].commitTS, appendSegment(nil, recs))
+}
+
 // scriptedSink answers each attempt at a record as fail says for its
 // change key and attempt number (1-based; nil delivers it) and logs the
 // change keys delivered, in order, over every pipe it serves.
 type scriptedSink struct {
 	fail      func(changeKey string, attempt int) error
 	changeKey map[string]string // record id → change key
+	// slow, when set, is how long a call with the record takes, outside
+	// the lock (other pipes' calls go on meanwhile).
+	slow func(changeKey string) time.Duration
 
 	mu       sync.Mutex
 	order    []string
@@ -193,6 +416,11 @@ func newScriptedSink(t *testing.T, st *testState, fail func(changeKey string, at
 
 func (s *scriptedSink) fake() fakeSink {
 	return fakeSink{fn: func(_ context.Context, recs []Record) []error {
+		if s.slow != nil {
+			for _, r := range recs {
+				time.Sleep(s.slow(s.changeKey[r.ID]))
+			}
+		}
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		errs := make([]error, len(recs))

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -69,6 +70,12 @@ type PipeConfig struct {
 	Concurrency int
 	// BatchSize is the most records handed to one Deliver call. Default 100.
 	BatchSize int
+	// Transactions: the pipe's sink gets transaction records (its
+	// transactions: true), so the pipe's segments wait for the sink's
+	// older BEGIN and END records (orderWait). Off, they do not read the
+	// transaction pipe at all; its records, from before the flag was
+	// switched off, still drain (they wait only for older changes).
+	Transactions bool
 }
 
 // DrainMetrics are optional observation hooks; nil fields are skipped.
@@ -114,6 +121,10 @@ type DrainerConfig struct {
 	// in the database, so a paused former holder claims nothing. Nil means
 	// every configured pipe is drained unfenced (single replica, tests).
 	Leases func(pipe string) (lease.Lease, bool)
+	// Wakes, shared by the Drainers of one process, wakes a pipe that
+	// waits for another pipe's records when they are acknowledged. Nil:
+	// the Drainer's own pipes wake each other only.
+	Wakes *Wakes
 }
 
 // Drainer delivers outbox rows to sinks: per pipe, it claims due rows,
@@ -134,6 +145,10 @@ type Drainer struct {
 	// claim lease); tests of a state-database outage shorten them.
 	retryFor    time.Duration
 	stmtTimeout time.Duration
+	// segmentPoll is how soon a segment loop looks again after it found
+	// nothing to do (idleMin) or a segment that had to wait
+	// (barrierPoll); tests of the wake-ups (Wakes) lengthen it.
+	segmentPoll time.Duration
 }
 
 type pipeDrainer struct {
@@ -143,6 +158,14 @@ type pipeDrainer struct {
 	// wake has one channel per claimer; a poke wakes them all.
 	wake []chan struct{}
 	log  *zap.Logger
+	// txRecords: the pipe holds its sink's transaction records. txPipe,
+	// for a data pipe of a sink with transactions (PipeConfig), is the
+	// sink's transaction pipe. waiting: the pipe's oldest segment waits
+	// for other pipes' records (orderWait, fenceWait), so their
+	// acknowledgements wake it (Wakes).
+	txRecords bool
+	txPipe    string
+	waiting   atomic.Bool
 
 	mu       sync.Mutex
 	inflight map[string]bool // ids of rows in a Deliver call right now
@@ -202,6 +225,9 @@ func NewDrainer(cfg DrainerConfig) (*Drainer, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
+	if cfg.Wakes == nil {
+		cfg.Wakes = NewWakes()
+	}
 	d := &Drainer{
 		cfg:         cfg,
 		claimer:     ClaimerID(cfg.ClaimedBy),
@@ -213,6 +239,7 @@ func NewDrainer(cfg DrainerConfig) (*Drainer, error) {
 		logger:      cfg.Logger.Named("drain"),
 		retryFor:    outcomeRetryFor,
 		stmtTimeout: stmtTimeoutFor(cfg.ClaimLease),
+		segmentPoll: min(idleMin, barrierPoll),
 	}
 	names := make([]string, 0, len(cfg.Pipes))
 	for name := range cfg.Pipes {
@@ -231,8 +258,13 @@ func NewDrainer(cfg DrainerConfig) (*Drainer, error) {
 		if cfg.ClaimLease <= pc.Timeout {
 			return nil, fmt.Errorf("drainer: claim lease %v must exceed pipe %s's delivery timeout %v, or a slow delivery is handed to a second replica while it is still running", cfg.ClaimLease, name, pc.Timeout)
 		}
+		instance, _, sink, _ := SplitPipe(name)
+		txPipe := ""
+		if pc.Transactions && !isTransactionPipe(name) {
+			txPipe = TransactionPipe(instance, sink)
+		}
 		d.pipes = append(d.pipes, &pipeDrainer{
-			d: d, name: name, cfg: pc,
+			d: d, name: name, cfg: pc, txRecords: isTransactionPipe(name), txPipe: txPipe,
 			// One wake channel per claimer, the last for segments.
 			wake:     []chan struct{}{make(chan struct{}, 1), make(chan struct{}, 1), make(chan struct{}, 1)},
 			log:      d.logger.With(zap.String("pipe", name)),
@@ -263,12 +295,22 @@ func (p *pipeDrainer) poke() {
 	}
 }
 
+// pokeSegments wakes the pipe's segment loop only.
+func (p *pipeDrainer) pokeSegments() {
+	select {
+	case p.wake[len(claimParts)] <- struct{}{}:
+	default:
+	}
+}
+
 // Run drains every pipe until ctx ends, then stops claiming, lets the
 // deliveries in flight finish (each bounded by its timeout), records their
 // outcomes and returns nil.
 func (d *Drainer) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	for _, p := range d.pipes {
+		d.cfg.Wakes.add(p)
+		defer d.cfg.Wakes.remove(p)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -482,7 +524,7 @@ func (p *pipeDrainer) idleWait(idle time.Duration) time.Duration {
 // segmentLoop delivers the pipe's segments one after the other, and waits
 // for a wake-up or a poll when there is none.
 func (p *pipeDrainer) segmentLoop(ctx context.Context, wake <-chan struct{}) {
-	idle := idleMin
+	idle := p.d.segmentPoll
 	timer := time.NewTimer(idle)
 	defer timer.Stop()
 	failing := false
@@ -490,7 +532,7 @@ func (p *pipeDrainer) segmentLoop(ctx context.Context, wake <-chan struct{}) {
 		n, err := p.drainSegment(ctx)
 		switch {
 		case err == nil && n > 0:
-			idle, failing = idleMin, false
+			idle, failing = p.d.segmentPoll, false
 			continue
 		case err == nil:
 			failing = false
@@ -506,7 +548,7 @@ func (p *pipeDrainer) segmentLoop(ctx context.Context, wake <-chan struct{}) {
 		select {
 		case <-ctx.Done():
 		case <-wake:
-			idle = idleMin
+			idle = p.d.segmentPoll
 		case <-timer.C:
 			idle = min(idle*2, idleMax)
 		}

@@ -370,6 +370,9 @@ func (p *pipeDrainer) report(commits []time.Time, fails []failure, fields ...zap
 	if minDelay >= 0 {
 		p.retryDueIn(minDelay)
 	}
+	if len(commits) > 0 || nDead > 0 {
+		p.d.cfg.Wakes.settled(p)
+	}
 }
 
 func (m DrainMetrics) batch(pipe string, n int, d time.Duration) {

@@ -68,6 +68,9 @@ type segment struct {
 	attempt   int
 	recs      []segRecord
 	claimedAt time.Time
+	// rowsPending: the pipe had pending outbox rows when the segment was
+	// read, so their keys are looked up (openKeys); usually it has none.
+	rowsPending bool
 }
 
 // leftRecord is a record that leaves its segment as an outbox row.
@@ -101,25 +104,31 @@ func (p *pipeDrainer) drainSegment(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	seg, err := p.claimSegment(ctx)
+	if errors.Is(err, errWaits) {
+		p.retryDueIn(p.d.segmentPoll) // or woken sooner (Wakes)
+		return 0, nil
+	}
 	if err != nil || seg == nil {
 		return 0, err
 	}
 	// From the claim on, the segment is finished even during a stop: what
 	// is not delivered by then leaves it as outbox rows.
 	wctx := context.WithoutCancel(ctx)
-	if seg.fenced() {
+	if seg.barrier() {
 		wait, err := p.fenceWait(wctx, seg)
 		if err != nil || wait {
 			// Untouched: given back with its attempt, looked at again soon.
 			p.releaseSegment(wctx, seg.id)
-			p.retryDueIn(barrierPoll)
+			p.retryDueIn(p.d.segmentPoll)
 			return 0, err
 		}
 	}
-	blocked, err := p.openKeys(wctx)
-	if err != nil {
-		p.releaseSegment(wctx, seg.id)
-		return 0, fmt.Errorf("segment %s of %s: read keys with pending rows: %w", seg.id, p.name, err)
+	var blocked map[string]bool
+	if seg.rowsPending {
+		if blocked, err = p.openKeys(wctx); err != nil {
+			p.releaseSegment(wctx, seg.id)
+			return 0, fmt.Errorf("segment %s of %s: read keys with pending rows: %w", seg.id, p.name, err)
+		}
 	}
 	left, delivered, hold := p.deliverSegment(ctx, seg, blocked)
 	if hold != nil {
@@ -219,7 +228,8 @@ func untried(left []leftRecord) bool {
 }
 
 // claimSegment claims the oldest pending segment of the pipe, if it is due
-// (unclaimed, or its claim lapsed). Segments are delivered strictly in
+// (unclaimed, or its claim lapsed) and need not wait for other pipes'
+// records (orderWait; errWaits). Segments are delivered strictly in
 // order, so a newer one is never taken while an older one is claimed.
 func (p *pipeDrainer) claimSegment(ctx context.Context) (*segment, error) {
 	d := p.d
@@ -227,14 +237,12 @@ func (p *pipeDrainer) claimSegment(ctx context.Context) (*segment, error) {
 	if err != nil {
 		return nil, err
 	}
-	var id string
-	err = d.cfg.DB.QueryRowContext(ctx, `SELECT id FROM `+d.segments+`
-WHERE pipe = ? AND status = 'pending' ORDER BY id LIMIT 1`, p.name).Scan(&id)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, nil
+	id, wait, err := p.oldestSegment(ctx)
+	if err != nil || id == "" {
+		return nil, err
 	}
-	if err != nil {
-		return nil, fmt.Errorf("claim segment of %s: %w", p.name, err)
+	if wait {
+		return nil, fmt.Errorf("segment %s of %s: %w", id, p.name, errWaits)
 	}
 	// Due: unclaimed and not held (next_attempt_at is its creation or
 	// release), a lapsed claim, or a hold that ended.
@@ -265,8 +273,9 @@ WHERE pipe = ? AND status = 'pending' ORDER BY id LIMIT 1`, p.name).Scan(&id)
 // (packet, copy, decompressed).
 func (p *pipeDrainer) readSegment(ctx context.Context, seg *segment) ([]segRecord, error) {
 	d := p.d
-	rows, err := d.cfg.DB.QueryContext(ctx, `SELECT sink, attempts, payload FROM `+d.segments+`
-WHERE id = ? AND status = 'pending' AND claimer = ?`, seg.id, d.claimer)
+	rows, err := d.cfg.DB.QueryContext(ctx, `SELECT sink, attempts, EXISTS (SELECT 1 FROM `+d.outbox+` FORCE INDEX (due)
+WHERE pipe = ? AND status = 'pending'), payload FROM `+d.segments+`
+WHERE id = ? AND status = 'pending' AND claimer = ?`, p.name, seg.id, d.claimer)
 	if err != nil {
 		return nil, err
 	}
@@ -278,7 +287,7 @@ WHERE id = ? AND status = 'pending' AND claimer = ?`, seg.id, d.claimer)
 		return nil, sql.ErrNoRows
 	}
 	var raw sql.RawBytes
-	if err := rows.Scan(&seg.sink, &seg.attempt, &raw); err != nil {
+	if err := rows.Scan(&seg.sink, &seg.attempt, &seg.rowsPending, &raw); err != nil {
 		return nil, err
 	}
 	payload := []byte(raw)

@@ -26,13 +26,23 @@ func (p *pipeDrainer) recordSegment(ctx context.Context, seg *segment, left []le
 // lapsed and the segment is another drainer's.
 func (p *pipeDrainer) writeSegment(ctx context.Context, seg *segment, left []leftRecord) (bool, error) {
 	d := p.d
+	done := `UPDATE ` + d.segments + ` SET status = 'done', next_attempt_at = NOW(6)
+WHERE id = ? AND status = 'pending' AND claimer = ?`
+	if len(left) == 0 {
+		// Every record delivered: one statement, no transaction.
+		res, err := d.cfg.DB.ExecContext(ctx, done, seg.id, d.claimer)
+		if err != nil {
+			return false, fmt.Errorf("mark segment done: %w", err)
+		}
+		n, _ := res.RowsAffected()
+		return n > 0, nil
+	}
 	tx, err := d.cfg.DB.BeginTx(ctx, nil)
 	if err != nil {
 		return false, err
 	}
 	defer tx.Rollback()
-	res, err := tx.ExecContext(ctx, `UPDATE `+d.segments+` SET status = 'done', next_attempt_at = NOW(6)
-WHERE id = ? AND status = 'pending' AND claimer = ?`, seg.id, d.claimer)
+	res, err := tx.ExecContext(ctx, done, seg.id, d.claimer)
 	if err != nil {
 		return false, fmt.Errorf("mark segment done: %w", err)
 	}
