@@ -165,16 +165,18 @@ func (q *enqueuer) handleChange(ctx context.Context, ch *canonical.Change) error
 		if !r.matches(ch) {
 			continue
 		}
-		c := r.mask(ch)
-		if r.transactions {
-			c = q.txPlace(r.sink, c)
-		}
 		oc := openChange{
 			pipe: outbox.PipeName(q.instance, ch.Source.DB, ch.Source.Table, r.sink),
 			sink: r.sink,
-			ch:   c,
+			ch:   r.mask(ch),
 		}
 		oc.filtered, oc.dead = r.filterOut(ch)
+		if r.transactions && !oc.filtered {
+			// A change the row filter drops is not the sink's: it takes
+			// no place in the transaction and END does not count it (a
+			// dead-lettered one does: the sink is missing it).
+			oc.ch = q.txPlace(r.sink, oc.ch)
+		}
 		q.open = append(q.open, oc)
 	}
 	q.maxBuffered = max(q.maxBuffered, len(q.ready)+len(q.open))

@@ -95,3 +95,64 @@ func TestRowFilter(t *testing.T) {
 		t.Errorf("cdcout_changes_filtered_total = %v, want hook/filtered 1 and hook/error 1", counts)
 	}
 }
+
+// TestRowFilterTransactionCounts: with transactions: true and a row
+// filter, a change the filter drops takes no place in its transaction
+// (source.tx numbers only the sink's changes) and its END does not count
+// it; a transaction whose every change is dropped gets no BEGIN or END.
+func TestRowFilterTransactionCounts(t *testing.T) {
+	h := newHooked(t, "rowfiltertx", "gtid", func(cfg *config.Config) {
+		cfg.Sinks[0].Filter = `after.v >= 10`
+		cfg.Sinks[0].Transactions = true
+		cfg.Sinks[0].Format = "native" // the envelope's id is the webhook id
+	})
+	runEngineE(t, h.cfg, zap.NewNop())
+	tbl := "`" + h.src + "`.t"
+	for _, tx := range [][]string{
+		{"INSERT INTO " + tbl + " VALUES (1, 5)"}, // all dropped: no BEGIN/END
+		{"INSERT INTO " + tbl + " VALUES (2, 5)", "INSERT INTO " + tbl + " VALUES (3, 20)", "INSERT INTO " + tbl + " VALUES (4, 30)"},
+	} {
+		txn, err := h.db.Begin()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, q := range tx {
+			if _, err := txn.Exec(q); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := txn.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// BEGIN, two changes, END.
+	waitFor(t, "one transaction of two changes", 30*time.Second, func() bool { return h.rcv.count() >= 4 })
+	time.Sleep(500 * time.Millisecond) // anything more would be a record of the dropped transaction
+	h.rcv.mu.Lock()
+	defer h.rcv.mu.Unlock()
+	if n := len(h.rcv.order); n != 4 {
+		t.Fatalf("got %d records, want 4 (BEGIN, 2 changes, END)", n)
+	}
+	var orders []string
+	for _, d := range h.rcv.order {
+		switch d.op {
+		case "tx":
+			tx, _ := d.body["tx"].(map[string]any)
+			if tx["status"] == "END" {
+				if n, _ := tx["event_count"].(float64); n != 2 {
+					t.Errorf("END event_count = %v, want 2 (the dropped change is not the sink's)", tx["event_count"])
+				}
+			}
+		case "c":
+			src, _ := d.body["source"].(map[string]any)
+			place, _ := src["tx"].(map[string]any)
+			orders = append(orders, fmt.Sprintf("%s:%v", d.key, place["total_order"]))
+		default:
+			t.Errorf("unexpected record %s %s", d.op, d.key)
+		}
+	}
+	sort.Strings(orders)
+	if want := []string{`{"id":3}:1`, `{"id":4}:2`}; fmt.Sprint(orders) != fmt.Sprint(want) {
+		t.Errorf("source.tx total_order of the delivered changes = %v, want %v", orders, want)
+	}
+}
