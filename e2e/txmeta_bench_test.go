@@ -14,8 +14,8 @@ import (
 // BenchmarkTransactions measures how fast a file sink gets small
 // transactions — CDCOUT_BENCH_ROWS (default 2,000) of one insert into
 // each of two tables, committed before cdcout starts — with
-// transactions: true (a BEGIN before and an END after each: the sink
-// delivers about one transaction at a time) and without (the cost of the
+// transactions: true (a BEGIN before and an END after each: changes wait
+// for older BEGINs, ENDs for older changes) and without (the cost of the
 // ordering for sinks that do not have it). From cdcout holding the
 // enqueue lease to the last line in the file.
 func BenchmarkTransactions(b *testing.B) {

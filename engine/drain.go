@@ -114,7 +114,7 @@ func (d *drainers) ensure(pipe string) *outbox.Drainer {
 			Concurrency: se.cfg.Concurrency,
 			BatchSize:   se.cfg.BatchSize,
 			// From the configuration: a sink without transactions reads
-			// no transaction pipe per segment.
+			// no BEGIN pipe per segment.
 			Transactions: se.cfg.Transactions,
 		}},
 		Logger:  d.log,

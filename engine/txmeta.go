@@ -67,18 +67,20 @@ func (q *enqueuer) txEnd(c *binlog.Commit) {
 
 func (q *enqueuer) txReset() { q.tx = txMeta{} }
 
-// txRecord is a transaction record for sink: in a pipe of its own
-// ("<instance>:__cdcout.transaction:<sink>"), all of an instance's under
-// one key, so a sink gets them in commit order; its change key
+// txRecord is a transaction record for sink: BEGINs in a pipe of their
+// own (outbox.BeginPipe, "<instance>:__cdcout.transaction_begin:<sink>"),
+// ENDs in another (outbox.TransactionPipe,
+// "<instance>:__cdcout.transaction:<sink>"), all of an instance's under one
+// key, so a sink gets each in commit order; its change key
 // "t:<id>:begin|end" is the same on every replica and replay.
 func (q *enqueuer) txRecord(sink string, r *canonical.TxRecord, src canonical.Source, tsMs int64) openChange {
 	src.DB, src.Table, src.Row, src.Tx = canonical.HeartbeatDB, canonical.TransactionTable, 0, nil
-	status := "begin"
+	status, pipe := "begin", outbox.BeginPipe(q.instance, sink)
 	if r.Status == canonical.TxEnd {
-		status = "end"
+		status, pipe = "end", outbox.TransactionPipe(q.instance, sink)
 	}
 	return openChange{
-		pipe: outbox.TransactionPipe(q.instance, sink),
+		pipe: pipe,
 		sink: sink,
 		ch: &canonical.Change{Op: canonical.OpTransaction, Key: canonical.Row{"instance": q.instance}, Source: src, TsMs: tsMs,
 			ChangeKey: "t:" + r.ID + ":" + status, Tx: r},

@@ -56,31 +56,48 @@ func isTxRecord(op string) bool { return op == string(canonical.OpTransaction) }
 // barrier reports whether seg is a barrier record's segment.
 func (seg *segment) barrier() bool { return len(seg.recs) == 1 && isBarrier(seg.recs[0].op) }
 
-// TransactionPipe is the pipe of a sink's transaction records:
-// "<instance>:__cdcout.transaction:<sink>".
+// TransactionPipe is the pipe of a sink's END records:
+// "<instance>:__cdcout.transaction:<sink>". Versions before BeginPipe
+// wrote BEGINs there too; those segments drain under the END rule
+// (oldestSegment).
 func TransactionPipe(instance, sink string) string {
 	return PipeName(instance, canonical.HeartbeatDB, canonical.TransactionTable, sink)
 }
 
-// isTransactionPipe reports whether pipe holds a sink's transaction
-// records.
-func isTransactionPipe(pipe string) bool {
-	_, table, _, ok := SplitPipe(pipe)
-	return ok && table == canonical.HeartbeatDB+"."+canonical.TransactionTable
+// beginTable is the table part of BeginPipe's name; the records keep
+// __cdcout.transaction as their source table.
+const beginTable = canonical.TransactionTable + "_begin"
+
+// BeginPipe is the pipe of a sink's BEGIN records:
+// "<instance>:__cdcout.transaction_begin:<sink>". BEGINs have a pipe of
+// their own so that they wait for nothing: in the END pipe, a BEGIN would
+// queue behind the END before it, which waits for its changes, and the
+// sink would get one transaction at a time.
+func BeginPipe(instance, sink string) string {
+	return PipeName(instance, canonical.HeartbeatDB, beginTable, sink)
 }
 
-// txRecords reports whether seg holds transaction records (the pipe of a
-// sink's BEGIN and END records).
+// txPipeKind tells a sink's BEGIN pipe and END pipe from its other pipes.
+func txPipeKind(pipe string) (begin, end bool) {
+	_, table, _, ok := SplitPipe(pipe)
+	if !ok {
+		return false, false
+	}
+	return table == canonical.HeartbeatDB+"."+beginTable, table == canonical.HeartbeatDB+"."+canonical.TransactionTable
+}
+
+// txRecords reports whether seg holds transaction records.
 func (seg *segment) txRecords() bool {
 	return len(seg.recs) > 0 && isTxRecord(seg.recs[0].op)
 }
 
 // fenced reports whether seg is held whole rather than left in part as
-// rows: a barrier, or transaction records.
+// rows: a barrier, or transaction records (a BEGIN or END left as a row
+// would let the newer ones of its pipe pass it).
 func (seg *segment) fenced() bool { return seg.barrier() || seg.txRecords() }
 
 // errWaits: the pipe's oldest segment waits for older records of the
-// sink's other pipes (orderWait); it was not claimed.
+// sink's other pipes (oldestSegment); it was not claimed.
 var errWaits = errors.New("segment waits for older records of its sink")
 
 // oldestSegment returns the id of the pipe's oldest pending segment ("":
@@ -88,38 +105,39 @@ var errWaits = errors.New("segment waits for older records of its sink")
 // a sink's transaction records with its changes (docs/ARCHITECTURE.md,
 // "Transaction metadata"):
 //
-//   - a segment of transaction records with an END waits until the pipes
-//     of the tables its ENDs count have no pending segment or row older
-//     than its last record: an END reaches the sink after every change of
-//     its transaction. BEGINs wait for nothing (the changes before one are
-//     older than the END before it, which waited). An END that counts no
-//     table, or a record that does not parse, waits for every record of
-//     the sink's other pipes older than the last (sinkPendingBefore);
+//   - a segment of the BEGIN pipe waits for nothing;
 //   - a segment of a data pipe of a sink with transactions waits until
-//     the sink's transaction pipe has no pending record older than its
-//     first: a BEGIN reaches the sink before every change of its
-//     transaction. Only transaction segments wholly older count, so one
-//     spanning id (written before segments were cut at transaction
-//     records) cannot wait for this one while this one waits for it. The
-//     wait is read with the segment, in one statement.
+//     the sink's BEGIN pipe has no pending segment or row older than its
+//     last record: the BEGIN of every transaction it holds changes of was
+//     acknowledged. A row that leaves the segment later needs no wait of
+//     its own;
+//   - a segment of the END pipe waits the same for the BEGIN pipe (BEGIN
+//     T before END T even when none of T's changes is pending), and until
+//     the pipes of the tables its ENDs count have no pending segment or
+//     row older than its last record: an END reaches the sink after every
+//     change of its transaction. An END that counts no table, or a record
+//     that does not parse, waits for every record of the sink's other
+//     pipes older than the last (sinkPendingBefore).
 //
-// Every wait is for strictly older records, so none closes a cycle.
-// While it reads, the pipe is marked waiting: an acknowledgement in
-// another pipe of the sink in this process wakes it (Wakes).
+// Every wait goes BEGIN → nothing, change → BEGIN, END → BEGIN and
+// change, so none closes a cycle. The BEGIN wait is read with the
+// segment, in one statement. While it reads, the pipe is marked waiting:
+// an acknowledgement in another pipe of the sink in this process wakes it
+// (Wakes).
 func (p *pipeDrainer) oldestSegment(ctx context.Context) (id string, wait bool, err error) {
 	d := p.d
-	// A pipe without waits reads only the fifo index; a transaction pipe
-	// also its segment's last record and payload (a few small records).
+	// A pipe without waits reads only the fifo index; the END pipe also
+	// its segment's last record and payload (a few small records).
 	cols, args := "s.id, s.id, NULL, FALSE", []any{}
 	switch {
-	case p.txRecords:
-		cols = "s.id, s.last_id, s.payload, FALSE"
-	case p.txPipe != "":
-		cols = "s.id, s.id, NULL, " + pendingSQL(d.segments, d.outbox, true, "s.id")
-		args = append(args, p.txPipe, p.txPipe)
+	case p.endRecords:
+		cols = "s.id, s.last_id, s.payload, " + pendingSQL(d.segments, d.outbox, "s.last_id")
+		args = append(args, p.beginPipe, p.beginPipe)
+	case p.beginPipe != "":
+		cols = "s.id, s.id, NULL, " + pendingSQL(d.segments, d.outbox, "s.last_id")
+		args = append(args, p.beginPipe, p.beginPipe)
 	}
-	tracked := p.txRecords || p.txPipe != ""
-	if tracked {
+	if p.beginPipe != "" {
 		p.waiting.Store(true)
 		defer func() { p.waiting.Store(id != "" && (wait || err != nil)) }()
 	}
@@ -135,14 +153,15 @@ WHERE s.pipe = ? AND s.status = 'pending' ORDER BY s.id LIMIT 1`, append(args, p
 	if err != nil {
 		return "", false, fmt.Errorf("claim segment of %s: %w", p.name, err)
 	}
-	if p.txRecords {
+	if p.endRecords && !wait {
 		wait, err = p.endWait(ctx, last, payload)
 	}
 	return id, wait, err
 }
 
-// endWait reports whether a segment of transaction records (its last
-// record last) waits for the changes its ENDs count (oldestSegment).
+// endWait reports whether a segment of the END pipe (its last record
+// last) waits for the changes its ENDs count (oldestSegment). BEGINs in
+// it (written by versions before BeginPipe) count nothing.
 func (p *pipeDrainer) endWait(ctx context.Context, last string, payload []byte) (bool, error) {
 	tables, wide := endTables(payload)
 	if wide {
@@ -159,7 +178,7 @@ func (p *pipeDrainer) endWait(ctx context.Context, last string, payload []byte) 
 		if i > 0 {
 			q.WriteString(" OR ")
 		}
-		q.WriteString(pendingSQL(p.d.segments, p.d.outbox, false, "?"))
+		q.WriteString(pendingSQL(p.d.segments, p.d.outbox, "?"))
 		pipe := instance + ":" + t + ":" + sink
 		args = append(args, pipe, last, pipe, last)
 	}
@@ -171,18 +190,13 @@ func (p *pipeDrainer) endWait(ctx context.Context, last string, payload []byte) 
 }
 
 // pendingSQL is a condition, true when a pipe (the first and third
-// argument) has a pending segment older than before (a column or the
-// second and fourth argument) — wholly: its last record too — or a
-// pending row older than it. One statement is one read view (autocommit
-// at the pool's REPEATABLE READ), so a segment recorded meanwhile cannot
-// hide a record that left it as a row from both reads.
-func pendingSQL(segments, outbox string, wholly bool, before string) string {
-	seg := `EXISTS (SELECT 1 FROM ` + segments + ` t WHERE t.pipe = ? AND t.status = 'pending' AND t.id < ` + before
-	if wholly {
-		// id < before bounds the scan of the fifo index; last_id decides.
-		seg += ` AND t.last_id < ` + before
-	}
-	return seg + `) OR EXISTS (SELECT 1 FROM ` + outbox + ` o FORCE INDEX (due) WHERE o.pipe = ? AND o.status = 'pending' AND o.id < ` + before + `)`
+// argument) has a pending segment or row older than before (a column or
+// the second and fourth argument). One statement is one read view
+// (autocommit at the pool's REPEATABLE READ), so a segment recorded
+// meanwhile cannot hide a record that left it as a row from both reads.
+func pendingSQL(segments, outbox, before string) string {
+	return `EXISTS (SELECT 1 FROM ` + segments + ` t WHERE t.pipe = ? AND t.status = 'pending' AND t.id < ` + before +
+		`) OR EXISTS (SELECT 1 FROM ` + outbox + ` o FORCE INDEX (due) WHERE o.pipe = ? AND o.status = 'pending' AND o.id < ` + before + `)`
 }
 
 // endTables returns the tables ("db.table") the ENDs of a segment of

@@ -111,8 +111,8 @@ func TestBarrierOrdersWholePipe(t *testing.T) {
 	}
 }
 
-// txItem is a transaction record for pipe (the sink's transaction pipe);
-// an END counts one change of each of tables ("db.table").
+// txItem is a transaction record for pipe (the sink's BEGIN or END
+// pipe); an END counts one change of each of tables ("db.table").
 func txItem(pipe string, txn int, status string, tables ...string) Pending {
 	r := &canonical.TxRecord{ID: fmt.Sprint("0-1-", txn), Status: status}
 	if status == canonical.TxEnd {
@@ -127,20 +127,20 @@ func txItem(pipe string, txn int, status string, tables ...string) Pending {
 	return Pending{Pipe: pipe, Sink: sinkOf(pipe), Change: c, ChangeKey: fmt.Sprintf("t:0-1-%d:%s", txn, status), Digest: canonical.DigestChange(pipe, c)}
 }
 
-// TestTransactionRecordsWaitForChanges: a segment of transaction records
-// is delivered only once the sink's other pipes have delivered every
-// record older than it (an END after its changes), while a change of the
-// transaction is retried as a row; a transaction record that fails for
-// good is dead and does not hold the rest forever.
+// TestTransactionRecordsWaitForChanges: a segment of END records is
+// delivered only once the pipes of the tables it counts have delivered
+// every record older than it (an END after its changes), while a change
+// of the transaction is retried as a row; a BEGIN that fails for good is
+// dead and does not hold its END forever.
 func TestTransactionRecordsWaitForChanges(t *testing.T) {
 	st := newTestState(t)
-	const data, txPipe = "a:app.users:seg", "a:__cdcout.transaction:seg"
+	const data, beginPipe, endPipe = "a:app.users:seg", "a:__cdcout.transaction_begin:seg", "a:__cdcout.transaction:seg"
 	s := NewStore(st.db, st.schema, zaptest.NewLogger(t))
-	items := []Pending{txItem(txPipe, 1, "BEGIN")}
+	items := []Pending{txItem(beginPipe, 1, "BEGIN")}
 	for i := range 6 {
 		items = append(items, gtidItem(data, 1, i))
 	}
-	items = append(items, txItem(txPipe, 1, "END", "app.users"), txItem(txPipe, 2, "BEGIN"), txItem(txPipe, 2, "END", "app.users"))
+	items = append(items, txItem(endPipe, 1, "END", "app.users"), txItem(beginPipe, 2, "BEGIN"), txItem(endPipe, 2, "END", "app.users"))
 	if _, err := s.Enqueue(context.Background(), "r1", Fence{}, items, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +153,8 @@ func TestTransactionRecordsWaitForChanges(t *testing.T) {
 		}
 		return nil
 	})
-	d := st.drainer(t, "d1", map[string]PipeConfig{data: {Sink: fake.fake(), Concurrency: 4, BatchSize: 3}, txPipe: {Sink: fake.fake()}}, nil)
+	d := st.drainer(t, "d1", map[string]PipeConfig{data: {Sink: fake.fake(), Concurrency: 4, BatchSize: 3},
+		beginPipe: {Sink: fake.fake()}, endPipe: {Sink: fake.fake()}}, nil)
 	runCtx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { d.Run(runCtx); close(done) }()
@@ -181,15 +182,19 @@ func TestTransactionRecordsWaitForChanges(t *testing.T) {
 
 // TestTransactionBeginBeforeChanges: with transactions on, no change of
 // a transaction reaches the sink before its BEGIN was acknowledged, and
-// its END comes after all of them — while the first BEGIN fails twice
-// (held, with backoff), another is slow, a change is retried as a row,
-// a third pipe's rows without a transaction (backfill-like) lie between
-// the transactions' records in the batches, and a huge transaction comes
-// in two enqueues, its BEGIN with the first. Nothing waits forever (the
+// its END comes after all of them and after its BEGIN — while the first
+// BEGIN fails twice (held, with backoff), others are slow (one whose
+// changes share a segment with an earlier transaction's, one whose only
+// change is dead at enqueue, so only the BEGIN holds its END), a change
+// is retried as a row, a third pipe's rows without a transaction
+// (backfill-like) lie between the transactions' records in the batches,
+// and a huge transaction comes in two enqueues, its BEGIN with the first.
+// BEGINs keep their commit order, ENDs theirs. Nothing waits forever (the
 // deadline of waitFor): every wait is for older records.
 func TestTransactionBeginBeforeChanges(t *testing.T) {
 	st := newTestState(t)
-	const a, b, bf, txPipe = "a:app.users:seg", "a:app.orders:seg", "a:app.items:seg", "a:__cdcout.transaction:seg"
+	const a, b, bf = "a:app.users:seg", "a:app.orders:seg", "a:app.items:seg"
+	const beginPipe, endPipe = "a:__cdcout.transaction_begin:seg", "a:__cdcout.transaction:seg"
 	s := NewStore(st.db, st.schema, zaptest.NewLogger(t))
 	n := 0
 	rows := func(pipe string, txn, from, to int) []Pending {
@@ -204,31 +209,36 @@ func TestTransactionBeginBeforeChanges(t *testing.T) {
 		}
 		return out
 	}
-	var batch1, batch2 []Pending
+	begin := func(txn int) []Pending { return []Pending{txItem(beginPipe, txn, "BEGIN")} }
+	end := func(txn int, tables ...string) []Pending { return []Pending{txItem(endPipe, txn, "END", tables...)} }
+	dead := gtidItem(b, 5, 0)
+	dead.Dead = "too large for the sink"
+	var batch1, batch2, batch3 []Pending
 	for _, part := range [][]Pending{
-		{txItem(txPipe, 1, "BEGIN")}, rows(a, 1, 0, 3), rows(bf, 0, 0, 2), rows(b, 1, 3, 5), {txItem(txPipe, 1, "END", "app.users", "app.orders")},
+		begin(1), rows(a, 1, 0, 3), rows(bf, 0, 0, 2), rows(b, 1, 3, 5), end(1, "app.users", "app.orders"),
 		rows(bf, 0, 0, 2),
-		{txItem(txPipe, 2, "BEGIN")}, rows(a, 2, 0, 4), rows(bf, 0, 0, 1), rows(b, 2, 4, 5), {txItem(txPipe, 2, "END", "app.users", "app.orders")},
-		{txItem(txPipe, 3, "BEGIN")}, rows(a, 3, 0, 10), // the huge transaction's first part
+		begin(2), rows(a, 2, 0, 4), rows(bf, 0, 0, 1), rows(b, 2, 4, 5), end(2, "app.users", "app.orders"),
+		begin(3), rows(a, 3, 0, 10), // the huge transaction's first part
 	} {
 		batch1 = append(batch1, part...)
 	}
 	for _, part := range [][]Pending{
-		rows(a, 3, 10, 20), rows(b, 3, 20, 25), rows(bf, 0, 0, 2), {txItem(txPipe, 3, "END", "app.users", "app.orders")},
-		{txItem(txPipe, 4, "BEGIN")}, rows(b, 4, 0, 1), {txItem(txPipe, 4, "END", "app.orders")},
+		rows(a, 3, 10, 20), rows(b, 3, 20, 25), rows(bf, 0, 0, 2), end(3, "app.users", "app.orders"),
+		begin(4), rows(b, 4, 0, 1), end(4, "app.orders"),
 	} {
 		batch2 = append(batch2, part...)
 	}
-	for _, items := range [][]Pending{batch1, batch2} {
+	// Alone in its enqueue, so no other record shares its BEGIN's or END's
+	// segment.
+	batch3 = slices.Concat(begin(5), []Pending{dead}, end(5, "app.orders"))
+	for _, items := range [][]Pending{batch1, batch2, batch3} {
 		if _, err := s.Enqueue(context.Background(), "r1", Fence{}, items, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
-	// A segment of transaction records and one of changes of the sink
-	// never overlap: neither spans a record of the other.
-	if n := count(t, st.db, "SELECT COUNT(*) FROM `"+st.schema+"`.segments t JOIN `"+st.schema+"`.segments d ON d.sink = t.sink AND d.pipe <> t.pipe"+
-		" WHERE t.pipe = ? AND d.id <= t.last_id AND t.id <= d.last_id", txPipe); n != 0 {
-		t.Errorf("%d segments of changes overlap one of transaction records", n)
+	// Changes are not cut per transaction: one segment per pipe and enqueue.
+	if n := count(t, st.db, "SELECT COUNT(*) FROM `"+st.schema+"`.segments WHERE pipe = ?", a); n != 2 {
+		t.Errorf("%d segments of %s, want 2 (one per enqueue, holding several transactions)", n, a)
 	}
 
 	fake := newScriptedSink(t, st, func(ck string, attempt int) error {
@@ -238,12 +248,13 @@ func TestTransactionBeginBeforeChanges(t *testing.T) {
 		return nil
 	})
 	fake.slow = func(ck string) time.Duration {
-		if ck == "t:0-1-3:BEGIN" {
+		switch ck {
+		case "t:0-1-3:BEGIN", "t:0-1-4:BEGIN", "t:0-1-5:BEGIN":
 			return 150 * time.Millisecond
 		}
 		return 0
 	}
-	pipes := map[string]PipeConfig{txPipe: {Sink: fake.fake()}}
+	pipes := map[string]PipeConfig{beginPipe: {Sink: fake.fake()}, endPipe: {Sink: fake.fake()}}
 	for _, p := range []string{a, b, bf} {
 		pipes[p] = PipeConfig{Sink: fake.fake(), Concurrency: 4, BatchSize: 3, Transactions: true}
 	}
@@ -251,7 +262,12 @@ func TestTransactionBeginBeforeChanges(t *testing.T) {
 	runCtx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { d.Run(runCtx); close(done) }()
-	want := len(records(t, st.db, st.schema))
+	want := 0
+	for _, r := range records(t, st.db, st.schema) {
+		if r.Status != StatusDead {
+			want++
+		}
+	}
 	waitFor(t, "every record delivered", func() bool { return len(fake.delivered()) >= want })
 	cancel()
 	<-done
@@ -274,25 +290,35 @@ func TestTransactionBeginBeforeChanges(t *testing.T) {
 			t.Errorf("change %s delivered at %d, its BEGIN at %d, its END at %d", ck, i, begin, end)
 		}
 	}
+	for txn := 1; txn <= 5; txn++ {
+		b, e := pos[fmt.Sprintf("t:0-1-%d:BEGIN", txn)], pos[fmt.Sprintf("t:0-1-%d:END", txn)]
+		if b > e {
+			t.Errorf("transaction %d: BEGIN delivered at %d, after its END at %d", txn, b, e)
+		}
+		if txn > 1 && b < pos[fmt.Sprintf("t:0-1-%d:BEGIN", txn-1)] || txn > 1 && e < pos[fmt.Sprintf("t:0-1-%d:END", txn-1)] {
+			t.Errorf("transaction %d's BEGIN or END delivered before transaction %d's: %v", txn, txn-1, order)
+		}
+	}
 	if got := fake.attemptsOf("t:0-1-1:BEGIN"); got != 3 {
 		t.Errorf("the first BEGIN was tried %d times, want 3 (two failures)", got)
 	}
 }
 
-// TestTransactionWaitsWokenInProcess: a sink with transactions delivers
-// about one transaction at a time (BEGIN, changes, END, each waiting for
-// the one before), so the pipes must wake each other when their records
-// are acknowledged. Here every pipe has a Drainer of its own, as in the
-// engine, sharing one Wakes, and no pipe polls (an hour): 30 transactions
-// over two tables are delivered, in order, only through the wake-ups.
+// TestTransactionWaitsWokenInProcess: a sink's changes wait for its
+// BEGINs and its ENDs for the changes, so the pipes must wake each other
+// when their records are acknowledged, or each step waits for the poll.
+// Here every pipe has a Drainer of its own, as in the engine, sharing one
+// Wakes, and no pipe polls (an hour): 30 transactions over two tables are
+// delivered, in order, only through the wake-ups.
 func TestTransactionWaitsWokenInProcess(t *testing.T) {
 	st := newTestState(t)
-	const a, b, txPipe = "a:app.users:seg", "a:app.orders:seg", "a:__cdcout.transaction:seg"
+	const a, b = "a:app.users:seg", "a:app.orders:seg"
+	const beginPipe, endPipe = "a:__cdcout.transaction_begin:seg", "a:__cdcout.transaction:seg"
 	s := NewStore(st.db, st.schema, zaptest.NewLogger(t))
 	for batch := range 3 {
 		var items []Pending
 		for txn := batch*10 + 1; txn <= batch*10+10; txn++ {
-			items = append(items, txItem(txPipe, txn, "BEGIN"), gtidItem(a, txn, 0), gtidItem(b, txn, 1), txItem(txPipe, txn, "END", "app.users", "app.orders"))
+			items = append(items, txItem(beginPipe, txn, "BEGIN"), gtidItem(a, txn, 0), gtidItem(b, txn, 1), txItem(endPipe, txn, "END", "app.users", "app.orders"))
 		}
 		if _, err := s.Enqueue(context.Background(), "r1", Fence{}, items, nil); err != nil {
 			t.Fatal(err)
@@ -302,8 +328,8 @@ func TestTransactionWaitsWokenInProcess(t *testing.T) {
 	wakes := NewWakes()
 	runCtx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	for _, pipe := range []string{txPipe, a, b} {
-		d := st.drainer(t, "d1", map[string]PipeConfig{pipe: {Sink: fake.fake(), Transactions: pipe != txPipe}},
+	for _, pipe := range []string{beginPipe, endPipe, a, b} {
+		d := st.drainer(t, "d1", map[string]PipeConfig{pipe: {Sink: fake.fake(), Transactions: true}},
 			func(c *DrainerConfig) { c.Wakes = wakes })
 		d.segmentPoll = time.Hour
 		wg.Add(1)
@@ -330,12 +356,14 @@ func TestTransactionWaitsWokenInProcess(t *testing.T) {
 }
 
 // TestTransactionSegmentsOfEarlierVersionsDrain: segments written before
-// transaction records were alone in theirs (one of BEGIN, END, BEGIN,
-// END; one data segment spanning them) neither wait for each other nor
-// lose the END's order: the changes go first, the records after.
+// BEGINs had a pipe of their own (BEGIN, END, BEGIN, END in one segment
+// of the transaction pipe, now the END pipe; one data segment spanning
+// them) neither wait for each other nor lose the END's order: the changes
+// go first, the records after. A transaction written after them, in the
+// BEGIN and END pipes, keeps its order behind them.
 func TestTransactionSegmentsOfEarlierVersionsDrain(t *testing.T) {
 	st := newTestState(t)
-	const a, txPipe = "a:app.users:seg", "a:__cdcout.transaction:seg"
+	const a, beginPipe, txPipe = "a:app.users:seg", "a:__cdcout.transaction_begin:seg", "a:__cdcout.transaction:seg"
 	s := NewStore(st.db, st.schema, zaptest.NewLogger(t))
 	items := []Pending{txItem(txPipe, 1, "BEGIN"), gtidItem(a, 1, 0), gtidItem(a, 1, 1), txItem(txPipe, 1, "END", "app.users"),
 		txItem(txPipe, 2, "BEGIN"), gtidItem(a, 2, 0), txItem(txPipe, 2, "END", "app.users")}
@@ -345,17 +373,35 @@ func TestTransactionSegmentsOfEarlierVersionsDrain(t *testing.T) {
 	for _, pipe := range []string{a, txPipe} {
 		st.mergeSegments(t, pipe)
 	}
+	later := []Pending{txItem(beginPipe, 3, "BEGIN"), gtidItem(a, 3, 0), txItem(txPipe, 3, "END", "app.users")}
+	if _, err := s.Enqueue(context.Background(), "r1", Fence{}, later, nil); err != nil {
+		t.Fatal(err)
+	}
 	fake := newScriptedSink(t, st, func(string, int) error { return nil })
-	d := st.drainer(t, "d1", map[string]PipeConfig{a: {Sink: fake.fake(), Transactions: true}, txPipe: {Sink: fake.fake()}}, nil)
+	fake.slow = func(ck string) time.Duration {
+		if ck == "t:0-1-3:BEGIN" {
+			return 100 * time.Millisecond
+		}
+		return 0
+	}
+	d := st.drainer(t, "d1", map[string]PipeConfig{a: {Sink: fake.fake(), Transactions: true},
+		beginPipe: {Sink: fake.fake(), Transactions: true}, txPipe: {Sink: fake.fake(), Transactions: true}}, nil)
 	runCtx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { d.Run(runCtx); close(done) }()
-	waitFor(t, "every record delivered", func() bool { return len(fake.delivered()) == len(items) })
+	waitFor(t, "every record delivered", func() bool { return len(fake.delivered()) == len(items)+len(later) })
 	cancel()
 	<-done
 	order := fake.delivered()
-	if got := slices.Index(order, "t:0-1-1:BEGIN"); got != 3 {
-		t.Errorf("delivered %v: the old segment of transaction records must follow the one of changes it spans", order)
+	for _, ck := range []string{"g:0-1-1:0", "g:0-1-1:1", "g:0-1-2:0"} {
+		if slices.Index(order, ck) > slices.Index(order, "t:0-1-1:BEGIN") {
+			t.Errorf("delivered %v: the old segment of transaction records must follow the one of changes it spans", order)
+			break
+		}
+	}
+	if i := slices.Index(order, "g:0-1-3:0"); i < slices.Index(order, "t:0-1-3:BEGIN") || i > slices.Index(order, "t:0-1-3:END") ||
+		slices.Index(order, "t:0-1-3:END") < slices.Index(order, "t:0-1-2:END") {
+		t.Errorf("delivered %v: the later transaction out of its order", order)
 	}
 }
 

@@ -72,9 +72,10 @@ type PipeConfig struct {
 	BatchSize int
 	// Transactions: the pipe's sink gets transaction records (its
 	// transactions: true), so the pipe's segments wait for the sink's
-	// older BEGIN and END records (orderWait). Off, they do not read the
-	// transaction pipe at all; its records, from before the flag was
-	// switched off, still drain (they wait only for older changes).
+	// older BEGIN records (oldestSegment). Off, they do not read the
+	// BEGIN pipe at all; the transaction pipes' records, from before the
+	// flag was switched off, still drain (ENDs wait only for older
+	// records, BEGINs for nothing).
 	Transactions bool
 }
 
@@ -158,14 +159,15 @@ type pipeDrainer struct {
 	// wake has one channel per claimer; a poke wakes them all.
 	wake []chan struct{}
 	log  *zap.Logger
-	// txRecords: the pipe holds its sink's transaction records. txPipe,
-	// for a data pipe of a sink with transactions (PipeConfig), is the
-	// sink's transaction pipe. waiting: the pipe's oldest segment waits
-	// for other pipes' records (orderWait, fenceWait), so their
+	// endRecords: the pipe holds its sink's END records. beginPipe, for
+	// the END pipe and a data pipe of a sink with transactions
+	// (PipeConfig), is the sink's BEGIN pipe, whose older records their
+	// segments wait for. waiting: the pipe's oldest segment waits for
+	// other pipes' records (oldestSegment, fenceWait), so their
 	// acknowledgements wake it (Wakes).
-	txRecords bool
-	txPipe    string
-	waiting   atomic.Bool
+	endRecords bool
+	beginPipe  string
+	waiting    atomic.Bool
 
 	mu       sync.Mutex
 	inflight map[string]bool // ids of rows in a Deliver call right now
@@ -259,12 +261,13 @@ func NewDrainer(cfg DrainerConfig) (*Drainer, error) {
 			return nil, fmt.Errorf("drainer: claim lease %v must exceed pipe %s's delivery timeout %v, or a slow delivery is handed to a second replica while it is still running", cfg.ClaimLease, name, pc.Timeout)
 		}
 		instance, _, sink, _ := SplitPipe(name)
-		txPipe := ""
-		if pc.Transactions && !isTransactionPipe(name) {
-			txPipe = TransactionPipe(instance, sink)
+		begin, end := txPipeKind(name)
+		beginPipe := ""
+		if end || pc.Transactions && !begin {
+			beginPipe = BeginPipe(instance, sink)
 		}
 		d.pipes = append(d.pipes, &pipeDrainer{
-			d: d, name: name, cfg: pc, txRecords: isTransactionPipe(name), txPipe: txPipe,
+			d: d, name: name, cfg: pc, endRecords: end, beginPipe: beginPipe,
 			// One wake channel per claimer, the last for segments.
 			wake:     []chan struct{}{make(chan struct{}, 1), make(chan struct{}, 1), make(chan struct{}, 1)},
 			log:      d.logger.With(zap.String("pipe", name)),

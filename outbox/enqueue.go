@@ -116,11 +116,6 @@ type pendingRecord struct {
 	unit     *claimUnit
 	// Per attempt:
 	id string
-	// epoch is, for a change, the count of its sink's transaction records
-	// up to it among the records written, and for a transaction record the
-	// count of its sink's changes (txEpochs): a segment holds records of
-	// one epoch only.
-	epoch int
 }
 
 // claimUnit is the changes of one pipe that share one claim: a GTID block,
@@ -516,49 +511,15 @@ func (s *Store) insertDead(ctx context.Context, tx *sql.Tx, it *pendingRecord) e
 	return nil
 }
 
-// txEpochs numbers, in item order (id order), each record of ours that
-// is written to a segment: a change with the count of its sink's
-// transaction records up to it, a transaction record with the count of
-// its sink's changes. A pipe's segment is cut where the epoch changes, so
-// no segment of a sink's changes spans one of the sink's transaction
-// records, and a segment of transaction records is a run with no change
-// of the sink between them (an END and the next BEGIN; docs/ARCHITECTURE.md,
-// "Transaction metadata"). A change's transaction id could not say it:
-// backfill rows and other pipes' records lie between a pipe's records and
-// the transaction records.
-func txEpochs(ours []*pendingRecord) {
-	type counts struct{ tx, changes int }
-	var bySink map[string]*counts
-	for _, it := range ours {
-		if it.Filtered || it.Dead != "" {
-			continue // no segment record
-		}
-		c := bySink[it.Sink]
-		if c == nil {
-			if bySink == nil {
-				bySink = map[string]*counts{}
-			}
-			c = &counts{}
-			bySink[it.Sink] = c
-		}
-		if isTxRecord(string(it.change.Op)) {
-			c.tx++
-			it.epoch = c.changes
-		} else {
-			c.changes++
-			it.epoch = c.tx
-		}
-	}
-}
-
 // insertSegments writes the records of ours as segments: per pipe, in
 // item order, segments of at most maxSegmentRecords records and
 // maxSegmentBytes bytes, each one row and one statement. A segment's id is
 // its first record's, so segments of a pipe sort in commit order. A
-// barrier is alone in its segment, and a segment holds records of one
-// epoch (txEpochs).
+// barrier is alone in its segment. A sink's changes and its transaction
+// records are in different pipes, so no cut is needed for them: a
+// segment of changes waits for the BEGINs older than its last record
+// (oldestSegment).
 func (s *Store) insertSegments(ctx context.Context, tx *sql.Tx, ours []*pendingRecord) error {
-	txEpochs(ours)
 	var pipes []string
 	byPipe := map[string][]*pendingRecord{}
 	for _, it := range ours {
@@ -602,7 +563,6 @@ func (s *Store) insertSegments(ctx context.Context, tx *sql.Tx, ours []*pendingR
 	}
 	for _, pipe := range pipes {
 		sink := byPipe[pipe][0].Sink
-		epoch := 0
 		for _, it := range byPipe[pipe] {
 			if it.Filtered {
 				continue
@@ -625,13 +585,10 @@ func (s *Store) insertSegments(ctx context.Context, tx *sql.Tx, ours []*pendingR
 			}
 			r := &segRecord{id: it.id, changeKey: it.ChangeKey, db: it.change.Source.DB, tbl: it.change.Source.Table,
 				op: string(it.change.Op), rowKey: it.rowKey, keyHash: it.keyHash, commitTS: it.commitTS, payload: payload}
-			if len(recs) > 0 && (len(recs) >= maxSegmentRecords || size+r.size() > maxSegmentBytes || isBarrier(r.op) || it.epoch != epoch) {
+			if len(recs) > 0 && (len(recs) >= maxSegmentRecords || size+r.size() > maxSegmentBytes || isBarrier(r.op)) {
 				if err := flush(pipe, sink); err != nil {
 					return err
 				}
-			}
-			if len(recs) == 0 {
-				epoch = it.epoch
 			}
 			recs = append(recs, r)
 			size += r.size()

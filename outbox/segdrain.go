@@ -229,7 +229,7 @@ func untried(left []leftRecord) bool {
 
 // claimSegment claims the oldest pending segment of the pipe, if it is due
 // (unclaimed, or its claim lapsed) and need not wait for other pipes'
-// records (orderWait; errWaits). Segments are delivered strictly in
+// records (oldestSegment; errWaits). Segments are delivered strictly in
 // order, so a newer one is never taken while an older one is claimed.
 func (p *pipeDrainer) claimSegment(ctx context.Context) (*segment, error) {
 	d := p.d

@@ -3,14 +3,13 @@ package outbox
 import "sync"
 
 // Wakes wakes, within one process, a pipe whose oldest segment waits for
-// another pipe of the same sink (orderWait, fenceWait) as soon as that
+// another pipe of the same sink (oldestSegment, fenceWait) as soon as that
 // pipe's records are acknowledged (delivered or dead), instead of at its
-// next poll (barrierPoll). A sink with transactions delivers about one
-// transaction at a time — BEGIN, its changes, END, each waiting for the
-// one before — so at one poll per step it could not pass about ten
-// transactions a second. The engine runs one Drainer per pipe and shares
-// one Wakes among them; the poll stays for the pipes drained by other
-// replicas.
+// next poll (barrierPoll). In a sink with transactions changes wait for
+// the BEGINs and ENDs for the changes, so each enqueue's records take
+// three steps; at one poll per step the sink would lag 150 ms a batch.
+// The engine runs one Drainer per pipe and shares one Wakes among them;
+// the poll stays for the pipes drained by other replicas.
 //
 // Only pipes marked waiting are woken, so a sink without waits costs a
 // lock and a look at its pipes per recorded batch, and no query.
