@@ -326,6 +326,13 @@ func (c *Column) decodeDatetime(v any, t byte, utc bool, a *rowBytes) (any, erro
 			x = x.UTC()
 		}
 		s = x.Format("2006-01-02 15:04:05.000000")
+	case datetimeText:
+		// Formatted by the Stream from the stored bytes (decodeTableMap),
+		// with the table map's fraction digits.
+		if t != gomysql.MYSQL_TYPE_DATETIME2 || !packedDatetime(t, c.Meta) {
+			return nil, unexpected(v)
+		}
+		return string(x), nil
 	default:
 		return nil, unexpected(v)
 	}

@@ -17,37 +17,14 @@ type (
 	jsonText   []byte
 )
 
-// decodeJSONRows decodes the row images of a rows event whose table has
-// MySQL JSON columns. For whole images go-mysql decodes a copy of the
-// table map in which the JSON columns are BLOBs (the same length-prefixed
-// layout), so their values come out as the raw binary JSON. A
+// decodePartialJSONRows decodes the row images of a
 // PARTIAL_UPDATE_ROWS_EVENT (the only rows event go-mysql types as
-// unknown) cannot be decoded that way — its after images carry a bitmap
-// over the JSON columns — so it is decoded as is and the JSON values are
-// then taken from the raw images by walkImages.
-func decodeJSONRows(e *replication.RowsEvent, data []byte, pos int, jsonCols []int) error {
-	if e.Type() != replication.EnumRowsEventTypeUnknown {
-		orig := e.Table
-		blobs := *orig
-		blobs.ColumnType = append([]byte(nil), orig.ColumnType...)
-		for _, c := range jsonCols {
-			blobs.ColumnType[c] = gomysql.MYSQL_TYPE_BLOB
-		}
-		e.Table = &blobs
-		err := e.DecodeData(pos, data)
-		e.Table = orig
-		if err != nil {
-			return err
-		}
-		for _, row := range e.Rows {
-			for _, c := range jsonCols {
-				if b, ok := row[c].([]byte); ok {
-					row[c] = mysqlJSONB(b)
-				}
-			}
-		}
-		return nil
-	}
+// unknown) of a table with MySQL JSON columns. Its after images carry a
+// bitmap over the JSON columns, so it cannot be decoded with the JSON
+// columns as BLOBs the way whole images are (decodeTableMap); it is
+// decoded as is and the JSON values are then taken from the raw images by
+// walkImages.
+func decodePartialJSONRows(e *replication.RowsEvent, data []byte, pos int, jsonCols []int) error {
 	if err := e.DecodeData(pos, data); err != nil {
 		return err
 	}

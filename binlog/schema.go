@@ -386,6 +386,10 @@ func (c *schemaCache) fromInformationSchema(ctx context.Context, tm *replication
 	}
 	t := &Table{DB: db, Name: name, Columns: make([]Column, tm.ColumnCount)}
 	names := make([]string, len(info.cols))
+	// binlog_row_metadata=MINIMAL carries the signedness: it, not today's
+	// information_schema, says how the event's integers were stored, and
+	// the Stream has go-mysql decode them signed (decodeTableMap).
+	unsigned := tm.UnsignedMap()
 	for i, ic := range info.cols {
 		typ := realType(tm, i)
 		col := Column{
@@ -399,6 +403,9 @@ func (c *schemaCache) fromInformationSchema(ctx context.Context, tm *replication
 			Geometry: typ == gomysql.MYSQL_TYPE_GEOMETRY,
 			JSON:     typ == gomysql.MYSQL_TYPE_JSON || ic.dataType == "json" || info.json[ic.name],
 			Nullable: ic.nullable,
+		}
+		if unsigned != nil && tm.IsNumericColumn(i) {
+			col.Unsigned = unsigned[i]
 		}
 		switch typ {
 		case gomysql.MYSQL_TYPE_NEWDECIMAL:

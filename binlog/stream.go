@@ -304,10 +304,23 @@ func (s *Stream) decodeRowsEvent(e *replication.RowsEvent, data []byte) error {
 		e.Rows = [][]any{{deferredRows{data: bytes.Clone(data), pos: pos}}}
 		return nil
 	}
-	if jsonCols := jsonColumns(e.Table); len(jsonCols) > 0 {
-		return decodeJSONRows(e, data, pos, jsonCols)
+	if e.Type() == replication.EnumRowsEventTypeUnknown {
+		// A PARTIAL_UPDATE_ROWS_EVENT, decoded under its own table map.
+		if jsonCols := jsonColumns(e.Table); len(jsonCols) > 0 {
+			return decodePartialJSONRows(e, data, pos, jsonCols)
+		}
+		return e.DecodeData(pos, data)
 	}
-	return e.DecodeData(pos, data)
+	orig := e.Table
+	tm, fix := decodeTableMap(orig)
+	e.Table = tm
+	err = e.DecodeData(pos, data)
+	e.Table = orig
+	if err != nil {
+		return err
+	}
+	fix.apply(e.Rows)
+	return nil
 }
 
 // wideEventBytes is the rows event size from which the garbage collector

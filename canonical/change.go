@@ -110,6 +110,9 @@ func valueBytes(v any) int {
 	switch x := v.(type) {
 	case nil:
 		return 0
+	case int64, uint64, float64, float32, bool:
+		// Before the interface case below, which costs a method lookup.
+		return 8
 	case string:
 		return len(x)
 	case []byte:

@@ -1,12 +1,12 @@
 package command
 
 import (
+	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"strings"
 	"sync"
 	"time"
@@ -106,14 +106,27 @@ func runTail(c *cli.Context) error {
 	defer s.Close()
 
 	limit := c.Int("limit")
-	p := &tailPrinter{out: c.App.Writer, buf: make([]byte, 0, 4096), last: time.Now()}
+	p := &tailPrinter{out: bufio.NewWriterSize(c.App.Writer, tailBufferBytes), buf: make([]byte, 0, 4096), last: time.Now()}
 	if c.Bool("transactions") {
 		p.tx = &tailTx{instance: c.String("instance")}
 	}
+	var bg sync.WaitGroup
+	bgCtx, stopBG := context.WithCancel(ctx)
+	defer func() {
+		stopBG()
+		bg.Wait()
+	}()
+	bg.Add(1)
+	go func() {
+		defer bg.Done()
+		p.flushes(bgCtx, cancel)
+	}()
 	if every := c.Duration("heartbeat"); every > 0 {
-		hbCtx, stopHB := context.WithCancel(ctx)
-		defer stopHB()
-		go p.heartbeats(hbCtx, every, s, c.String("instance"), cancel)
+		bg.Add(1)
+		go func() {
+			defer bg.Done()
+			p.heartbeats(bgCtx, every, s, c.String("instance"), cancel)
+		}()
 	}
 	err = s.Run(ctx, func(_ context.Context, ev binlog.Event) error {
 		if ev.Commit != nil {
@@ -134,9 +147,11 @@ func runTail(c *cli.Context) error {
 		}
 		return nil
 	})
-	n, hbErr := p.printed()
-	if hbErr != nil {
-		return hbErr
+	stopBG()
+	bg.Wait()
+	n, printErr := p.printed()
+	if printErr != nil {
+		return printErr
 	}
 	switch {
 	case errors.Is(err, errLimitReached):
@@ -149,18 +164,28 @@ func runTail(c *cli.Context) error {
 }
 
 // tailPrinter writes tail's records to stdout: the stream's, and
-// heartbeats from their own goroutine.
+// heartbeats from their own goroutine. They are buffered and written at
+// every commit (and schema change), when the buffer is full and, for
+// anything else left, within tailFlushEvery: one write per change was a
+// system call per change, more than encoding it.
 type tailPrinter struct {
-	out io.Writer
+	out *bufio.Writer
 
 	mu         sync.Mutex
 	buf        []byte
 	n          int       // changes and schema changes printed (--limit)
 	last       time.Time // when one was last printed
 	sourceTime time.Time // the last commit's
-	err        error     // a heartbeat's write error, which ends the tail
+	err        error     // a write error of another goroutine, which ends the tail
 	tx         *tailTx   // with --transactions
 }
+
+// tailBufferBytes is how much output tail holds before writing it, and
+// tailFlushEvery how long at most.
+const (
+	tailBufferBytes = 64 << 10
+	tailFlushEvery  = 50 * time.Millisecond
+)
 
 func (p *tailPrinter) change(ch *canonical.Change) (int, error) {
 	p.mu.Lock()
@@ -175,6 +200,12 @@ func (p *tailPrinter) change(ch *canonical.Change) (int, error) {
 	}
 	if err := p.print(ch); err != nil {
 		return p.n, err
+	}
+	if ch.Op == canonical.OpDDL {
+		// Its own event, not a transaction's rows: no commit follows.
+		if err := p.flush(); err != nil {
+			return p.n, err
+		}
 	}
 	p.n++
 	return p.n, nil
@@ -198,23 +229,54 @@ func (p *tailPrinter) write() error {
 	return nil
 }
 
-// committed notes the commit time (for heartbeats) and prints the END of
-// the transaction it commits (--transactions).
-func (p *tailPrinter) committed(c *binlog.Commit) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.sourceTime = c.Time
-	if p.tx == nil {
-		return nil
-	}
-	if end := p.tx.end(c); end != nil {
-		return p.print(end)
+func (p *tailPrinter) flush() error {
+	if err := p.out.Flush(); err != nil {
+		return fmt.Errorf("write stdout: %w", err)
 	}
 	return nil
 }
 
-// printed returns the records counted for --limit and a heartbeat's
-// write error.
+// committed notes the commit time (for heartbeats), prints the END of
+// the transaction it commits (--transactions) and writes what is
+// buffered.
+func (p *tailPrinter) committed(c *binlog.Commit) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.sourceTime = c.Time
+	if p.tx != nil {
+		if end := p.tx.end(c); end != nil {
+			if err := p.print(end); err != nil {
+				return err
+			}
+		}
+	}
+	return p.flush()
+}
+
+// flushes writes what is buffered every tailFlushEvery until ctx ends,
+// and once more then; a write error stops the tail (stop).
+func (p *tailPrinter) flushes(ctx context.Context, stop func()) {
+	t := time.NewTicker(tailFlushEvery)
+	defer t.Stop()
+	for done := false; !done; {
+		select {
+		case <-ctx.Done():
+			done = true
+		case <-t.C:
+		}
+		p.mu.Lock()
+		if p.out.Buffered() > 0 {
+			if err := p.flush(); err != nil && p.err == nil {
+				p.err = err
+				stop()
+			}
+		}
+		p.mu.Unlock()
+	}
+}
+
+// printed returns the records counted for --limit and another
+// goroutine's write error.
 func (p *tailPrinter) printed() (int, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -239,7 +301,9 @@ func (p *tailPrinter) heartbeats(ctx context.Context, every time.Duration, s *bi
 					ServerID: s.Info().ServerID, File: pos.File, Pos: pos.Pos, GTIDSet: pos.GTIDSet, SourceTime: p.sourceTime, Time: now}, "")
 				if err == nil {
 					p.buf = append(p.buf[:0], b...)
-					err = p.write()
+					if err = p.write(); err == nil {
+						err = p.flush()
+					}
 				}
 				if err != nil && p.err == nil {
 					p.err = err

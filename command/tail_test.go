@@ -117,6 +117,7 @@ func TestTail(t *testing.T) {
 	})
 
 	t.Run("heartbeat", func(t *testing.T) { testTailHeartbeat(t, srv, db) })
+	t.Run("follow", func(t *testing.T) { testTailFollow(t, srv, db) })
 	t.Run("transactions", func(t *testing.T) { testTailTransactions(t, srv) })
 
 	t.Run("bad flags", func(t *testing.T) {
@@ -159,6 +160,38 @@ func TestTail(t *testing.T) {
 
 // testTailHeartbeat: with nothing written, tail --heartbeat prints
 // heartbeats with the position read.
+// testTailFollow: a running tail prints each transaction's rows when it
+// commits, not only when it exits (its output is buffered).
+func testTailFollow(t *testing.T, srv *mysqltest.Server, db string) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out, errOut lockedBuffer
+	code := make(chan int, 1)
+	go func() {
+		code <- run(ctx, []string{"cdcout", "tail", "--dsn", srv.DSN, "--tables", db + ".t",
+			"--server-id", "7003", "--log-format", "json"}, strings.NewReader(""), &out, &errOut)
+	}()
+	wait.Until(t, "tail connected", 20*time.Second, func() bool { return strings.Contains(errOut.String(), `"metadata mode"`) })
+	for i, want := range []int{3, 4} {
+		srv.Exec(t, fmt.Sprintf("INSERT INTO `%s`.t (id, v) VALUES (%d, 'f')", db, 100+i))
+		if i == 0 {
+			srv.Exec(t, "INSERT INTO `"+db+"`.t (id, v) VALUES (200, 'f'), (201, 'f')")
+		}
+		wait.Until(t, fmt.Sprintf("%d rows printed", want), 20*time.Second, func() bool {
+			return strings.Count(out.String(), `"op":"c"`) == want
+		})
+		select {
+		case c := <-code:
+			t.Fatalf("tail exited (%d) before it was stopped; stderr:\n%s", c, errOut.String())
+		default:
+		}
+	}
+	cancel()
+	if c := <-code; c != ExitOK {
+		t.Fatalf("exit %d, stderr:\n%s", c, errOut.String())
+	}
+}
+
 func testTailHeartbeat(t *testing.T, srv *mysqltest.Server, db string) {
 	// Nothing is written: only heartbeats, with the position read.
 	ctx, cancel := context.WithCancel(context.Background())

@@ -263,9 +263,9 @@ func validatePending(p Pending) error {
 	switch {
 	case p.Change == nil:
 		return errors.New("no change")
-	case p.Pipe == "" || utf8.RuneCountInString(p.Pipe) > 255:
+	case p.Pipe == "" || longerThan(p.Pipe, 255):
 		return errors.New("pipe must be 1–255 characters")
-	case p.Sink == "" || utf8.RuneCountInString(p.Sink) > 128:
+	case p.Sink == "" || longerThan(p.Sink, 128):
 		return errors.New("sink must be 1–128 characters")
 	case !printableASCII(p.ChangeKey, 191):
 		return errors.New("change key must be 1–191 printable ASCII characters")
@@ -273,7 +273,7 @@ func validatePending(p Pending) error {
 		return errors.New("digest must be 1–64 printable ASCII characters")
 	case p.Unit != "" && !printableASCII(p.Unit, 191):
 		return errors.New("unit must be 1–191 printable ASCII characters")
-	case utf8.RuneCountInString(p.Change.Source.DB) > 64 || utf8.RuneCountInString(p.Change.Source.Table) > 64:
+	case longerThan(p.Change.Source.DB, 64) || longerThan(p.Change.Source.Table, 64):
 		return errors.New("database or table name longer than 64 characters")
 	case len(p.Change.Op) != 1:
 		return fmt.Errorf("invalid op %q", string(p.Change.Op))
@@ -282,6 +282,13 @@ func validatePending(p Pending) error {
 	// truncate an over-long value), which is why every column is checked
 	// above rather than left to the server.
 	return nil
+}
+
+// longerThan reports whether s has more than max characters, counting
+// them only when its bytes could be that many (it is asked of four
+// strings of every enqueued change).
+func longerThan(s string, max int) bool {
+	return len(s) > max && utf8.RuneCountInString(s) > max
 }
 
 func printableASCII(s string, max int) bool {

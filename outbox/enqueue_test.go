@@ -396,6 +396,10 @@ func TestEnqueueRejectsBadItems(t *testing.T) {
 		{"no change", func(p *Pending) { p.Change = nil }},
 		{"no pipe", func(p *Pending) { p.Pipe = "" }},
 		{"space in key", func(p *Pending) { p.ChangeKey = "g:0-1-1 :0" }},
+		{"long pipe", func(p *Pending) { p.Pipe = strings.Repeat("p", 256) }},
+		{"long sink", func(p *Pending) { p.Sink = strings.Repeat("é", 129) }},
+		{"long table", func(p *Pending) { c := *p.Change; c.Source.Table = strings.Repeat("t", 65); p.Change = &c }},
+		{"long database", func(p *Pending) { c := *p.Change; c.Source.DB = strings.Repeat("d", 65); p.Change = &c }},
 	} {
 		p := good
 		tc.mod(&p)
@@ -411,6 +415,15 @@ func TestEnqueueRejectsBadItems(t *testing.T) {
 	}
 	if got := count(t, db, "SELECT COUNT(*) FROM "+state.Table(schema, "claims")); got != 0 {
 		t.Fatalf("rejected batches left %d claims", got)
+	}
+	// Lengths are characters, not bytes: 64 two-byte characters are a
+	// table name MySQL allows.
+	wide := gtidItem("a:app.users:hook", 2, 0)
+	c := *wide.Change
+	c.Source.Table, c.Source.DB = strings.Repeat("é", 64), strings.Repeat("ü", 64)
+	wide.Change, wide.Sink = &c, strings.Repeat("ß", 128)
+	if _, err := s.Enqueue(ctx, "r1", Fence{}, []Pending{wide}, nil); err != nil {
+		t.Fatalf("64-character names of 2-byte characters: %v", err)
 	}
 }
 

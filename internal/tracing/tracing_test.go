@@ -3,6 +3,7 @@ package tracing_test
 import (
 	"context"
 	"encoding/hex"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -219,9 +220,16 @@ func TestOffByDefault(t *testing.T) {
 	if _, err := tracing.Setup(context.Background(), "r", "v"); err != nil {
 		t.Fatal(err)
 	}
-	a := tracing.Start(context.Background(), "hook", []outbox.Record{envelopeRecord("a", 1)})
-	if h := tracing.Headers(a.Context(0)); len(h) != 0 {
-		t.Fatalf("headers %v with tracing off", h)
+	ctx := context.Background()
+	a := tracing.Start(ctx, "hook", []outbox.Record{envelopeRecord("a", 1), envelopeRecord("b", 2)})
+	for i := range 2 {
+		if h := tracing.Headers(a.Context(i)); len(h) != 0 {
+			t.Fatalf("headers %v with tracing off", h)
+		}
+		// No span started: the record is sent under the caller's context.
+		if a.Context(i) != ctx {
+			t.Fatalf("record %d's context is not the caller's with tracing off", i)
+		}
 	}
-	a.End(nil)
+	a.End([]error{nil, errors.New("refused")})
 }
