@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -44,9 +45,6 @@ type capacityReceiver struct {
 	// refuses is how long the receiver refuses on purpose ((c)'s 503s),
 	// added to the time its capacity allows.
 	refuses time.Duration
-	// bound is how many times what the capacity allows the delivery may
-	// take; 0 means 1.5 (the issue's bound).
-	bound float64
 }
 
 // TestSmallReceiverThreadingHTTPServer is (a): Python's
@@ -67,22 +65,15 @@ func threadingReceiver(t testing.TB) (string, *capacityReceiver) {
 		return "threading-go", &capacityReceiver{url: r.srv.URL, arrivals: r.snapshot}
 	}
 	rc := startPythonReceiver(t, py)
-	// Python's server is CPU-bound and shares the 2 CPUs with cdcout,
-	// MariaDB and whatever else runs; its capacity is measured alone,
-	// before and after. On the development machine shared with other
-	// sessions' builds and tests (load average 2–10), 14 runs came to
-	// 0.59–1.23 of that capacity (the worst 1.69× what it allows), with
-	// the endpoint's limit in use almost all along (slots unused for
-	// 11–41 ms of 2.5–3.3 s in the three runs traced): the receiver got
-	// less of the CPUs while cdcout delivered than while it was measured. A twin receiver probed
-	// in the same window was no fairer a reference: its probe, in the
-	// test process (built with -race in CI), became the bottleneck, and
-	// delivery reached 1.82× its rate. So CI holds it to 2× — the collapse
-	// it guards against took over 10×, the tree before the fixes for
-	// dropped connects and delivery in rounds 1.73× on a quiet machine —
-	// and CDCOUT_CAPACITY_STRICT=1 and BenchmarkLimitedReceivers to the
-	// issue's 1.5×.
-	rc.bound = 2
+	// Python's server is CPU-bound and shares the 2 CPUs with cdcout and
+	// the database; its capacity is measured alone, before and after the
+	// delivery, so the bound is fair only when nothing else runs: beside
+	// other sessions' builds and tests (load average 2–10) 14 runs came to
+	// 0.59–1.23 of that capacity, with the endpoint's limit in use almost
+	// all along (slots unused for 11–41 ms of 2.5–3.3 s in the three runs
+	// traced) — the receiver got less of the CPUs while cdcout delivered.
+	// `make test` runs the capacity tests after the rest, alone
+	// (CAPACITY_TESTS in the Makefile), and holds them to the issue's 1.5×.
 	return "threading-python", rc
 }
 
@@ -119,7 +110,6 @@ func BenchmarkLimitedReceivers(b *testing.B) {
 		b.Run(tc.name, func(b *testing.B) {
 			for range b.N {
 				name, rc := tc.rc(b)
-				rc.bound = 1.5
 				res := runCapacity(b, name, rc, 4000)
 				b.ReportMetric(res.fraction, "of_capacity")
 				b.ReportMetric(res.capacity, "capacity_req/s")
@@ -198,16 +188,36 @@ srv.serve_forever()
 	if err != nil {
 		t.Fatalf("python receiver did not print its port: %v", err)
 	}
+	// The log is read on from where the last call stopped: the test polls
+	// it while cdcout delivers, and parsing it whole each time took CPU
+	// from the receiver it measures.
+	var (
+		mu     sync.Mutex
+		offset int64
+		out    []delivery
+	)
 	arrivals := func() []delivery {
-		b, err := os.ReadFile(logPath)
+		mu.Lock()
+		defer mu.Unlock()
+		f, err := os.Open(logPath)
 		if err != nil {
-			return nil
+			return slices.Clone(out)
 		}
-		var out []delivery
+		defer f.Close()
+		b, err := io.ReadAll(io.NewSectionReader(f, offset, 1<<40))
+		if err != nil {
+			return slices.Clone(out)
+		}
+		if end := bytes.LastIndexByte(b, '\n'); end >= 0 {
+			b = b[:end+1] // the last, maybe partly written line waits
+		} else {
+			b = nil
+		}
+		offset += int64(len(b))
 		for _, line := range bytes.Split(b, []byte("\n")) {
 			ts, body, ok := bytes.Cut(line, []byte(" "))
 			if !ok {
-				continue // the last, maybe partly written line
+				continue
 			}
 			sec, err := strconv.ParseFloat(string(ts), 64)
 			env, perr := parseEnvelope(body)
@@ -217,7 +227,7 @@ srv.serve_forever()
 			out = append(out, delivery{webhookID: env.ID, env: env, status: 200,
 				at: time.Unix(0, int64(sec*1e9))})
 		}
-		return out
+		return slices.Clone(out)
 	}
 	return &capacityReceiver{url: "http://127.0.0.1:" + strings.TrimSpace(port), arrivals: arrivals}
 }
@@ -354,12 +364,23 @@ func runCapacity(t testing.TB, name string, rc *capacityReceiver, n int) capacit
 		}
 		return ids, envs, first, last
 	}
-	waitFor(t, 3*expected+60*time.Second, func() (bool, string) {
+	timeout := 3*expected + 60*time.Second
+	deadline := time.Now().Add(timeout)
+	waitFor(t, timeout, func() (bool, string) {
 		if p.exited() {
 			t.Fatalf("cdcout exited: %v\n%s", p.err, log.tail(20))
 		}
 		ids, _, _, _ := accepted()
-		return len(ids) == n, fmt.Sprintf("%d of %d changes arrived; outbox: %s", len(ids), n, outboxSummary(db, stateDB))
+		if len(ids) == n {
+			return true, ""
+		}
+		what := fmt.Sprintf("%d of %d changes arrived", len(ids), n)
+		if time.Until(deadline) < 2*time.Second {
+			// Read only for the failure message: a query per poll is
+			// database CPU the receiver's share would pay for.
+			what += "; outbox: " + outboxSummary(db, stateDB)
+		}
+		return false, what
 	})
 	ids, envs, first, last := accepted()
 	res := capacityResult{changes: n, window: last.Sub(first)}
@@ -388,10 +409,7 @@ func runCapacity(t testing.TB, name string, rc *capacityReceiver, n int) capacit
 	}
 	t.Logf("%s: %d changes, receiver capacity %.0f requests/s, delivered in %s (capacity allows %s): %.2f of capacity; endpoint at the end: %s",
 		name, n, res.capacity, res.window.Round(time.Millisecond), expected.Round(time.Millisecond), res.fraction, endpoint)
-	bound := rc.bound
-	if bound == 0 || os.Getenv("CDCOUT_CAPACITY_STRICT") != "" {
-		bound = 1.5
-	}
+	const bound = 1.5 // the issue's
 	if limit := time.Duration(bound * float64(expected)); res.window > limit {
 		t.Errorf("delivery took %s, more than %.1f× the %s the receiver's capacity allows", res.window.Round(time.Millisecond), bound, expected.Round(time.Millisecond))
 	}
