@@ -78,13 +78,7 @@ func TestBarrierOrdersWholePipe(t *testing.T) {
 	<-done
 
 	order := sink.delivered()
-	pos := map[string]int{}
-	for i, ck := range order {
-		if _, dup := pos[ck]; dup {
-			t.Errorf("%s delivered twice", ck)
-		}
-		pos[ck] = i
-	}
+	pos := positions(t, order)
 	for ck, i := range pos {
 		var txn, row int
 		if _, err := fmt.Sscanf(ck, "g:0-1-%d:%d", &txn, &row); err != nil || row == 20 {
@@ -273,13 +267,7 @@ func TestTransactionBeginBeforeChanges(t *testing.T) {
 	<-done
 
 	order := fake.delivered()
-	pos := map[string]int{}
-	for i, ck := range order {
-		if _, dup := pos[ck]; dup {
-			t.Errorf("%s delivered twice", ck)
-		}
-		pos[ck] = i
-	}
+	pos := positions(t, order)
 	for ck, i := range pos {
 		var txn, row int
 		if _, err := fmt.Sscanf(ck, "g:0-1-%d:%d", &txn, &row); err != nil {
@@ -340,10 +328,7 @@ func TestTransactionWaitsWokenInProcess(t *testing.T) {
 	took := time.Since(start)
 	cancel()
 	wg.Wait()
-	pos := map[string]int{}
-	for i, ck := range fake.delivered() {
-		pos[ck] = i
-	}
+	pos := positions(t, fake.delivered())
 	for txn := 1; txn <= 30; txn++ {
 		begin, end := pos[fmt.Sprintf("t:0-1-%d:BEGIN", txn)], pos[fmt.Sprintf("t:0-1-%d:END", txn)]
 		for _, ck := range []string{fmt.Sprintf("g:0-1-%d:0", txn), fmt.Sprintf("g:0-1-%d:1", txn)} {
@@ -492,4 +477,18 @@ func (s *scriptedSink) attemptsOf(changeKey string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.attempts[changeKey]
+}
+
+// positions maps each change key of order to its place in it, failing t
+// for a key delivered twice.
+func positions(t *testing.T, order []string) map[string]int {
+	t.Helper()
+	pos := map[string]int{}
+	for i, ck := range order {
+		if _, dup := pos[ck]; dup {
+			t.Errorf("%s delivered twice", ck)
+		}
+		pos[ck] = i
+	}
+	return pos
 }

@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"strings"
 	"sync"
@@ -93,19 +92,12 @@ func TestStalledCallDoesNotHoldLaterSegments(t *testing.T) {
 	got := map[string][]string{} // key → transactions delivered, in order
 	snk := pacedSink{fakeSink{fn: func(ctx context.Context, recs []Record) []error {
 		for _, r := range recs {
-			var env struct {
-				Source struct {
-					GTID string `json:"gtid"`
-				} `json:"source"`
-			}
-			if err := json.Unmarshal(r.Payload, &env); err != nil {
-				t.Error(err)
-			}
-			if r.Key == `{"id":0}` && env.Source.GTID == "0-1-1" {
+			gtid := gtidOf(t, r)
+			if r.Key == `{"id":0}` && gtid == "0-1-1" {
 				<-release // the key's first record stalls
 			}
 			mu.Lock()
-			got[r.Key] = append(got[r.Key], env.Source.GTID)
+			got[r.Key] = append(got[r.Key], gtid)
 			mu.Unlock()
 		}
 		return nil

@@ -377,19 +377,12 @@ func TestSlowRecordHoldsOnlyItsKey(t *testing.T) {
 	got := map[string][]string{} // key → GTIDs delivered, in order
 	snk := fakeSink{fn: func(_ context.Context, recs []Record) []error {
 		for _, r := range recs {
-			var env struct {
-				Source struct {
-					GTID string `json:"gtid"`
-				} `json:"source"`
-			}
-			if err := json.Unmarshal(r.Payload, &env); err != nil {
-				t.Error(err)
-			}
-			if r.Key == `{"id":0}` && env.Source.GTID == "0-1-1" {
+			gtid := gtidOf(t, r)
+			if r.Key == `{"id":0}` && gtid == "0-1-1" {
 				<-release
 			}
 			mu.Lock()
-			got[r.Key] = append(got[r.Key], env.Source.GTID)
+			got[r.Key] = append(got[r.Key], gtid)
 			mu.Unlock()
 		}
 		return nil
@@ -424,4 +417,18 @@ func TestSlowRecordHoldsOnlyItsKey(t *testing.T) {
 	if n := st.count(t, "SELECT COUNT(*) FROM {outbox}"); n != 0 {
 		t.Errorf("%d outbox rows, want none (nothing failed)", n)
 	}
+}
+
+// gtidOf is the source GTID in r's envelope.
+func gtidOf(t *testing.T, r Record) string {
+	t.Helper()
+	var env struct {
+		Source struct {
+			GTID string `json:"gtid"`
+		} `json:"source"`
+	}
+	if err := json.Unmarshal(r.Payload, &env); err != nil {
+		t.Error(err)
+	}
+	return env.Source.GTID
 }

@@ -72,14 +72,7 @@ func TestLimiterFollowsLatency(t *testing.T) {
 func TestLimiterOverloadCutsAndPauses(t *testing.T) {
 	l := NewLimiter(32, 64)
 	l.probe = 0
-	var burst []*Token
-	for range 2 {
-		tok, err := l.Acquire(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		burst = append(burst, tok)
-	}
+	burst := acquire(t, l, 2)
 	for _, tok := range burst {
 		tok.Done(Overload, 0) // one burst: one cut
 	}
@@ -181,14 +174,7 @@ func TestWhenIdle(t *testing.T) {
 func TestLimiterOverloadBurstIsOneStrike(t *testing.T) {
 	l := NewLimiter(16, 64)
 	l.probe = 0
-	var burst []*Token
-	for range 12 {
-		tok, err := l.Acquire(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		burst = append(burst, tok)
-	}
+	burst := acquire(t, l, 12)
 	for _, tok := range burst {
 		tok.Done(Overload, 0)
 	}
@@ -233,4 +219,18 @@ func TestLimiterSlowStartEndsWhenLatencyRises(t *testing.T) {
 	if got := grow(true); got > 5 {
 		t.Errorf("a round trip above the target, then one at the floor: limit %d from 4, want at most 5 (one per round trip)", got)
 	}
+}
+
+// acquire takes n tokens of l at once, failing t if one cannot be had.
+func acquire(t *testing.T, l *Limiter, n int) []*Token {
+	t.Helper()
+	var toks []*Token
+	for range n {
+		tok, err := l.Acquire(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		toks = append(toks, tok)
+	}
+	return toks
 }
