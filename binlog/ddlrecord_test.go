@@ -2,6 +2,7 @@ package binlog
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -113,9 +114,15 @@ func TestDDLRecordsInStream(t *testing.T) {
 	}
 	// The CREATE's list after is information_schema's when read: the
 	// ALTER may already have run (the documented race), so only the
-	// ALTER's lists are compared exactly.
+	// ALTER's lists are compared exactly. When it had (the CREATE's list
+	// has n), the CREATE's rows showed the list wrong and the ALTER's
+	// list before is unknown ("-"), as documented, rather than wrong.
+	alters := []string{"ALTER copy [id:PRI v:UNI n:] before [id,v]", "ALTER copy [id:PRI v:UNI n:] before [id,v,n]"}
+	if len(got) > 0 && strings.Contains(got[0], " n:") {
+		alters = append(alters, "ALTER copy [id:PRI v:UNI n:] before [-]")
+	}
 	if len(got) < 7 || !strings.HasPrefix(got[0], "CREATE copy [id:PRI v:") || got[1] != "c copy" || got[2] != "c copy" || got[3] != "commit" ||
-		got[4] != "ALTER copy [id:PRI v:UNI n:] before [id,v]" && got[4] != "ALTER copy [id:PRI v:UNI n:] before [id,v,n]" || got[5] != "commit" || got[6] != "c copy" {
+		!slices.Contains(alters, got[4]) || got[5] != "commit" || got[6] != "c copy" {
 		t.Fatalf("events:\n%s", strings.Join(got, "\n"))
 	}
 	if n := len(changesOf(plain.waitChanges(t, 3))); n != 3 {
