@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/cdcout/cdcout/canonical"
-	"github.com/cdcout/cdcout/state"
 )
 
 // Barrier records: a schema-change record (canonical.OpDDL) is delivered
@@ -270,10 +269,7 @@ func (d *Drainer) sinkPendingBefore(ctx context.Context, pipe, before string) (b
 	if !ok {
 		return false, nil
 	}
-	// The pipes with pending records, as PipesWithRecords reads them.
-	pipes, err := state.Strings(ctx, d.cfg.DB, `SELECT DISTINCT pipe FROM `+d.outbox+` WHERE pipe LIKE ? AND status = 'pending'`+
-		` UNION SELECT DISTINCT pipe FROM `+d.segments+` WHERE pipe LIKE ? AND status = 'pending'`,
-		state.LikePrefix(instance+":"), state.LikePrefix(instance+":"))
+	pipes, err := NewStore(d.cfg.DB, d.cfg.Schema, nil).PipesWithRecords(ctx, instance+":", StatusPending)
 	if err != nil {
 		return false, fmt.Errorf("pipes of %s: %w", sink, err)
 	}
@@ -295,44 +291,23 @@ func (d *Drainer) sinkPendingBefore(ctx context.Context, pipe, before string) (b
 
 // pendingBefore reports whether pipe has a pending outbox row (with an id
 // below before, when set) or, with before set, a pending segment older
-// than before. Segments are read first: a segment becomes done in the
-// transaction that inserts its records that left it as rows, so a segment
-// seen done has its rows visible to the read that follows, while the
-// other order could miss both (done after the rows were read).
+// than before, both in one statement (pendingSQL: one read view, so a
+// segment done meanwhile cannot hide the rows that left it).
 func (d *Drainer) pendingBefore(ctx context.Context, pipe, before string) (bool, error) {
-	if before != "" {
-		if wait, err := d.pendingSegment(ctx, pipe, `id < ?`, before); wait || err != nil {
-			return wait, err
-		}
+	if before == "" {
+		return d.pendingRow(ctx, pipe)
 	}
-	return d.pendingRow(ctx, pipe, before)
+	var wait bool
+	if err := d.cfg.DB.QueryRowContext(ctx, `SELECT `+pendingSQL(d.segments, d.outbox, "?"), pipe, before, pipe, before).Scan(&wait); err != nil {
+		return false, fmt.Errorf("pending records of %s before %s: %w", pipe, before, err)
+	}
+	return wait, nil
 }
 
-// pendingSegment reports whether pipe has a pending segment matching cond.
-func (d *Drainer) pendingSegment(ctx context.Context, pipe, cond string, args ...any) (bool, error) {
+// pendingRow reports whether pipe has a pending outbox row.
+func (d *Drainer) pendingRow(ctx context.Context, pipe string) (bool, error) {
 	var one int
-	err := d.cfg.DB.QueryRowContext(ctx, `SELECT 1 FROM `+d.segments+` WHERE pipe = ? AND status = 'pending' AND `+cond+` LIMIT 1`,
-		append([]any{pipe}, args...)...).Scan(&one)
-	if err == nil {
-		return true, nil
-	}
-	if !errors.Is(err, sql.ErrNoRows) {
-		return false, fmt.Errorf("pending segments of %s: %w", pipe, err)
-	}
-	return false, nil
-}
-
-// pendingRow reports whether pipe has a pending outbox row (with an id
-// below before, when set).
-func (d *Drainer) pendingRow(ctx context.Context, pipe, before string) (bool, error) {
-	var one int
-	q := `SELECT 1 FROM ` + d.outbox + ` FORCE INDEX (due) WHERE pipe = ? AND status = 'pending'`
-	args := []any{pipe}
-	if before != "" {
-		q += ` AND id < ?`
-		args = append(args, before)
-	}
-	err := d.cfg.DB.QueryRowContext(ctx, q+` LIMIT 1`, args...).Scan(&one)
+	err := d.cfg.DB.QueryRowContext(ctx, `SELECT 1 FROM `+d.outbox+` FORCE INDEX (due) WHERE pipe = ? AND status = 'pending' LIMIT 1`, pipe).Scan(&one)
 	if err == nil {
 		return true, nil
 	}
