@@ -64,7 +64,7 @@ func TestBarrierOrdersWholePipe(t *testing.T) {
 	}
 
 	sink := newScriptedSink(t, st, func(ck string, attempt int) error {
-		if ck == "g:0-1-1:3" && attempt <= 3 || ck == "s:0-1-2:0" && attempt <= 2 || ck == oldItem.ChangeKey && attempt <= 4 {
+		if ck == "g:0-1-1:3" && attempt <= 3 || ck == "s:0-1-2:0" && attempt <= 2 || ck == oldItem.ChangeKey && attempt <= 7 {
 			return errors.New("503 from the receiver")
 		}
 		return nil
