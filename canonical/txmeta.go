@@ -76,3 +76,27 @@ func sortedKeys(m map[string]int) []string {
 	slices.Sort(out)
 	return out
 }
+
+// TransactionID is the id of the transaction whose first change has
+// source src: its GTID, else its file:pos.
+func TransactionID(src Source) string {
+	if src.GTID != "" {
+		return src.GTID
+	}
+	return src.File + ":" + strconv.FormatUint(uint64(src.Pos), 10)
+}
+
+// NewTransactionRecord is the transaction record r of instance's stream
+// at src (the transaction's first change's for a BEGIN, its commit's for
+// an END), routed as table HeartbeatDB.TransactionTable, under the key
+// {"instance": …} and the change key "t:<id>:begin|end", the same on
+// every replica, replay and reader.
+func NewTransactionRecord(instance string, r *TxRecord, src Source, tsMs int64) *Change {
+	src.DB, src.Table, src.Row, src.Tx = HeartbeatDB, TransactionTable, 0, nil
+	status := "begin"
+	if r.Status == TxEnd {
+		status = "end"
+	}
+	return &Change{Op: OpTransaction, Key: Row{"instance": instance}, Source: src, TsMs: tsMs,
+		ChangeKey: "t:" + r.ID + ":" + status, Tx: r}
+}

@@ -2,7 +2,6 @@ package command
 
 import (
 	"maps"
-	"strconv"
 	"time"
 
 	"github.com/cdcout/cdcout/binlog"
@@ -29,10 +28,7 @@ func (t *tailTx) open() bool { return t.id != "" }
 func (t *tailTx) place(ch *canonical.Change) (placed, begin *canonical.Change) {
 	switch {
 	case t.id == "":
-		t.id, t.source = ch.Source.GTID, ch.Source
-		if t.id == "" {
-			t.id = ch.Source.File + ":" + strconv.FormatUint(uint64(ch.Source.Pos), 10)
-		}
+		t.id, t.source = canonical.TransactionID(ch.Source), ch.Source
 		t.total, t.tables = 0, map[string]int{}
 		begin = t.record(&canonical.TxRecord{ID: t.id, Status: canonical.TxBegin}, t.source, ch.TsMs)
 	case ch.Source.Row <= t.lastRow:
@@ -63,11 +59,5 @@ func (t *tailTx) end(c *binlog.Commit) *canonical.Change {
 }
 
 func (t *tailTx) record(r *canonical.TxRecord, src canonical.Source, tsMs int64) *canonical.Change {
-	src.DB, src.Table, src.Row, src.Tx = canonical.HeartbeatDB, canonical.TransactionTable, 0, nil
-	status := "begin"
-	if r.Status == canonical.TxEnd {
-		status = "end"
-	}
-	return &canonical.Change{Op: canonical.OpTransaction, Key: canonical.Row{"instance": t.instance}, Source: src, TsMs: tsMs,
-		ChangeKey: "t:" + r.ID + ":" + status, Tx: r}
+	return canonical.NewTransactionRecord(t.instance, r, src, tsMs)
 }

@@ -2,7 +2,6 @@ package engine
 
 import (
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/cdcout/cdcout/binlog"
@@ -28,10 +27,7 @@ type txMeta struct {
 func (q *enqueuer) txPlace(sink string, ch *canonical.Change) *canonical.Change {
 	t := &q.tx
 	if t.id == "" {
-		t.id, t.source = ch.Source.GTID, ch.Source
-		if t.id == "" {
-			t.id = ch.Source.File + ":" + strconv.FormatUint(uint64(ch.Source.Pos), 10)
-		}
+		t.id, t.source = canonical.TransactionID(ch.Source), ch.Source
 		t.total, t.tables = map[string]int{}, map[string]map[string]int{}
 	}
 	if t.total[sink] == 0 {
@@ -74,15 +70,9 @@ func (q *enqueuer) txReset() { q.tx = txMeta{} }
 // key, so a sink gets each in commit order; its change key
 // "t:<id>:begin|end" is the same on every replica and replay.
 func (q *enqueuer) txRecord(sink string, r *canonical.TxRecord, src canonical.Source, tsMs int64) openChange {
-	src.DB, src.Table, src.Row, src.Tx = canonical.HeartbeatDB, canonical.TransactionTable, 0, nil
-	status, pipe := "begin", outbox.BeginPipe(q.instance, sink)
+	pipe := outbox.BeginPipe(q.instance, sink)
 	if r.Status == canonical.TxEnd {
-		status, pipe = "end", outbox.TransactionPipe(q.instance, sink)
+		pipe = outbox.TransactionPipe(q.instance, sink)
 	}
-	return openChange{
-		pipe: pipe,
-		sink: sink,
-		ch: &canonical.Change{Op: canonical.OpTransaction, Key: canonical.Row{"instance": q.instance}, Source: src, TsMs: tsMs,
-			ChangeKey: "t:" + r.ID + ":" + status, Tx: r},
-	}
+	return openChange{pipe: pipe, sink: sink, ch: canonical.NewTransactionRecord(q.instance, r, src, tsMs)}
 }
