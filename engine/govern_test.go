@@ -19,6 +19,7 @@ import (
 
 	"github.com/cdcout/cdcout/canonical"
 	"github.com/cdcout/cdcout/config"
+	"github.com/cdcout/cdcout/internal/sinktest"
 )
 
 // bodyReceiver is a webhook receiver that keeps every body it gets.
@@ -196,7 +197,7 @@ func TestFiltersAndTransformsInEveryFormat(t *testing.T) {
 		waitFor(t, "hook-"+f+" gets its 3 changes", 30*time.Second, func() bool { return len(r.all()) >= len(want) })
 	}
 	var kafkaBodies [][]byte
-	for _, r := range consumeAll(t, kc, len(want), "gov") {
+	for _, r := range sinktest.ConsumeKafka(t, kc, 30*time.Second, len(want), "gov") {
 		kafkaBodies = append(kafkaBodies, r.Value)
 	}
 	// Whatever else was on its way arrives meanwhile; then compare.

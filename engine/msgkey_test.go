@@ -7,13 +7,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/twmb/franz-go/pkg/kfake"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/cdcout/cdcout/config"
+	"github.com/cdcout/cdcout/internal/sinktest"
 	"github.com/cdcout/cdcout/internal/wait"
 	"github.com/cdcout/cdcout/outbox"
 )
@@ -31,20 +29,8 @@ func TestMessageKeyAndColumnTemplates(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(kc.Close)
-	ns := runNATS(t)
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "CDC", Subjects: []string{"cdc.>"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ns := sinktest.RunNATS(t, nil)
+	st := sinktest.AddStream(t, ns.ClientURL(), jetstream.StreamConfig{Name: "CDC", Subjects: []string{"cdc.>"}})
 	s := newSource(t, "mkey", "id INT PRIMARY KEY, customer INT, region VARCHAR(8), email VARCHAR(64)", func(cfg *config.Config) {
 		cfg.Sinks = []config.Sink{
 			{Name: "k", URL: "kafka://" + strings.Join(kc.ListenAddrs(), ",") + "/orders.{col:region}", Key: []string{"customer"}},
@@ -92,7 +78,7 @@ func TestMessageKeyAndColumnTemplates(t *testing.T) {
 		{"orders.eu", `{"customer":7}`, "c"}, {"orders.us", `{"customer":7}`, "c"}, {"orders.eu", `{"customer":8}`, "c"},
 		{"orders.us", `{"customer":7}`, "u"}, {"orders.eu", `{"customer":8}`, "d"}, {"orders.eu", `{"customer":9}`, "c"},
 	}
-	recs := consumeAll(t, kc, len(want), "orders.eu", "orders.us")
+	recs := sinktest.ConsumeKafka(t, kc, 30*time.Second, len(want), "orders.eu", "orders.us")
 	byOp := map[got]int{}
 	for _, r := range recs {
 		var env struct{ Op string }
@@ -146,43 +132,6 @@ func TestMessageKeyAndColumnTemplates(t *testing.T) {
 	if want := `column "customer" of the sink's key is not in this row of ` + s.src + `.other`; !strings.Contains(dead[0].LastError, want) {
 		t.Errorf("dead reason %q does not say %q", dead[0].LastError, want)
 	}
-}
-
-// runNATS starts an embedded JetStream server on a random port.
-func runNATS(t *testing.T) *server.Server {
-	t.Helper()
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats server not ready")
-	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	return srv
-}
-
-// consumeAll reads n records from the topics, failing after a deadline.
-func consumeAll(t *testing.T, c *kfake.Cluster, n int, topics ...string) []*kgo.Record {
-	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumeTopics(topics...),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	var out []*kgo.Record
-	for len(out) < n {
-		fs := cl.PollFetches(ctx)
-		if ctx.Err() != nil {
-			t.Fatalf("consumed %d of %d records before the deadline", len(out), n)
-		}
-		fs.EachRecord(func(r *kgo.Record) { out = append(out, r) })
-	}
-	return out
 }
 
 // TestColumnTemplateNeedsRows: a {col:…} template is refused on a sink

@@ -1,6 +1,7 @@
 // Package sinktest holds what the sink packages' tests share: a record of
-// a given key and sequence number, and a check that a delivery call
-// succeeded for every record.
+// a given key and sequence number, a check that a delivery call succeeded
+// for every record, and the brokers' test servers (an embedded JetStream,
+// a reader of a kfake cluster's topics).
 package sinktest
 
 import (

@@ -12,8 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
@@ -161,25 +159,8 @@ func TestWebhookTraceparentJoinsExportedSpan(t *testing.T) {
 func TestNATSHeaderCarriesTraceparent(t *testing.T) {
 	col := newCollector(t)
 	flush := setup(t, col)
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats server not ready")
-	}
-	defer srv.Shutdown()
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	st, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "CDC", Subjects: []string{"cdc"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv := sinktest.RunNATS(t, nil)
+	st := sinktest.AddStream(t, srv.ClientURL(), jetstream.StreamConfig{Name: "CDC", Subjects: []string{"cdc"}})
 	s, err := natssink.New(context.Background(), natssink.Options{URL: srv.ClientURL(), SubjectTemplate: "cdc"})
 	if err != nil {
 		t.Fatal(err)

@@ -54,23 +54,7 @@ func rec(k string, n int) outbox.Record {
 // consume reads n records of topic from the start, failing after a deadline.
 func consume(t *testing.T, c *kfake.Cluster, topic string, n int) []*kgo.Record {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	var out []*kgo.Record
-	for len(out) < n {
-		fs := cl.PollFetches(ctx)
-		if ctx.Err() != nil {
-			t.Fatalf("consumed %d of %d records before the deadline", len(out), n)
-		}
-		fs.EachRecord(func(r *kgo.Record) { out = append(out, r) })
-	}
-	return out
+	return sinktest.ConsumeKafka(t, c, 10*time.Second, n, topic)
 }
 
 func noErrors(t *testing.T, errs []error) { t.Helper(); sinktest.NoErrors(t, errs) }

@@ -22,49 +22,13 @@ import (
 // runServer starts an embedded JetStream server on a random port.
 func runServer(t testing.TB, edit func(*server.Options)) *server.Server {
 	t.Helper()
-	opts := &server.Options{
-		Host:      "127.0.0.1",
-		Port:      -1,
-		JetStream: true,
-		StoreDir:  t.TempDir(),
-		NoLog:     true,
-		NoSigs:    true,
-	}
-	if edit != nil {
-		edit(opts)
-	}
-	srv, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats server not ready")
-	}
-	t.Cleanup(func() {
-		srv.Shutdown()
-		srv.WaitForShutdown()
-	})
-	return srv
+	return sinktest.RunNATS(t, edit)
 }
 
 // addStream creates a stream and returns a handle to inspect it.
 func addStream(t testing.TB, url string, cfg jetstream.StreamConfig, connOpts ...nats.Option) jetstream.Stream {
 	t.Helper()
-	nc, err := nats.Connect(url, connOpts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := js.CreateStream(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return st
+	return sinktest.AddStream(t, url, cfg, connOpts...)
 }
 
 func newSink(t testing.TB, o Options) *Sink {
