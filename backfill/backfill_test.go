@@ -9,7 +9,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -93,13 +92,6 @@ func newReceiver(t *testing.T) *receiver {
 	return r
 }
 
-func envInt(name string, def int) int {
-	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
-		return v
-	}
-	return def
-}
-
 func tableState(t testing.TB, db *sql.DB, table string) map[int64]rowState {
 	t.Helper()
 	rows, err := db.Query("SELECT id, v, s FROM " + table)
@@ -177,7 +169,7 @@ func dropWatermarkDB(t testing.TB, srv *mysqltest.Server, stateDB string) {
 // state. CDCOUT_BACKFILL_ROWS sizes the table (default 20,000; the issue's
 // figure is 200,000).
 func TestConsistencyUnderWrites(t *testing.T) {
-	consistencyUnderWrites(t, envInt("CDCOUT_BACKFILL_ROWS", 20_000), false)
+	consistencyUnderWrites(t, mysqltest.BenchEnv("CDCOUT_BACKFILL_ROWS", 20_000), false)
 }
 
 // TestReadOnlyConsistencyUnderWrites is TestConsistencyUnderWrites for a
@@ -187,7 +179,7 @@ func TestConsistencyUnderWrites(t *testing.T) {
 // database is reached as root, as a separate state_dsn would be.
 // CDCOUT_BACKFILL_ROWS sizes it too (default here 10,000).
 func TestReadOnlyConsistencyUnderWrites(t *testing.T) {
-	consistencyUnderWrites(t, envInt("CDCOUT_BACKFILL_ROWS", 10_000), true)
+	consistencyUnderWrites(t, mysqltest.BenchEnv("CDCOUT_BACKFILL_ROWS", 10_000), true)
 }
 
 // readOnlyUser creates a user with SELECT on db and the replication

@@ -33,8 +33,8 @@ import (
 // a read-only backfill (fenced by binlog positions).
 func BenchmarkBackfill(b *testing.B) {
 	gctune.Apply() // the collector as the cdcout binary runs it
-	n := envInt("CDCOUT_BENCH_ROWS", 1_000_000)
-	chunk := envInt("CDCOUT_BENCH_CHUNK", backfill.DefaultChunkSize)
+	n := mysqltest.BenchEnv("CDCOUT_BENCH_ROWS", 1_000_000)
+	chunk := mysqltest.BenchEnv("CDCOUT_BENCH_CHUNK", backfill.DefaultChunkSize)
 	sink := config.Sink{Name: "out", URL: "stdout:"}
 	releaseHeld := func() {}
 	if os.Getenv("CDCOUT_BENCH_DRAIN") == "0" {

@@ -118,7 +118,7 @@ func checkpointPast(t *testing.T, srv *mysqltest.Server, db *sql.DB, stateDB, in
 // CDCOUT_SNAPSHOT_ROWS sizes the table (default 10,000; the issue's
 // figure is 200,000).
 func TestSnapshotInitialUnderWrites(t *testing.T) {
-	snapshotUnderWrites(t, envInt("CDCOUT_SNAPSHOT_ROWS", 10_000), false)
+	snapshotUnderWrites(t, mysqltest.BenchEnv("CDCOUT_SNAPSHOT_ROWS", 10_000), false)
 }
 
 // TestSnapshotInitialReadOnlyFallback: the same with a source user that
@@ -126,7 +126,7 @@ func TestSnapshotInitialUnderWrites(t *testing.T) {
 // as root): the watermark database is refused, so the snapshot runs
 // read-only, and nothing is written to the source.
 func TestSnapshotInitialReadOnlyFallback(t *testing.T) {
-	snapshotUnderWrites(t, envInt("CDCOUT_SNAPSHOT_ROWS", 5_000), true)
+	snapshotUnderWrites(t, mysqltest.BenchEnv("CDCOUT_SNAPSHOT_ROWS", 5_000), true)
 }
 
 func snapshotUnderWrites(t *testing.T, n int, restricted bool) {
@@ -410,7 +410,7 @@ func checkPosts(t *testing.T, base, token, src string) {
 // opened are unknown to the second, which gives them up (the runner reads
 // those chunks again); the consumer's final state equals the table.
 func TestReadOnlyLeaderChange(t *testing.T) {
-	n := envInt("CDCOUT_BACKFILL_ROWS", 10_000)
+	n := mysqltest.BenchEnv("CDCOUT_BACKFILL_ROWS", 10_000)
 	srv := mysqltest.Shared(t)
 	src := srv.CreateDB(t, "rolc_src")
 	stateDB := srv.CreateDB(t, "rolc_state")

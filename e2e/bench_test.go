@@ -38,13 +38,6 @@ import (
 // and deletes) and the third (rows of the transaction);
 // CDCOUT_BENCH_SECONDS sets the latency run's length (default 15).
 
-func benchEnv(name string, def int) int {
-	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
-		return v
-	}
-	return def
-}
-
 // countingHook is a webhook receiver that counts distinct delivery ids and
 // calls onBody (if set) for each first delivery.
 type countingHook struct {
@@ -201,7 +194,7 @@ func BenchmarkEndToEndBinary(b *testing.B) {
 }
 
 func benchEndToEnd(b *testing.B, batch bool) {
-	inserts := benchEnv("CDCOUT_BENCH_ROWS", 200_000)
+	inserts := mysqltest.BenchEnv("CDCOUT_BENCH_ROWS", 200_000)
 	updates, deletes := inserts/4, inserts/4
 	total := inserts + updates + deletes
 	srv := mysqltest.Shared(b)
@@ -292,7 +285,7 @@ func benchEndToEnd(b *testing.B, batch bool) {
 }
 
 func BenchmarkLatency(b *testing.B) {
-	seconds := benchEnv("CDCOUT_BENCH_SECONDS", 15)
+	seconds := mysqltest.BenchEnv("CDCOUT_BENCH_SECONDS", 15)
 	const (
 		rate  = 2000
 		perTx = 10
@@ -387,11 +380,11 @@ func BenchmarkLatency(b *testing.B) {
 }
 
 func BenchmarkHugeTransactionRSS(b *testing.B) {
-	rows := benchEnv("CDCOUT_BENCH_ROWS", 1_000_000)
+	rows := mysqltest.BenchEnv("CDCOUT_BENCH_ROWS", 1_000_000)
 	if os.Getenv("CDCOUT_BENCH_ROWS") != "" {
 		rows = max(rows*5, 1000) // 200k → 1M: same knob as the others
 	}
-	if v := benchEnv("CDCOUT_BENCH_TX_ROWS", 0); v > 0 {
+	if v := mysqltest.BenchEnv("CDCOUT_BENCH_TX_ROWS", 0); v > 0 {
 		rows = v
 	}
 	srv := mysqltest.Shared(b)

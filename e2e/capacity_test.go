@@ -328,9 +328,7 @@ func runCapacity(t testing.TB, name string, rc *capacityReceiver, n int) capacit
 	if n <= 0 {
 		n = min(4000, max(200, int(capacity*8)))
 	}
-	if v, err := strconv.Atoi(os.Getenv("CDCOUT_CAPACITY_CHANGES")); err == nil && v > 0 {
-		n = v
-	}
+	n = mysqltest.BenchEnv("CDCOUT_CAPACITY_CHANGES", n)
 	from := gtidPos(t, db)
 	writeSmallTxns(t, db, src, n)
 

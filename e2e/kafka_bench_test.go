@@ -39,7 +39,7 @@ func BenchmarkKafkaEndToEnd(b *testing.B) {
 	}
 	srv := mysqltest.Start(b, opts)
 	conn := srv.Open(b)
-	changes := benchEnv("CDCOUT_BENCH_ROWS", 200_000)
+	changes := mysqltest.BenchEnv("CDCOUT_BENCH_ROWS", 200_000)
 	for _, w := range []benchload.Workload{benchload.Narrow, benchload.Realistic} {
 		if only := os.Getenv("CDCOUT_BENCH_WORKLOADS"); only != "" && !slices.Contains(strings.Split(only, ","), w.Name) {
 			continue

@@ -78,7 +78,7 @@ func backfillRow(db *sql.DB, stateDB string) (status string, rows int64, err err
 // the table. CDCOUT_SNAPSHOT_ROWS sizes the table (default 20,000; the
 // issue's figure is 200,000).
 func TestSnapshotKillAndFailover(t *testing.T) {
-	n := benchEnv("CDCOUT_SNAPSHOT_ROWS", 20_000)
+	n := mysqltest.BenchEnv("CDCOUT_SNAPSHOT_ROWS", 20_000)
 	srv := mysqltest.Shared(t)
 	src := srv.CreateDB(t, "e2e_snap")
 	stateDB := srv.CreateDB(t, "e2e_snap_state")

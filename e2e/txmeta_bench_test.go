@@ -25,7 +25,7 @@ func BenchmarkTransactions(b *testing.B) {
 }
 
 func benchTransactions(b *testing.B, transactions bool) {
-	txs := benchEnv("CDCOUT_BENCH_ROWS", 2000)
+	txs := mysqltest.BenchEnv("CDCOUT_BENCH_ROWS", 2000)
 	srv := mysqltest.Shared(b)
 	for range b.N {
 		db, src, stateDB, from := benchSource(b, srv, "bench_tx", "id INT PRIMARY KEY, v INT NOT NULL")

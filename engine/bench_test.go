@@ -28,10 +28,7 @@ import (
 // number of inserts (default 50,000); a fifth as many updates and deletes
 // follow.
 func BenchmarkEndToEnd(b *testing.B) {
-	n := 50_000
-	if v, err := strconv.Atoi(os.Getenv("CDCOUT_BENCH_ROWS")); err == nil && v > 0 {
-		n = v
-	}
+	n := mysqltest.BenchEnv("CDCOUT_BENCH_ROWS", 50_000)
 	for i := 0; i < b.N; i++ {
 		var got atomic.Int64
 		hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -110,13 +107,8 @@ func BenchmarkEndToEnd(b *testing.B) {
 // write rate (CDCOUT_BENCH_RATE changes/s, default 2000) for
 // CDCOUT_BENCH_SECONDS (default 20), and reports p50/p99.
 func BenchmarkLatency(b *testing.B) {
-	rate, secs := 2000, 20
-	if v, err := strconv.Atoi(os.Getenv("CDCOUT_BENCH_RATE")); err == nil && v > 0 {
-		rate = v
-	}
-	if v, err := strconv.Atoi(os.Getenv("CDCOUT_BENCH_SECONDS")); err == nil && v > 0 {
-		secs = v
-	}
+	rate := mysqltest.BenchEnv("CDCOUT_BENCH_RATE", 2000)
+	secs := mysqltest.BenchEnv("CDCOUT_BENCH_SECONDS", 20)
 	for i := 0; i < b.N; i++ {
 		total := rate * secs
 		committed := make([]atomic.Int64, total) // unix ns of each id's commit
@@ -191,10 +183,7 @@ func BenchmarkLatency(b *testing.B) {
 // enqueuer writes it in parts of enqueue_max_buffer rows, so memory must
 // not grow with the transaction.
 func BenchmarkHugeTransaction(b *testing.B) {
-	n := 1_000_000
-	if v, err := strconv.Atoi(os.Getenv("CDCOUT_BENCH_ROWS")); err == nil && v > 0 {
-		n = v
-	}
+	n := mysqltest.BenchEnv("CDCOUT_BENCH_ROWS", 1_000_000)
 	for i := 0; i < b.N; i++ {
 		s := newSource(b, "huge", "id BIGINT PRIMARY KEY, pad VARCHAR(100)", func(cfg *config.Config) {
 			cfg.Sinks = []config.Sink{{Name: "out", URL: "file://" + filepath.Join(b.TempDir(), "o.jsonl")}}

@@ -6,8 +6,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -15,6 +13,7 @@ import (
 
 	"github.com/cdcout/cdcout/config"
 	"github.com/cdcout/cdcout/inspect"
+	"github.com/cdcout/cdcout/internal/mysqltest"
 	"github.com/cdcout/cdcout/replay"
 )
 
@@ -23,10 +22,7 @@ import (
 // 20,000, one transaction of 1,000 a statement) are delivered, then the
 // whole range is replayed by time, b.N times.
 func BenchmarkReplay(b *testing.B) {
-	n := 20_000
-	if v, err := strconv.Atoi(os.Getenv("CDCOUT_BENCH_ROWS")); err == nil && v > 0 {
-		n = v
-	}
+	n := mysqltest.BenchEnv("CDCOUT_BENCH_ROWS", 20_000)
 	var got atomic.Int64
 	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)

@@ -2,7 +2,6 @@ package inspect
 
 import (
 	"context"
-	"os"
 	"strconv"
 	"testing"
 
@@ -16,10 +15,7 @@ import (
 // (one pending segment per pipe) — the dashboard does this every two
 // seconds.
 func BenchmarkPipesRead(b *testing.B) {
-	n := 200_000
-	if v, err := strconv.Atoi(os.Getenv("CDCOUT_BENCH_ROWS")); err == nil && v > 0 {
-		n = v
-	}
+	n := mysqltest.BenchEnv("CDCOUT_BENCH_ROWS", 200_000)
 	srv := mysqltest.Shared(b)
 	db, schema := statetest.New(b, "inspectbench")
 	ctx := context.Background()
