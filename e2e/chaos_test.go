@@ -27,9 +27,7 @@ import (
 // per (change, pipe), the receiver has every change, in per-key order,
 // duplicates only under the same delivery key, and nothing is dead.
 func TestChaos(t *testing.T) {
-	for _, mode := range []string{"gtid", "digest"} {
-		t.Run(mode, func(t *testing.T) { testChaos(t, mode) })
-	}
+	inBothModes(t, testChaos)
 }
 
 const (

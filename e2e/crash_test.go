@@ -26,9 +26,7 @@ import (
 // file and the broker must have every change, redelivered only under the same id, in
 // per-key order (invariant 5).
 func TestCrashRecovery(t *testing.T) {
-	for _, mode := range []string{"gtid", "digest"} {
-		t.Run(mode, func(t *testing.T) { testCrashRecovery(t, mode) })
-	}
+	inBothModes(t, testCrashRecovery)
 }
 
 // crashKills is how many SIGKILLs each mode gets.

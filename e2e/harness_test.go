@@ -469,3 +469,11 @@ func outboxSummary(db *sql.DB, stateDB string) string {
 	}
 	return strings.Join(parts, "; ")
 }
+
+// inBothModes runs test as a subtest of t once in each change identity
+// mode (change_identity: gtid and digest), named after the mode.
+func inBothModes(t *testing.T, test func(t *testing.T, mode string)) {
+	for _, mode := range []string{"gtid", "digest"} {
+		t.Run(mode, func(t *testing.T) { test(t, mode) })
+	}
+}

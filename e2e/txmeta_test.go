@@ -52,9 +52,7 @@ type txLine struct {
 // transactions and changes are exactly those the writer committed. In
 // both identity modes: the transaction records' keys do not depend on it.
 func TestTransactionRecords(t *testing.T) {
-	for _, mode := range []string{"gtid", "digest"} {
-		t.Run(mode, func(t *testing.T) { testTransactionRecords(t, mode) })
-	}
+	inBothModes(t, testTransactionRecords)
 }
 
 func testTransactionRecords(t *testing.T, mode string) {

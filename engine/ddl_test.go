@@ -396,43 +396,41 @@ func readTable(t *testing.T, db *sql.DB, name string) map[string]string {
 // schema-change record: its change key is the same in either identity
 // mode and collapses onto its claim.
 func TestDDLRecordReplay(t *testing.T) {
-	for _, mode := range []string{"gtid", "digest"} {
-		t.Run(mode, func(t *testing.T) {
-			s := newSource(t, "ddlreplay_"+mode, "id INT PRIMARY KEY, v INT", func(cfg *config.Config) {
-				cfg.ChangeIdentity = mode
-				cfg.Sinks = []config.Sink{{Name: "out", URL: "file://" + filepath.Join(t.TempDir(), "o.jsonl"), DDL: true}}
-			})
-			from := s.cfg.From
-			s.srv.Exec(t, "INSERT INTO `"+s.src+"`.t VALUES (1, 1)",
-				"ALTER TABLE `"+s.src+"`.t ADD COLUMN w INT",
-				"INSERT INTO `"+s.src+"`.t VALUES (2, 2, 2)")
-			ddls := func() (n, rows int) {
-				recs, err := outbox.ReadRecords(context.Background(), s.db, s.stateDB, "%")
-				if err != nil {
-					return 0, 0 // not migrated yet
-				}
-				for _, r := range recs {
-					if r.Op == string(canonical.OpDDL) {
-						n++
-					} else {
-						rows++
-					}
-				}
-				return n, rows
-			}
-			stop := runEngine(t, s.cfg, zaptest.NewLogger(t))
-			waitFor(t, "the record and both rows", 30*time.Second, func() bool { n, rows := ddls(); return n == 1 && rows == 2 })
-			stop()
-			// Again from before the statement.
-			cfg := *s.cfg
-			cfg.From, cfg.ResetPosition = from, true
-			stop = runEngine(t, &cfg, zaptest.NewLogger(t))
-			s.srv.Exec(t, "INSERT INTO `"+s.src+"`.t VALUES (3, 3, 3)")
-			waitFor(t, "the row after the restart", 30*time.Second, func() bool { _, rows := ddls(); return rows >= 3 })
-			stop()
-			if n, rows := ddls(); n != 1 || rows != 3 {
-				t.Fatalf("after reading it all again: %d schema-change records and %d rows, want 1 and 3", n, rows)
-			}
+	inBothModes(t, func(t *testing.T, mode string) {
+		s := newSource(t, "ddlreplay_"+mode, "id INT PRIMARY KEY, v INT", func(cfg *config.Config) {
+			cfg.ChangeIdentity = mode
+			cfg.Sinks = []config.Sink{{Name: "out", URL: "file://" + filepath.Join(t.TempDir(), "o.jsonl"), DDL: true}}
 		})
-	}
+		from := s.cfg.From
+		s.srv.Exec(t, "INSERT INTO `"+s.src+"`.t VALUES (1, 1)",
+			"ALTER TABLE `"+s.src+"`.t ADD COLUMN w INT",
+			"INSERT INTO `"+s.src+"`.t VALUES (2, 2, 2)")
+		ddls := func() (n, rows int) {
+			recs, err := outbox.ReadRecords(context.Background(), s.db, s.stateDB, "%")
+			if err != nil {
+				return 0, 0 // not migrated yet
+			}
+			for _, r := range recs {
+				if r.Op == string(canonical.OpDDL) {
+					n++
+				} else {
+					rows++
+				}
+			}
+			return n, rows
+		}
+		stop := runEngine(t, s.cfg, zaptest.NewLogger(t))
+		waitFor(t, "the record and both rows", 30*time.Second, func() bool { n, rows := ddls(); return n == 1 && rows == 2 })
+		stop()
+		// Again from before the statement.
+		cfg := *s.cfg
+		cfg.From, cfg.ResetPosition = from, true
+		stop = runEngine(t, &cfg, zaptest.NewLogger(t))
+		s.srv.Exec(t, "INSERT INTO `"+s.src+"`.t VALUES (3, 3, 3)")
+		waitFor(t, "the row after the restart", 30*time.Second, func() bool { _, rows := ddls(); return rows >= 3 })
+		stop()
+		if n, rows := ddls(); n != 1 || rows != 3 {
+			t.Fatalf("after reading it all again: %d schema-change records and %d rows, want 1 and 3", n, rows)
+		}
+	})
 }

@@ -140,9 +140,7 @@ func runEngineE(t *testing.T, cfg *config.Config, logger *zap.Logger, prepare ..
 // and checks that every change reaches the outbox exactly once per sink,
 // and the webhook receiver and the file in per-key commit order.
 func TestEndToEnd(t *testing.T) {
-	for _, mode := range []string{"gtid", "digest"} {
-		t.Run(mode, func(t *testing.T) { testEndToEnd(t, mode) })
-	}
+	inBothModes(t, testEndToEnd)
 }
 
 func testEndToEnd(t *testing.T, mode string) {
@@ -728,63 +726,61 @@ func TestRunRefusesServerWithoutBinlog(t *testing.T) {
 // although the engine re-read them from the checkpoint it kept before the
 // PREPARE, and a rolled-back one is never delivered. Both identity modes.
 func TestXAAcrossRestart(t *testing.T) {
-	for _, mode := range []string{"gtid", "digest"} {
-		t.Run(mode, func(t *testing.T) {
-			h := newHooked(t, "xa"+mode, mode, nil)
-			srv, stateDB, db, rcv, cfg := h.srv, h.stateDB, h.db, h.rcv, h.cfg
-			tbl := "`" + h.src + "`.t"
-			logger := zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel))
+	inBothModes(t, func(t *testing.T, mode string) {
+		h := newHooked(t, "xa"+mode, mode, nil)
+		srv, stateDB, db, rcv, cfg := h.srv, h.stateDB, h.db, h.rcv, h.cfg
+		tbl := "`" + h.src + "`.t"
+		logger := zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel))
 
-			xa, err := db.Conn(context.Background())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer xa.Close()
-			xaExec := func(qs ...string) {
-				t.Helper()
-				for _, q := range qs {
-					if _, err := xa.ExecContext(context.Background(), q); err != nil {
-						t.Fatalf("%s: %v", q, err)
-					}
+		xa, err := db.Conn(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer xa.Close()
+		xaExec := func(qs ...string) {
+			t.Helper()
+			for _, q := range qs {
+				if _, err := xa.ExecContext(context.Background(), q); err != nil {
+					t.Fatalf("%s: %v", q, err)
 				}
 			}
-			// The keys delivered, sorted: different keys may arrive in any
-			// order.
-			ids := func() string {
-				rcv.mu.Lock()
-				defer rcv.mu.Unlock()
-				var out []string
-				for _, d := range rcv.order {
-					out = append(out, d.key)
-				}
-				sort.Strings(out)
-				return strings.Join(out, " ")
+		}
+		// The keys delivered, sorted: different keys may arrive in any
+		// order.
+		ids := func() string {
+			rcv.mu.Lock()
+			defer rcv.mu.Unlock()
+			var out []string
+			for _, d := range rcv.order {
+				out = append(out, d.key)
 			}
+			sort.Strings(out)
+			return strings.Join(out, " ")
+		}
 
-			stop := runEngine(t, cfg, logger)
-			srv.Exec(t, "INSERT INTO "+tbl+" VALUES (1, 1)")
-			xaExec("XA START 'a'", "INSERT INTO "+tbl+" VALUES (2, 2)", "XA END 'a'", "XA PREPARE 'a'")
-			srv.Exec(t, "INSERT INTO "+tbl+" VALUES (3, 3)")
-			waitFor(t, "rows 1 and 3", 30*time.Second, func() bool { return rcv.count() >= 2 })
-			if got, want := ids(), `{"id":1} {"id":3}`; got != want {
-				t.Fatalf("while 'a' is prepared: delivered %s, want %s", got, want)
-			}
-			stop()
+		stop := runEngine(t, cfg, logger)
+		srv.Exec(t, "INSERT INTO "+tbl+" VALUES (1, 1)")
+		xaExec("XA START 'a'", "INSERT INTO "+tbl+" VALUES (2, 2)", "XA END 'a'", "XA PREPARE 'a'")
+		srv.Exec(t, "INSERT INTO "+tbl+" VALUES (3, 3)")
+		waitFor(t, "rows 1 and 3", 30*time.Second, func() bool { return rcv.count() >= 2 })
+		if got, want := ids(), `{"id":1} {"id":3}`; got != want {
+			t.Fatalf("while 'a' is prepared: delivered %s, want %s", got, want)
+		}
+		stop()
 
-			xaExec("XA COMMIT 'a'", "XA START 'b'", "INSERT INTO "+tbl+" VALUES (4, 4)", "XA END 'b'", "XA PREPARE 'b'", "XA ROLLBACK 'b'")
-			srv.Exec(t, "INSERT INTO "+tbl+" VALUES (5, 5)")
-			runEngine(t, cfg, logger)
-			waitFor(t, "rows 2 and 5", 30*time.Second, func() bool { return rcv.count() >= 4 })
-			// A late duplicate would show as a fifth distinct delivery.
-			time.Sleep(300 * time.Millisecond)
-			if got, want := ids(), `{"id":1} {"id":2} {"id":3} {"id":5}`; got != want {
-				t.Fatalf("delivered %s, want %s", got, want)
-			}
-			if n := len(records(t, db, stateDB, "%")); n != 4 {
-				t.Fatalf("outbox holds %d records, want 4 (one per committed change)", n)
-			}
-		})
-	}
+		xaExec("XA COMMIT 'a'", "XA START 'b'", "INSERT INTO "+tbl+" VALUES (4, 4)", "XA END 'b'", "XA PREPARE 'b'", "XA ROLLBACK 'b'")
+		srv.Exec(t, "INSERT INTO "+tbl+" VALUES (5, 5)")
+		runEngine(t, cfg, logger)
+		waitFor(t, "rows 2 and 5", 30*time.Second, func() bool { return rcv.count() >= 4 })
+		// A late duplicate would show as a fifth distinct delivery.
+		time.Sleep(300 * time.Millisecond)
+		if got, want := ids(), `{"id":1} {"id":2} {"id":3} {"id":5}`; got != want {
+			t.Fatalf("delivered %s, want %s", got, want)
+		}
+		if n := len(records(t, db, stateDB, "%")); n != 4 {
+			t.Fatalf("outbox holds %d records, want 4 (one per committed change)", n)
+		}
+	})
 }
 
 // TestLeastPrivilegeUser runs the engine as the least-privilege user the
@@ -847,4 +843,12 @@ func readmeGrants(t *testing.T, flavor mysqltest.Flavor) []string {
 		t.Fatalf("README.md has %d GRANT lines for 'cdcout'@'%%'", len(out))
 	}
 	return out
+}
+
+// inBothModes runs test as a subtest of t once in each change identity
+// mode (change_identity: gtid and digest), named after the mode.
+func inBothModes(t *testing.T, test func(t *testing.T, mode string)) {
+	for _, mode := range []string{"gtid", "digest"} {
+		t.Run(mode, func(t *testing.T) { test(t, mode) })
+	}
 }
