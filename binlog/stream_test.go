@@ -167,18 +167,7 @@ func TestUncapturedRowsCounted(t *testing.T) {
 		},
 		second,
 	} {
-		tx, err := conn.Begin()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, q := range stmts {
-			if _, err := tx.Exec(q); err != nil {
-				t.Fatalf("%.80s: %v", q, err)
-			}
-		}
-		if err := tx.Commit(); err != nil {
-			t.Fatal(err)
-		}
+		mysqltest.ExecTx(t, conn, stmts...)
 	}
 	evs := c.waitFor(t, func(evs []Event) bool { return len(changesOf(evs)) >= 3 }, "3 changes")
 	var got []string

@@ -218,18 +218,7 @@ func testEndToEnd(t *testing.T, mode string) {
 
 	exec := func(txs [][]string) {
 		for _, stmts := range txs {
-			tx, err := db.Begin()
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, q := range stmts {
-				if _, err := tx.Exec(q); err != nil {
-					t.Fatalf("%s: %v", q, err)
-				}
-			}
-			if err := tx.Commit(); err != nil {
-				t.Fatal(err)
-			}
+			mysqltest.ExecTx(t, db, stmts...)
 		}
 	}
 
