@@ -65,14 +65,7 @@ func TestReplayReread(t *testing.T) {
 
 	// Retention deletes every delivered record, and marks it.
 	ctx := context.Background()
-	j, err := outbox.NewJanitor(outbox.JanitorConfig{DB: s.db, Schema: s.stateDB, Retention: time.Microsecond,
-		Hold: func(ctx context.Context) (map[string]bool, error) { return replay.HeldPipes(ctx, s.db, s.stateDB) }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := j.Sweep(ctx); err != nil {
-		t.Fatal(err)
-	}
+	sweepRetention(ctx, t, s)
 	if got := len(records(t, s.db, s.stateDB, "rr:%:hook")); got != 0 {
 		t.Fatalf("retention left %d of hook's records", got)
 	}
@@ -146,9 +139,7 @@ func TestReplayReread(t *testing.T) {
 	// Retention deletes the rest (no replay runs): the pipe holds
 	// nothing, and a replay re-reads all 8, up to the log's end, none
 	// under its deleted id, the first 5 under the same ids as before.
-	if _, err := j.Sweep(ctx); err != nil {
-		t.Fatal(err)
-	}
+	sweepRetention(ctx, t, s)
 	if got := len(records(t, s.db, s.stateDB, "rr:%:hook")); got != 0 {
 		t.Fatalf("retention left %d of hook's records", got)
 	}

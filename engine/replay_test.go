@@ -178,14 +178,7 @@ func TestReplay(t *testing.T) {
 	if err != nil || len(list) == 0 || list[0].ID != st.ID || list[0].Waiting == "" {
 		t.Fatalf("replays while paused: %+v, %v", list, err)
 	}
-	j, err := outbox.NewJanitor(outbox.JanitorConfig{DB: s.db, Schema: s.stateDB, Retention: time.Microsecond,
-		Hold: func(ctx context.Context) (map[string]bool, error) { return replay.HeldPipes(ctx, s.db, s.stateDB) }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := j.Sweep(ctx); err != nil {
-		t.Fatal(err)
-	}
+	sweepRetention(ctx, t, s)
 	if got := len(records(t, s.db, s.stateDB, "rp:%:hook")); got != 12 {
 		t.Fatalf("retention left %d of hook's 12 records during its replay", got)
 	}
@@ -317,4 +310,19 @@ func postReplay(t *testing.T, url, from, to string) replay.Status {
 		t.Fatalf("POST %s: %d %s", url, code, out)
 	}
 	return st
+}
+
+// sweepRetention runs one retention sweep over s's state with a retention
+// of 1µs (every delivered record goes), holding the pipes replays hold, as
+// the engine's janitor does.
+func sweepRetention(ctx context.Context, t *testing.T, s source) {
+	t.Helper()
+	j, err := outbox.NewJanitor(outbox.JanitorConfig{DB: s.db, Schema: s.stateDB, Retention: time.Microsecond,
+		Hold: func(ctx context.Context) (map[string]bool, error) { return replay.HeldPipes(ctx, s.db, s.stateDB) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := j.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
 }
