@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -45,10 +44,7 @@ func BenchmarkStreamVsRaw(b *testing.B) {
 	gctune.Apply()
 	srv := mysqltest.Start(b, mysqltest.Options{})
 	conn := srv.Open(b)
-	for _, w := range []benchload.Workload{benchload.Narrow, benchload.Realistic, benchload.JSONHeavy, benchload.Wide40} {
-		if only := os.Getenv("CDCOUT_BENCH_WORKLOADS"); only != "" && !slices.Contains(strings.Split(only, ","), w.Name) {
-			continue
-		}
+	for _, w := range benchload.Picked(benchload.Narrow, benchload.Realistic, benchload.JSONHeavy, benchload.Wide40) {
 		b.Run(w.Name, func(b *testing.B) {
 			db := srv.CreateDB(b, "bench_"+w.Name)
 			from := mysqltest.GTIDPos(b, conn)

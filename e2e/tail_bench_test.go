@@ -3,9 +3,7 @@ package e2e
 import (
 	"os"
 	"os/exec"
-	"slices"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -25,10 +23,7 @@ func BenchmarkTailBinary(b *testing.B) {
 	srv := mysqltest.Start(b, mysqltest.Options{})
 	conn := srv.Open(b)
 	changes := mysqltest.BenchEnv("CDCOUT_BENCH_ROWS", 200_000)
-	for _, w := range []benchload.Workload{benchload.Narrow, benchload.Realistic} {
-		if only := os.Getenv("CDCOUT_BENCH_WORKLOADS"); only != "" && !slices.Contains(strings.Split(only, ","), w.Name) {
-			continue
-		}
+	for _, w := range benchload.Picked(benchload.Narrow, benchload.Realistic) {
 		b.Run(w.Name, func(b *testing.B) {
 			db := srv.CreateDB(b, "tbench_"+w.Name)
 			from := gtidPos(b, conn)
