@@ -72,24 +72,7 @@ func sameState(t *testing.T, recv *receiver, want map[int64]rowState) {
 	t.Helper()
 	recv.mu.Lock()
 	defer recv.mu.Unlock()
-	bad := 0
-	for id, w := range want {
-		if g, ok := recv.got[id]; !ok || g != w {
-			if bad++; bad <= 10 {
-				t.Errorf("key %d: receiver has %+v (present %v), table has %+v", id, g, ok, w)
-			}
-		}
-	}
-	for id, g := range recv.got {
-		if _, ok := want[id]; !ok {
-			if bad++; bad <= 10 {
-				t.Errorf("key %d: receiver has %+v, deleted from the table", id, g)
-			}
-		}
-	}
-	if bad > 0 {
-		t.Fatalf("%d keys differ", bad)
-	}
+	mysqltest.SameRows(t, "receiver", recv.got, want)
 }
 
 // checkpointPast waits until the engine's checkpoint holds the server's
