@@ -32,6 +32,19 @@ func TestCrashRecovery(t *testing.T) {
 // crashKills is how many SIGKILLs each mode gets.
 const crashKills = 32
 
+// killedOften is the configuration of a replica a test SIGKILLs again and
+// again. Small enqueue batches and a short flush interval make many
+// enqueue transactions, so kills land inside them; the lease TTL and
+// claim lease are short so a restarted process takes over within seconds
+// (a killed holder's enqueue lease and delivery claims must lapse).
+const killedOften = `lease_ttl: 1s
+claim_lease: 3s
+http_addr: "off"
+enqueue_batch_size: 16
+enqueue_flush_interval: 10ms
+enqueue_max_buffer: 40
+`
+
 // writer produces a steady load of inserts, updates and deletes on random
 // keys of two tables, some in multi-row transactions, and counts the row
 // changes it committed.
@@ -154,19 +167,9 @@ func testCrashRecovery(t *testing.T, mode string) {
 	dir := t.TempDir()
 	outFile := filepath.Join(dir, "out.jsonl")
 	cfgPath := filepath.Join(dir, "cdcout.yaml")
-	// Small enqueue batches and a short flush interval make many enqueue
-	// transactions, so kills land inside them; the lease TTL and claim
-	// lease are short so a restarted process takes over within seconds
-	// (a killed holder's enqueue lease and delivery claims must lapse).
 	cfg := fmt.Sprintf(`instance: crash
 replica_id: e2e-crash
-lease_ttl: 1s
-claim_lease: 3s
-http_addr: "off"
-enqueue_batch_size: 16
-enqueue_flush_interval: 10ms
-enqueue_max_buffer: 40
-shutdown_timeout: 15s
+`+killedOften+`shutdown_timeout: 15s
 sinks:
   - name: hook
     url: %s/hook

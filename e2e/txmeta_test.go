@@ -70,13 +70,7 @@ func testTransactionRecords(t *testing.T, mode string) {
 	cfgPath := filepath.Join(dir, "cdcout.yaml")
 	cfg := fmt.Sprintf(`instance: txmeta
 replica_id: e2e-txmeta
-lease_ttl: 1s
-claim_lease: 3s
-http_addr: "off"
-enqueue_batch_size: 16
-enqueue_flush_interval: 10ms
-enqueue_max_buffer: 40
-sinks:
+`+killedOften+`sinks:
   - name: file
     url: file://%s
     format: native # the stored envelopes: op "tx" records, source.tx on changes
