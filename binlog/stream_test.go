@@ -647,14 +647,6 @@ func TestXATransactions(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	exec := func(qs ...string) {
-		t.Helper()
-		for _, q := range qs {
-			if _, err := conn.ExecContext(context.Background(), q); err != nil {
-				t.Fatalf("%s: %v", q, err)
-			}
-		}
-	}
 	ids := func(evs []Event) string {
 		var out []string
 		for _, ch := range changesOf(evs) {
@@ -675,7 +667,7 @@ func TestXATransactions(t *testing.T) {
 	// a session with a prepared transaction can run nothing else.
 	srv.Exec(t, "INSERT INTO "+tbl+" VALUES (1)")
 	before := lastCommit(c.waitChanges(t, 1))
-	exec("XA START 'a'", "INSERT INTO "+tbl+" VALUES (2)", "XA END 'a'", "XA PREPARE 'a'")
+	mysqltest.ConnExec(t, conn, "XA START 'a'", "INSERT INTO "+tbl+" VALUES (2)", "XA END 'a'", "XA PREPARE 'a'")
 	srv.Exec(t, "INSERT INTO "+tbl+" VALUES (3)")
 	evs := c.waitChanges(t, 2)
 	if got := ids(evs); got != `{"id":1} {"id":3}` {
@@ -691,7 +683,7 @@ func TestXATransactions(t *testing.T) {
 	if n, since := s.PreparedXA(); n != 1 || since.IsZero() {
 		t.Fatalf("PreparedXA = %d since %v, want 1", n, since)
 	}
-	exec("XA COMMIT 'a'")
+	mysqltest.ConnExec(t, conn, "XA COMMIT 'a'")
 	evs = c.waitChanges(t, 3)
 	if n, _ := s.PreparedXA(); n != 0 {
 		t.Fatalf("PreparedXA = %d after XA COMMIT, want 0", n)
@@ -703,7 +695,7 @@ func TestXATransactions(t *testing.T) {
 	if !strings.HasPrefix(two.ChangeKey, "g:"+two.Source.GTID+":") || two.Source.Row != 0 {
 		t.Fatalf("XA row keyed %s (gtid %s, row %d), want the PREPARE's GTID and ordinal 0", two.ChangeKey, two.Source.GTID, two.Source.Row)
 	}
-	exec("XA START 'b'", "INSERT INTO "+tbl+" VALUES (4)", "XA END 'b'", "XA PREPARE 'b'", "XA ROLLBACK 'b'")
+	mysqltest.ConnExec(t, conn, "XA START 'b'", "INSERT INTO "+tbl+" VALUES (4)", "XA END 'b'", "XA PREPARE 'b'", "XA ROLLBACK 'b'")
 	srv.Exec(t, "INSERT INTO "+tbl+" VALUES (5)")
 	evs = c.waitChanges(t, 4)
 	if got := ids(evs); got != `{"id":1} {"id":3} {"id":2} {"id":5}` {

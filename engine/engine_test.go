@@ -726,14 +726,6 @@ func TestXAAcrossRestart(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer xa.Close()
-		xaExec := func(qs ...string) {
-			t.Helper()
-			for _, q := range qs {
-				if _, err := xa.ExecContext(context.Background(), q); err != nil {
-					t.Fatalf("%s: %v", q, err)
-				}
-			}
-		}
 		// The keys delivered, sorted: different keys may arrive in any
 		// order.
 		ids := func() string {
@@ -749,7 +741,7 @@ func TestXAAcrossRestart(t *testing.T) {
 
 		stop := runEngine(t, cfg, logger)
 		srv.Exec(t, "INSERT INTO "+tbl+" VALUES (1, 1)")
-		xaExec("XA START 'a'", "INSERT INTO "+tbl+" VALUES (2, 2)", "XA END 'a'", "XA PREPARE 'a'")
+		mysqltest.ConnExec(t, xa, "XA START 'a'", "INSERT INTO "+tbl+" VALUES (2, 2)", "XA END 'a'", "XA PREPARE 'a'")
 		srv.Exec(t, "INSERT INTO "+tbl+" VALUES (3, 3)")
 		waitFor(t, "rows 1 and 3", 30*time.Second, func() bool { return rcv.count() >= 2 })
 		if got, want := ids(), `{"id":1} {"id":3}`; got != want {
@@ -757,7 +749,7 @@ func TestXAAcrossRestart(t *testing.T) {
 		}
 		stop()
 
-		xaExec("XA COMMIT 'a'", "XA START 'b'", "INSERT INTO "+tbl+" VALUES (4, 4)", "XA END 'b'", "XA PREPARE 'b'", "XA ROLLBACK 'b'")
+		mysqltest.ConnExec(t, xa, "XA COMMIT 'a'", "XA START 'b'", "INSERT INTO "+tbl+" VALUES (4, 4)", "XA END 'b'", "XA PREPARE 'b'", "XA ROLLBACK 'b'")
 		srv.Exec(t, "INSERT INTO "+tbl+" VALUES (5, 5)")
 		runEngine(t, cfg, logger)
 		waitFor(t, "rows 2 and 5", 30*time.Second, func() bool { return rcv.count() >= 4 })

@@ -1,6 +1,7 @@
 package mysqltest
 
 import (
+	"context"
 	"database/sql"
 	"testing"
 )
@@ -21,5 +22,17 @@ func ExecTx(tb testing.TB, db *sql.DB, stmts ...string) {
 	}
 	if err := tx.Commit(); err != nil {
 		tb.Fatal(err)
+	}
+}
+
+// ConnExec runs the statements one after another on conn, failing the
+// test on error: XA transactions and session variables belong to one
+// connection, which a *sql.DB would not keep between statements.
+func ConnExec(tb testing.TB, conn *sql.Conn, stmts ...string) {
+	tb.Helper()
+	for _, q := range stmts {
+		if _, err := conn.ExecContext(context.Background(), q); err != nil {
+			tb.Fatalf("%s: %v", q, err)
+		}
 	}
 }
