@@ -307,21 +307,7 @@ sinks:
 	elapsed := time.Since(start)
 
 	// The independent account of what was committed.
-	want := tailChanges(t, srv.DSN, src+".*", from, n)
-	if got := len(want); got != n {
-		t.Fatalf("tail read %d changes, the writer committed %d", got, n)
-	}
-	wantByTable := map[string]map[change]bool{}
-	for _, e := range want {
-		if wantByTable[e.Source.Table] == nil {
-			wantByTable[e.Source.Table] = map[change]bool{}
-		}
-		c := e.change()
-		if wantByTable[e.Source.Table][c] {
-			t.Fatalf("tail printed %v twice", c)
-		}
-		wantByTable[e.Source.Table][c] = true
-	}
+	want, wantByTable := tailCommitted(t, srv.DSN, src+".*", from, n)
 
 	// Outbox: exactly one record per (change, pipe), all delivered.
 	rows := readOutbox(t, db, stateDB)
@@ -350,26 +336,7 @@ sinks:
 		t.Errorf("outbox has %d pipes, want %d", got, want)
 	}
 	for pipe, tbl := range pipeTable {
-		exp := wantByTable[tbl]
-		got := perPipe[pipe]
-		missing, extra, dup := 0, 0, 0
-		for c := range exp {
-			if got[c] == 0 {
-				missing++
-			}
-		}
-		for c, k := range got {
-			if !exp[c] {
-				extra++
-			}
-			if k > 1 {
-				dup++
-			}
-		}
-		if missing+extra+dup > 0 || len(got) != len(exp) {
-			t.Errorf("pipe %s: outbox has %d changes, source %d: %d missing, %d extra, %d with more than one record",
-				pipe, len(got), len(exp), missing, extra, dup)
-		}
+		checkOncePerChange(t, pipe, wantByTable[tbl], perPipe[pipe])
 	}
 
 	// Receiver: every change, duplicates only under the same webhook-id,
@@ -513,4 +480,55 @@ func runConfig(t testing.TB, path, cfg, dsn, stateDB, src, from, mode string) []
 	}
 	return []string{"run", "--config", path, "--dsn", dsn, "--state-db", stateDB,
 		"--tables", src + ".*", "--from", from, "--change-identity", mode, "--log-format", "json"}
+}
+
+// checkOncePerChange fails the test unless pipe's outbox records (got:
+// how many records each change has) are exactly one per change of the
+// source (exp), invariants 1 and 2: none missing, none of a change the
+// source does not have, none twice. (With no change missing and none
+// extra the two sets are equal, so their sizes are too.)
+func checkOncePerChange(t *testing.T, pipe string, exp map[change]bool, got map[change]int) {
+	t.Helper()
+	missing, extra, dup := 0, 0, 0
+	for c := range exp {
+		if got[c] == 0 {
+			missing++
+		}
+	}
+	for c, k := range got {
+		if !exp[c] {
+			extra++
+		}
+		if k > 1 {
+			dup++
+		}
+	}
+	if missing+extra+dup > 0 {
+		t.Errorf("pipe %s: outbox has %d changes, source %d: %d missing, %d extra, %d with more than one record",
+			pipe, len(got), len(exp), missing, extra, dup)
+	}
+}
+
+// tailCommitted is the independent account of what the writer committed:
+// the n changes a plain `cdcout tail` of the tables reads from from
+// (tailChanges), and the same by table. Another count than n, or a change
+// printed twice, fails the test.
+func tailCommitted(t *testing.T, dsn, tables, from string, n int) ([]envelope, map[string]map[change]bool) {
+	t.Helper()
+	tail := tailChanges(t, dsn, tables, from, n)
+	if got := len(tail); got != n {
+		t.Fatalf("tail read %d changes, the writer committed %d", got, n)
+	}
+	byTable := map[string]map[change]bool{}
+	for _, e := range tail {
+		if byTable[e.Source.Table] == nil {
+			byTable[e.Source.Table] = map[change]bool{}
+		}
+		c := e.change()
+		if byTable[e.Source.Table][c] {
+			t.Fatalf("tail printed %v twice", c)
+		}
+		byTable[e.Source.Table][c] = true
+	}
+	return tail, byTable
 }
