@@ -78,9 +78,7 @@ func testChaos(t *testing.T, mode string) {
 	src := srv.CreateDB(t, "e2e_chaos_"+mode)
 	stateDB := srv.CreateDB(t, "e2e_chaos_state_"+mode)
 	tables := []string{"a", "b", "c"}
-	for _, tbl := range tables {
-		srv.Exec(t, "CREATE TABLE `"+src+"`."+tbl+" (id INT PRIMARY KEY, v INT NOT NULL, note VARCHAR(32) NOT NULL)")
-	}
+	createWriterTables(t, srv, src, tables...)
 	db := srv.Open(t)
 	db.SetMaxOpenConns(8)
 	from := gtidPos(t, db)
@@ -92,16 +90,7 @@ func testChaos(t *testing.T, mode string) {
 		}
 		return 200, time.Duration(rand.IntN(3)) * time.Millisecond
 	}
-	// The digest run delivers to a receiver of small capacity (listen
-	// backlog 5, 2 requests at a time, like Python's http.server), the gtid
-	// run to an unlimited one: kills and takeovers must not depend on a
-	// receiver that takes everything at once.
-	var recv *receiver
-	if mode == "digest" {
-		recv = newSmallReceiver(t, 5, 2, answer)
-	} else {
-		recv = newReceiver(t, answer)
-	}
+	recv := newModeReceiver(t, mode, answer)
 	dir := t.TempDir()
 	cfgPath := filepath.Join(dir, "cdcout.yaml")
 	// A long claim lease: a SIGKILLed drain holder's claimed rows must not

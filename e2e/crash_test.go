@@ -45,6 +45,27 @@ enqueue_flush_interval: 10ms
 enqueue_max_buffer: 40
 `
 
+// createWriterTables creates the tables of src a writer loads: a key, a
+// number and a note.
+func createWriterTables(t *testing.T, srv *mysqltest.Server, src string, tables ...string) {
+	t.Helper()
+	for _, tbl := range tables {
+		srv.Exec(t, "CREATE TABLE `"+src+"`."+tbl+" (id INT PRIMARY KEY, v INT NOT NULL, note VARCHAR(32) NOT NULL)")
+	}
+}
+
+// newModeReceiver is the receiver of a test that kills replicas, in
+// change identity mode mode. The digest run delivers to a receiver of
+// small capacity (listen backlog 5, 2 requests at a time, like Python's
+// http.server), the gtid run to an unlimited one: kills and takeovers
+// must not depend on a receiver that takes everything at once.
+func newModeReceiver(t *testing.T, mode string, answer func(*envelope) (int, time.Duration)) *receiver {
+	if mode == "digest" {
+		return newSmallReceiver(t, 5, 2, answer)
+	}
+	return newReceiver(t, answer)
+}
+
 // writer produces a steady load of inserts, updates and deletes on random
 // keys of two tables, some in multi-row transactions, and counts the row
 // changes it committed.
@@ -138,9 +159,7 @@ func testCrashRecovery(t *testing.T, mode string) {
 	srv := mysqltest.Shared(t)
 	src := srv.CreateDB(t, "e2e_crash_"+mode)
 	stateDB := srv.CreateDB(t, "e2e_crash_state_"+mode)
-	for _, tbl := range []string{"a", "b"} {
-		srv.Exec(t, "CREATE TABLE `"+src+"`."+tbl+" (id INT PRIMARY KEY, v INT NOT NULL, note VARCHAR(32) NOT NULL)")
-	}
+	createWriterTables(t, srv, src, "a", "b")
 	db := srv.Open(t)
 	from := gtidPos(t, db)
 	start := time.Now()
@@ -153,16 +172,7 @@ func testCrashRecovery(t *testing.T, mode string) {
 		}
 		return 200, time.Duration(rand.IntN(8)) * time.Millisecond
 	}
-	// The digest run delivers to a receiver of small capacity (listen
-	// backlog 5, 2 requests at a time, like Python's http.server), the gtid
-	// run to an unlimited one: kills and takeovers must not depend on a
-	// receiver that takes everything at once.
-	var recv *receiver
-	if mode == "digest" {
-		recv = newSmallReceiver(t, 5, 2, answer)
-	} else {
-		recv = newReceiver(t, answer)
-	}
+	recv := newModeReceiver(t, mode, answer)
 	br := newCrashBroker(t, mode)
 	dir := t.TempDir()
 	outFile := filepath.Join(dir, "out.jsonl")

@@ -60,9 +60,7 @@ func testTransactionRecords(t *testing.T, mode string) {
 	srv := mysqltest.Shared(t)
 	src := srv.CreateDB(t, "e2e_txmeta_"+mode)
 	stateDB := srv.CreateDB(t, "e2e_txmeta_state_"+mode)
-	for _, tbl := range []string{"a", "b"} {
-		srv.Exec(t, "CREATE TABLE `"+src+"`."+tbl+" (id INT PRIMARY KEY, v INT NOT NULL, note VARCHAR(32) NOT NULL)")
-	}
+	createWriterTables(t, srv, src, "a", "b")
 	db := srv.Open(t)
 	from := gtidPos(t, db)
 	dir := t.TempDir()
