@@ -143,18 +143,6 @@ func peakRSS(pid int) int64 {
 	return 0
 }
 
-// benchSource creates a source database prefix with table t (columns) and
-// its state database, and returns a connection and the binlog position to
-// read from.
-func benchSource(b *testing.B, srv *mysqltest.Server, prefix, columns string) (db *sql.DB, src, stateDB, from string) {
-	b.Helper()
-	src = srv.CreateDB(b, prefix)
-	stateDB = srv.CreateDB(b, prefix+"_state")
-	srv.Exec(b, "CREATE TABLE `"+src+"`.t ("+columns+")")
-	db = srv.Open(b)
-	return db, src, stateDB, gtidPos(b, db)
-}
-
 // waitLeader waits until the instance's enqueue lease is held, so that a
 // benchmark's clock starts with cdcout reading, not starting.
 func waitLeader(b testing.TB, p *proc, srv *mysqltest.Server, stateDB, instance string) {
@@ -199,7 +187,7 @@ func benchEndToEnd(b *testing.B, batch bool) {
 	total := inserts + updates + deletes
 	srv := mysqltest.Shared(b)
 	for range b.N {
-		db, src, stateDB, from := benchSource(b, srv, "bench_e2e", "id INT PRIMARY KEY, v INT NOT NULL, pad VARCHAR(64) NOT NULL")
+		db, src, stateDB, from := srv.NewSource(b, "bench_e2e", "id INT PRIMARY KEY, v INT NOT NULL, pad VARCHAR(64) NOT NULL")
 		hook := newCountingHook(b, nil)
 		file := &lineCounter{path: filepath.Join(b.TempDir(), "out.jsonl")}
 		cfgPath := filepath.Join(b.TempDir(), "cdcout.yaml")
@@ -293,7 +281,7 @@ func BenchmarkLatency(b *testing.B) {
 	)
 	srv := mysqltest.Shared(b)
 	for range b.N {
-		db, src, stateDB, from := benchSource(b, srv, "bench_lat", "id INT PRIMARY KEY, v INT NOT NULL")
+		db, src, stateDB, from := srv.NewSource(b, "bench_lat", "id INT PRIMARY KEY, v INT NOT NULL")
 		n := rate * seconds
 		committed := make([]atomic.Int64, n) // id → unix ns just before COMMIT was sent
 		var (
@@ -389,7 +377,7 @@ func BenchmarkHugeTransactionRSS(b *testing.B) {
 	}
 	srv := mysqltest.Shared(b)
 	for range b.N {
-		db, src, stateDB, from := benchSource(b, srv, "bench_rss", "id INT PRIMARY KEY, v INT NOT NULL, pad VARCHAR(64) NOT NULL")
+		db, src, stateDB, from := srv.NewSource(b, "bench_rss", "id INT PRIMARY KEY, v INT NOT NULL, pad VARCHAR(64) NOT NULL")
 		file := &lineCounter{path: filepath.Join(b.TempDir(), "out.jsonl")}
 		p, _ := benchRun(b, srv, stateDB, "rss", "--tables", src+".t", "--from", from, "--sink", "file=file://"+file.path)
 		base := peakRSS(p.cmd.Process.Pid)

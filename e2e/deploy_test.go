@@ -60,11 +60,7 @@ func deployMetricNames(t *testing.T) map[string][]string {
 func TestDeployMetrics(t *testing.T) {
 	want := deployMetricNames(t)
 	srv := mysqltest.Shared(t)
-	src := srv.CreateDB(t, "e2e_deploy")
-	stateDB := srv.CreateDB(t, "e2e_deploy_state")
-	srv.Exec(t, "CREATE TABLE `"+src+"`.t (id INT PRIMARY KEY, v INT NOT NULL)")
-	db := srv.Open(t)
-	from := gtidPos(t, db)
+	_, src, stateDB, from := srv.NewSource(t, "e2e_deploy", "id INT PRIMARY KEY, v INT NOT NULL")
 	recv := newReceiver(t, func(*envelope) (int, time.Duration) { return 200, 0 })
 	addr := mysqltest.FreeAddr(t)
 	dir := t.TempDir()

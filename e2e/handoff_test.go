@@ -31,11 +31,7 @@ func TestHandoffBuffer(t *testing.T) {
 
 func testHandoffBuffer(t *testing.T, name, size, wantLog string) {
 	srv := mysqltest.Shared(t)
-	src := srv.CreateDB(t, "e2e_handoff_"+name)
-	stateDB := srv.CreateDB(t, "e2e_handoff_state_"+name)
-	srv.Exec(t, "CREATE TABLE `"+src+"`.t (id INT PRIMARY KEY, v INT NOT NULL)")
-	db := srv.Open(t)
-	from := gtidPos(t, db)
+	db, src, stateDB, from := srv.NewSource(t, "e2e_handoff_"+name, "id INT PRIMARY KEY, v INT NOT NULL")
 	recv := newReceiver(t, func(*envelope) (int, time.Duration) { return 200, 0 })
 	dir := t.TempDir()
 	cfgPath := filepath.Join(dir, "cdcout.yaml")

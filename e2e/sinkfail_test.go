@@ -23,11 +23,7 @@ import (
 // re-delivers it once the receiver accepts it.
 func TestSinkFailureRecovery(t *testing.T) {
 	srv := mysqltest.Shared(t)
-	src := srv.CreateDB(t, "e2e_sinkfail")
-	stateDB := srv.CreateDB(t, "e2e_sinkfail_state")
-	srv.Exec(t, "CREATE TABLE `"+src+"`.t (id INT PRIMARY KEY, v INT NOT NULL)")
-	db := srv.Open(t)
-	from := gtidPos(t, db)
+	db, src, stateDB, from := srv.NewSource(t, "e2e_sinkfail", "id INT PRIMARY KEY, v INT NOT NULL")
 
 	const (
 		keys     = 20

@@ -28,7 +28,7 @@ func benchTransactions(b *testing.B, transactions bool) {
 	txs := mysqltest.BenchEnv("CDCOUT_BENCH_ROWS", 2000)
 	srv := mysqltest.Shared(b)
 	for range b.N {
-		db, src, stateDB, from := benchSource(b, srv, "bench_tx", "id INT PRIMARY KEY, v INT NOT NULL")
+		db, src, stateDB, from := srv.NewSource(b, "bench_tx", "id INT PRIMARY KEY, v INT NOT NULL")
 		srv.Exec(b, "CREATE TABLE `"+src+"`.u (id INT PRIMARY KEY, v INT NOT NULL)")
 		for i := range txs {
 			tx, err := db.Begin()

@@ -44,7 +44,7 @@ func BenchmarkWideRowRSS(b *testing.B) {
 }
 
 func wideRow(b *testing.B, srv *mysqltest.Server, mib int) {
-	db, src, stateDB, from := benchSource(b, srv, "bench_wide", "id INT PRIMARY KEY, data LONGBLOB NOT NULL")
+	db, src, stateDB, from := srv.NewSource(b, "bench_wide", "id INT PRIMARY KEY, data LONGBLOB NOT NULL")
 	hook := newCountingHook(b, nil)
 	instance := fmt.Sprintf("wide%d", mib)
 	p, log := benchRun(b, srv, stateDB, instance, "--tables", src+".t", "--from", from, "--sink", "hook="+hook.srv.URL)

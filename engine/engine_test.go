@@ -565,11 +565,7 @@ func TestGracefulStopWritesLastTransaction(t *testing.T) {
 // arrive), and retrying the dead letter delivers it.
 func TestSinkFailureAndRecovery(t *testing.T) {
 	srv := mysqltest.Shared(t)
-	src := srv.CreateDB(t, "fail_src")
-	stateDB := srv.CreateDB(t, "fail_state")
-	srv.Exec(t, "CREATE TABLE `"+src+"`.t (id INT PRIMARY KEY, v INT)")
-	db := srv.Open(t)
-	from := mysqltest.GTIDPos(t, db)
+	db, src, stateDB, from := srv.NewSource(t, "fail", "id INT PRIMARY KEY, v INT")
 
 	var (
 		mu       sync.Mutex
