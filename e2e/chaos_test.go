@@ -75,13 +75,9 @@ func (lw *lockedWriter) run(ctx context.Context) error {
 
 func testChaos(t *testing.T, mode string) {
 	srv := mysqltest.Start(t, mysqltest.Options{})
-	src := srv.CreateDB(t, "e2e_chaos_"+mode)
-	stateDB := srv.CreateDB(t, "e2e_chaos_state_"+mode)
 	tables := []string{"a", "b", "c"}
-	createWriterTables(t, srv, src, tables...)
-	db := srv.Open(t)
+	db, src, stateDB, from := writerSource(t, srv, "e2e_chaos_"+mode, tables...)
 	db.SetMaxOpenConns(8)
-	from := gtidPos(t, db)
 	start := time.Now()
 
 	answer := func(*envelope) (int, time.Duration) {

@@ -45,13 +45,19 @@ enqueue_flush_interval: 10ms
 enqueue_max_buffer: 40
 `
 
-// createWriterTables creates the tables of src a writer loads: a key, a
-// number and a note.
-func createWriterTables(t *testing.T, srv *mysqltest.Server, src string, tables ...string) {
+// writerSource is Server.NewSource for a writer's load: a source database
+// prefix… holding the tables a writer writes (a key, a number and a
+// note), its state database prefix…_state, a connection, and the binlog
+// position before the load.
+func writerSource(t *testing.T, srv *mysqltest.Server, prefix string, tables ...string) (db *sql.DB, src, stateDB, from string) {
 	t.Helper()
+	src = srv.CreateDB(t, prefix)
+	stateDB = srv.CreateDB(t, prefix+"_state")
 	for _, tbl := range tables {
 		srv.Exec(t, "CREATE TABLE `"+src+"`."+tbl+" (id INT PRIMARY KEY, v INT NOT NULL, note VARCHAR(32) NOT NULL)")
 	}
+	db = srv.Open(t)
+	return db, src, stateDB, gtidPos(t, db)
 }
 
 // newModeReceiver is the receiver of a test that kills replicas, in
@@ -157,11 +163,7 @@ func (w *writer) tx(n int) error {
 
 func testCrashRecovery(t *testing.T, mode string) {
 	srv := mysqltest.Shared(t)
-	src := srv.CreateDB(t, "e2e_crash_"+mode)
-	stateDB := srv.CreateDB(t, "e2e_crash_state_"+mode)
-	createWriterTables(t, srv, src, "a", "b")
-	db := srv.Open(t)
-	from := gtidPos(t, db)
+	db, src, stateDB, from := writerSource(t, srv, "e2e_crash_"+mode, "a", "b")
 	start := time.Now()
 
 	// The receiver answers after a small random latency, sometimes a longer

@@ -58,11 +58,7 @@ func TestTransactionRecords(t *testing.T) {
 func testTransactionRecords(t *testing.T, mode string) {
 	const txs, kills = 1000, 5
 	srv := mysqltest.Shared(t)
-	src := srv.CreateDB(t, "e2e_txmeta_"+mode)
-	stateDB := srv.CreateDB(t, "e2e_txmeta_state_"+mode)
-	createWriterTables(t, srv, src, "a", "b")
-	db := srv.Open(t)
-	from := gtidPos(t, db)
+	db, src, stateDB, from := writerSource(t, srv, "e2e_txmeta_"+mode, "a", "b")
 	dir := t.TempDir()
 	outFile := filepath.Join(dir, "out.jsonl")
 	cfgPath := filepath.Join(dir, "cdcout.yaml")
