@@ -80,13 +80,7 @@ func testChaos(t *testing.T, mode string) {
 	db.SetMaxOpenConns(8)
 	start := time.Now()
 
-	answer := func(*envelope) (int, time.Duration) {
-		if rand.IntN(100) < 2 {
-			return 200, time.Duration(50+rand.IntN(150)) * time.Millisecond
-		}
-		return 200, time.Duration(rand.IntN(3)) * time.Millisecond
-	}
-	recv := newModeReceiver(t, mode, answer)
+	recv := newModeReceiver(t, mode, jitteryAnswer(2, 50, 150, 3))
 	dir := t.TempDir()
 	cfgPath := filepath.Join(dir, "cdcout.yaml")
 	// A long claim lease: a SIGKILLed drain holder's claimed rows must not

@@ -60,6 +60,18 @@ func writerSource(t *testing.T, srv *mysqltest.Server, prefix string, tables ...
 	return db, src, stateDB, gtidPos(t, db)
 }
 
+// jitteryAnswer accepts every delivery after a small random latency (under
+// fastMS milliseconds), in slowPercent of them a longer one (slowMS plus
+// under spreadMS), so that kills land while deliveries are in flight.
+func jitteryAnswer(slowPercent, slowMS, spreadMS, fastMS int) func(*envelope) (int, time.Duration) {
+	return func(*envelope) (int, time.Duration) {
+		if rand.IntN(100) < slowPercent {
+			return 200, time.Duration(slowMS+rand.IntN(spreadMS)) * time.Millisecond
+		}
+		return 200, time.Duration(rand.IntN(fastMS)) * time.Millisecond
+	}
+}
+
 // newModeReceiver is the receiver of a test that kills replicas, in
 // change identity mode mode. The digest run delivers to a receiver of
 // small capacity (listen backlog 5, 2 requests at a time, like Python's
@@ -166,15 +178,7 @@ func testCrashRecovery(t *testing.T, mode string) {
 	db, src, stateDB, from := writerSource(t, srv, "e2e_crash_"+mode, "a", "b")
 	start := time.Now()
 
-	// The receiver answers after a small random latency, sometimes a longer
-	// one, so that kills land while deliveries are in flight.
-	answer := func(*envelope) (int, time.Duration) {
-		if rand.IntN(100) < 3 {
-			return 200, time.Duration(100+rand.IntN(200)) * time.Millisecond
-		}
-		return 200, time.Duration(rand.IntN(8)) * time.Millisecond
-	}
-	recv := newModeReceiver(t, mode, answer)
+	recv := newModeReceiver(t, mode, jitteryAnswer(3, 100, 200, 8))
 	br := newCrashBroker(t, mode)
 	dir := t.TempDir()
 	outFile := filepath.Join(dir, "out.jsonl")
