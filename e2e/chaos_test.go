@@ -126,12 +126,8 @@ sinks:
 	for _, tbl := range tables {
 		lw.w.tables = append(lw.w.tables, "`"+src+"`."+tbl)
 	}
-	wctx, stopWriter := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	var werr error
-	wg.Add(1)
-	go func() { defer wg.Done(); werr = lw.run(wctx) }()
-	defer func() { stopWriter(); wg.Wait() }()
+	wr := startLoad(lw.run)
+	defer wr.stop()
 	var bigChanges atomic.Int64
 	bigTx := func(q string) {
 		lw.mu.Lock()
@@ -208,8 +204,8 @@ sinks:
 				t.Fatalf("replica %s exited on its own: %v", r.id, r.p.err)
 			}
 		}
-		if werr != nil {
-			t.Fatalf("writer: %v", werr)
+		if err := wr.failed(); err != nil {
+			t.Fatalf("writer: %v", err)
 		}
 	}
 	// Let every replica start and the drain leases spread.
@@ -353,10 +349,8 @@ sinks:
 
 	// Drain everything, then stop every replica gracefully.
 	time.Sleep(time.Second)
-	stopWriter()
-	wg.Wait()
-	if werr != nil {
-		t.Fatalf("writer: %v", werr)
+	if err := wr.stop(); err != nil {
+		t.Fatalf("writer: %v", err)
 	}
 	n := int(lw.w.changes.Load() + bigChanges.Load())
 	// Nothing may be lost, so the wait outlasts one claim lease (2m): a row

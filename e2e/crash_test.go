@@ -84,6 +84,43 @@ func newModeReceiver(t *testing.T, mode string, answer func(*envelope) (int, tim
 	return newReceiver(t, answer)
 }
 
+// load is a write load running in the background (startLoad).
+type load struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+	mu     sync.Mutex
+	err    error
+}
+
+// startLoad runs run in a goroutine until stop cancels its context.
+func startLoad(run func(context.Context) error) *load {
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &load{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(l.done)
+		err := run(ctx)
+		l.mu.Lock()
+		l.err = err
+		l.mu.Unlock()
+	}()
+	return l
+}
+
+// failed is the error the load ended with, nil while it runs.
+func (l *load) failed() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
+}
+
+// stop cancels the load, waits for it to end and returns its error; it
+// may be called again.
+func (l *load) stop() error {
+	l.cancel()
+	<-l.done
+	return l.failed()
+}
+
 // writer produces a steady load of inserts, updates and deletes on random
 // keys of two tables, some in multi-row transactions, and counts the row
 // changes it committed.
@@ -207,12 +244,8 @@ sinks:
 	log := newLogFile(t, "crash-"+mode)
 
 	w := &writer{db: db, tables: []string{"`" + src + "`.a", "`" + src + "`.b"}, keys: 40}
-	wctx, stopWriter := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	var werr error
-	wg.Add(1)
-	go func() { defer wg.Done(); werr = w.run(wctx) }()
-	defer func() { stopWriter(); wg.Wait() }()
+	wr := startLoad(w.run)
+	defer wr.stop()
 
 	// blockEnqueue makes the next enqueue transaction wait at its
 	// checkpoint write, after its claims and outbox rows are written, by
@@ -285,8 +318,8 @@ sinks:
 		p.kill()
 		kills++
 		noteFirst(p)
-		if werr != nil {
-			t.Fatalf("writer: %v", werr)
+		if err := wr.failed(); err != nil {
+			t.Fatalf("writer: %v", err)
 		}
 		time.Sleep(time.Duration(50+rand.IntN(650)) * time.Millisecond)
 	}
@@ -294,10 +327,8 @@ sinks:
 	// The last instance runs to the end: stop the load, let it drain
 	// everything, stop it gracefully.
 	last := startCdcout(t, log, args...)
-	stopWriter()
-	wg.Wait()
-	if werr != nil {
-		t.Fatalf("writer: %v", werr)
+	if err := wr.stop(); err != nil {
+		t.Fatalf("writer: %v", err)
 	}
 	n := int(w.changes.Load())
 	pipeTable := map[string]string{}
