@@ -4,8 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"net"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -14,23 +12,18 @@ import (
 
 	"github.com/cdcout/cdcout/internal/faultproxy"
 	"github.com/cdcout/cdcout/internal/mysqltest"
+	"github.com/cdcout/cdcout/internal/testkit"
 	"github.com/cdcout/cdcout/internal/wait"
 )
 
 // proxiedDB opens the shared server through a fault proxy.
 func proxiedDB(t *testing.T) (*sql.DB, *faultproxy.Proxy) {
 	t.Helper()
-	srv := mysqltest.Shared(t)
-	p, err := faultproxy.Start(net.JoinHostPort(srv.Host, strconv.Itoa(srv.Port)))
+	dsn, p := testkit.ProxiedDSN(t, mysqltest.Shared(t))
+	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(p.Close)
-	cfg, err := mysql.ParseDSN(srv.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Addr, cfg.Net = p.Addr(), "tcp"
 	// Like the state pool: no read or write timeout, so a blackholed link
 	// blocks a statement until its context ends.
 	cfg.Timeout = 2 * time.Second
