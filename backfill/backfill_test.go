@@ -162,6 +162,23 @@ func dropWatermarkDB(t testing.TB, srv *mysqltest.Server, stateDB string) {
 	})
 }
 
+// backfillDBs creates a source and a state database (given their name
+// prefixes) whose watermark database is dropped when the test ends.
+func backfillDBs(t testing.TB, srv *mysqltest.Server, srcName, stateName string) (src, stateDB string) {
+	src, stateDB = srv.CreateDB(t, srcName), srv.CreateDB(t, stateName)
+	dropWatermarkDB(t, srv, stateDB)
+	return src, stateDB
+}
+
+// seedTable creates src.t (id, v, s) holding rows 1..n and returns its
+// quoted name.
+func seedTable(t testing.TB, srv *mysqltest.Server, src string, n int) string {
+	table := "`" + src + "`.t"
+	srv.Exec(t, "CREATE TABLE "+table+" (id INT PRIMARY KEY, v BIGINT NOT NULL, s VARCHAR(40) NOT NULL)",
+		fmt.Sprintf("INSERT INTO %s SELECT seq, seq, CONCAT('row', seq) FROM %s", table, mysqltest.Seq(n)))
+	return table
+}
+
 // TestConsistencyUnderWrites backfills a table while a writer updates,
 // deletes and inserts random keys, with an engine (the "cdcout run")
 // holding the enqueue lease and delivering to a webhook. Applying the
@@ -203,12 +220,8 @@ func readOnlyUser(t testing.TB, srv *mysqltest.Server, db string) string {
 
 func consistencyUnderWrites(t *testing.T, n int, readOnly bool) {
 	srv := mysqltest.Shared(t)
-	src := srv.CreateDB(t, "bf_src")
-	stateDB := srv.CreateDB(t, "bf_state")
-	dropWatermarkDB(t, srv, stateDB)
-	table := "`" + src + "`.t"
-	srv.Exec(t, "CREATE TABLE "+table+" (id INT PRIMARY KEY, v BIGINT NOT NULL, s VARCHAR(40) NOT NULL)",
-		fmt.Sprintf("INSERT INTO %s SELECT seq, seq, CONCAT('row', seq) FROM %s", table, mysqltest.Seq(n)))
+	src, stateDB := backfillDBs(t, srv, "bf_src", "bf_state")
+	table := seedTable(t, srv, src, n)
 	db := srv.Open(t)
 	from := gtidPos(t, db)
 
@@ -269,17 +282,7 @@ func consistencyUnderWrites(t *testing.T, n int, readOnly bool) {
 		_ = json.Unmarshal([]byte(raw), &p)
 		return p.GTIDSet != "" && gtidSeq(p.GTIDSet) >= end
 	})
-	waitFor(t, "every outbox record delivered", catchUp, func() bool {
-		// In SQL over segments and rows, not outbox.ReadRecords: this polls
-		// while hundreds of thousands of records are enqueued. A pending
-		// segment's records are all undelivered; a done segment's record
-		// is undelivered only as a row (pending or dead).
-		var open int
-		q := "`" + stateDB + "`."
-		_ = db.QueryRow("SELECT (SELECT COALESCE(SUM(records), 0) FROM " + q + "segments WHERE status = 'pending')" +
-			" + (SELECT COUNT(*) FROM " + q + "outbox WHERE status <> 'delivered')").Scan(&open)
-		return open == 0
-	})
+	waitDelivered(t, db, stateDB, catchUp)
 	stopEngine()
 
 	want := tableState(t, db, table)
@@ -322,9 +325,7 @@ func consistencyUnderWrites(t *testing.T, n int, readOnly bool) {
 // reported as ErrBadInput before anything is written.
 func TestBadInput(t *testing.T) {
 	srv := mysqltest.Shared(t)
-	src := srv.CreateDB(t, "bf_bad")
-	stateDB := srv.CreateDB(t, "bf_badstate")
-	dropWatermarkDB(t, srv, stateDB)
+	src, stateDB := backfillDBs(t, srv, "bf_bad", "bf_badstate")
 	srv.Exec(t, "CREATE TABLE `"+src+"`.nokey (a INT, b INT, UNIQUE KEY (a))", "CREATE TABLE `"+src+"`.ok (id INT PRIMARY KEY)")
 	db := srv.Open(t)
 	if _, err := db.Exec("CREATE DATABASE IF NOT EXISTS `" + stateDB + "`"); err != nil {
@@ -353,9 +354,7 @@ func TestBadInput(t *testing.T) {
 // limits the rows.
 func TestTypesCompositeKeyWhere(t *testing.T) {
 	srv := mysqltest.Shared(t)
-	src := srv.CreateDB(t, "bft_src")
-	stateDB := srv.CreateDB(t, "bft_state")
-	dropWatermarkDB(t, srv, stateDB)
+	src, stateDB := backfillDBs(t, srv, "bft_src", "bft_state")
 	db := srv.Open(t)
 	if err := state.Migrate(context.Background(), db, stateDB); err != nil {
 		t.Fatal(err)
@@ -369,14 +368,7 @@ func TestTypesCompositeKeyWhere(t *testing.T) {
   PRIMARY KEY (a, b))`)
 	from := gtidPos(t, db)
 	cfg := engineConfig(t, srv, stateDB, from, "types", []config.Sink{{Name: "out", URL: "stdout:"}})
-	e, err := engine.New(cfg, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)), engine.WithStdout(io.Discard))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- e.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	defer startEngineQuiet(t, cfg, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))()
 
 	var vals []string
 	for a := 1; a <= 6; a++ {
@@ -442,9 +434,7 @@ func TestTypesCompositeKeyWhere(t *testing.T) {
 // lists it as cancelled.
 func TestCancel(t *testing.T) {
 	srv := mysqltest.Shared(t)
-	src := srv.CreateDB(t, "bfc_src")
-	stateDB := srv.CreateDB(t, "bfc_state")
-	dropWatermarkDB(t, srv, stateDB)
+	src, stateDB := backfillDBs(t, srv, "bfc_src", "bfc_state")
 	srv.Exec(t, "CREATE TABLE `"+src+"`.t (id INT PRIMARY KEY)", "INSERT INTO `"+src+"`.t SELECT seq FROM "+mysqltest.Seq(100))
 	db := srv.Open(t)
 	if err := state.Migrate(context.Background(), db, stateDB); err != nil {

@@ -59,6 +59,10 @@ func waitBackfills(t *testing.T, db *sql.DB, stateDB string, want int, d time.Du
 func waitDelivered(t *testing.T, db *sql.DB, stateDB string, d time.Duration) {
 	t.Helper()
 	waitFor(t, "every outbox record delivered", d, func() bool {
+		// In SQL over segments and rows, not outbox.ReadRecords: this polls
+		// while hundreds of thousands of records are enqueued. A pending
+		// segment's records are all undelivered; a done segment's record
+		// is undelivered only as a row (pending or dead).
 		var open int
 		q := "`" + stateDB + "`."
 		_ = db.QueryRow("SELECT (SELECT COALESCE(SUM(records), 0) FROM " + q + "segments WHERE status = 'pending')" +
@@ -114,12 +118,8 @@ func TestSnapshotInitialReadOnlyFallback(t *testing.T) {
 
 func snapshotUnderWrites(t *testing.T, n int, restricted bool) {
 	srv := mysqltest.Shared(t)
-	src := srv.CreateDB(t, "snap_src")
-	stateDB := srv.CreateDB(t, "snap_state")
-	dropWatermarkDB(t, srv, stateDB)
-	table := "`" + src + "`.t"
-	srv.Exec(t, "CREATE TABLE "+table+" (id INT PRIMARY KEY, v BIGINT NOT NULL, s VARCHAR(40) NOT NULL)",
-		fmt.Sprintf("INSERT INTO %s SELECT seq, seq, CONCAT('row', seq) FROM %s", table, mysqltest.Seq(n)))
+	src, stateDB := backfillDBs(t, srv, "snap_src", "snap_state")
+	table := seedTable(t, srv, src, n)
 	db := srv.Open(t)
 	recv := newReceiver(t)
 	stop := writer(t, srv.Open(t), table, n)
@@ -160,9 +160,7 @@ func snapshotUnderWrites(t *testing.T, n int, restricted bool) {
 // backfilled.
 func TestSnapshotTableAddedLater(t *testing.T) {
 	srv := mysqltest.Shared(t)
-	src := srv.CreateDB(t, "snapl_src")
-	stateDB := srv.CreateDB(t, "snapl_state")
-	dropWatermarkDB(t, srv, stateDB)
+	src, stateDB := backfillDBs(t, srv, "snapl_src", "snapl_state")
 	for _, tb := range []string{"a", "b"} {
 		srv.Exec(t, "CREATE TABLE `"+src+"`."+tb+" (id INT PRIMARY KEY, v BIGINT NOT NULL, s VARCHAR(40) NOT NULL)",
 			"INSERT INTO `"+src+"`."+tb+" SELECT seq, seq, 'x' FROM "+mysqltest.Seq(50))
@@ -234,9 +232,7 @@ func startEngineQuiet(t testing.TB, cfg *config.Config, logger *zap.Logger) func
 // (on the signal row, or as a 400), without starting anything.
 func TestSignalsAndHTTP(t *testing.T) {
 	srv := mysqltest.Shared(t)
-	src := srv.CreateDB(t, "sig_src")
-	stateDB := srv.CreateDB(t, "sig_state")
-	dropWatermarkDB(t, srv, stateDB)
+	src, stateDB := backfillDBs(t, srv, "sig_src", "sig_state")
 	srv.Exec(t, "CREATE TABLE `"+src+"`.t (id INT PRIMARY KEY, v BIGINT NOT NULL, s VARCHAR(40) NOT NULL)",
 		"INSERT INTO `"+src+"`.t SELECT seq, seq, 'x' FROM "+mysqltest.Seq(300),
 		"CREATE TABLE `"+src+"`.other (id INT PRIMARY KEY)")
@@ -395,12 +391,8 @@ func checkPosts(t *testing.T, base, token, src string) {
 func TestReadOnlyLeaderChange(t *testing.T) {
 	n := mysqltest.BenchEnv("CDCOUT_BACKFILL_ROWS", 10_000)
 	srv := mysqltest.Shared(t)
-	src := srv.CreateDB(t, "rolc_src")
-	stateDB := srv.CreateDB(t, "rolc_state")
-	dropWatermarkDB(t, srv, stateDB)
-	table := "`" + src + "`.t"
-	srv.Exec(t, "CREATE TABLE "+table+" (id INT PRIMARY KEY, v BIGINT NOT NULL, s VARCHAR(40) NOT NULL)",
-		fmt.Sprintf("INSERT INTO %s SELECT seq, seq, CONCAT('row', seq) FROM %s", table, mysqltest.Seq(n)))
+	src, stateDB := backfillDBs(t, srv, "rolc_src", "rolc_state")
+	table := seedTable(t, srv, src, n)
 	db := srv.Open(t)
 	if err := state.Migrate(context.Background(), db, stateDB); err != nil {
 		t.Fatal(err)

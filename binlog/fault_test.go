@@ -1,33 +1,13 @@
 package binlog
 
 import (
-	"net"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
-
-	"github.com/cdcout/cdcout/internal/faultproxy"
 	"github.com/cdcout/cdcout/internal/mysqltest"
+	"github.com/cdcout/cdcout/internal/testkit"
 )
-
-// proxied returns srv's DSN routed through a fault proxy.
-func proxied(t *testing.T, srv *mysqltest.Server) (string, *faultproxy.Proxy) {
-	t.Helper()
-	p, err := faultproxy.Start(net.JoinHostPort(srv.Host, strconv.Itoa(srv.Port)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Close)
-	mc, err := mysql.ParseDSN(srv.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mc.Net, mc.Addr = "tcp", p.Addr()
-	return mc.FormatDSN(), p
-}
 
 // waitHealth polls s.Health until cond holds and returns how long it took.
 func waitHealth(t *testing.T, s *Stream, what string, within time.Duration, cond func(Health) bool) time.Duration {
@@ -53,7 +33,7 @@ func TestHealthFollowsTheLink(t *testing.T) {
 	db := srv.CreateDB(t, "health")
 	srv.Exec(t, "CREATE TABLE `"+db+"`.t (id INT PRIMARY KEY)")
 	cfg := testConfig(t, srv, db)
-	dsn, proxy := proxied(t, srv)
+	dsn, proxy := testkit.ProxiedDSN(t, srv)
 	cfg.DSN = dsn
 	cfg.HeartbeatPeriod = 500 * time.Millisecond
 	cfg.ReadTimeout = 3 * time.Second

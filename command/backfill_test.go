@@ -23,6 +23,7 @@ import (
 	"github.com/cdcout/cdcout/config"
 	"github.com/cdcout/cdcout/engine"
 	"github.com/cdcout/cdcout/internal/mysqltest"
+	"github.com/cdcout/cdcout/internal/wait"
 	"github.com/cdcout/cdcout/outbox"
 )
 
@@ -204,10 +205,7 @@ func testBackfillKillAndResume(t *testing.T, bin string, readOnly bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- e.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	defer wait.Background(t, 60*time.Second, e.Run)()
 	deadline = time.Now().Add(60 * time.Second)
 	for {
 		mu.Lock()

@@ -70,27 +70,21 @@ func writeStatus(w io.Writer, st inspect.Status) error {
 	}
 	writeRunway(w, st.BinlogRunway)
 
-	fmt.Fprintln(w, "\nPIPES")
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	if len(st.Pipes) == 0 {
-		fmt.Fprintln(tw, "  none")
-	} else {
-		fmt.Fprintln(tw, "  PIPE\tPENDING\tDELIVERING\tDELIVERED\tDEAD\tOLDEST PENDING\tDELIVERY LAG\tDRAIN HOLDER\tLAST ERROR")
-		for _, p := range st.Pipes {
-			lastErr := ""
-			if p.LastError != "" {
-				lastErr = oneLine(p.LastError, 60)
-				if p.LastErrorAt != nil {
-					lastErr += " (" + p.LastErrorAt.UTC().Format(time.RFC3339) + ")"
-				}
+	tw := newSection(w, "PIPES", len(st.Pipes), "  PIPE\tPENDING\tDELIVERING\tDELIVERED\tDEAD\tOLDEST PENDING\tDELIVERY LAG\tDRAIN HOLDER\tLAST ERROR")
+	for _, p := range st.Pipes {
+		lastErr := ""
+		if p.LastError != "" {
+			lastErr = oneLine(p.LastError, 60)
+			if p.LastErrorAt != nil {
+				lastErr += " (" + p.LastErrorAt.UTC().Format(time.RFC3339) + ")"
 			}
-			name := p.Pipe
-			if p.Paused {
-				name += " (paused)"
-			}
-			fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\n", name, p.Pending, p.Delivering, p.Delivered, p.Dead,
-				ago(p.OldestPendingAgeSeconds), ago(p.DeliveryLagSeconds), dash(p.DrainHolder), lastErr)
 		}
+		name := p.Pipe
+		if p.Paused {
+			name += " (paused)"
+		}
+		fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\n", name, p.Pending, p.Delivering, p.Delivered, p.Dead,
+			ago(p.OldestPendingAgeSeconds), ago(p.DeliveryLagSeconds), dash(p.DrainHolder), lastErr)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -100,19 +94,13 @@ func writeStatus(w io.Writer, st inspect.Status) error {
 		return err
 	}
 
-	fmt.Fprintln(w, "\nLEASES")
-	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	if len(st.Leases) == 0 {
-		fmt.Fprintln(tw, "  none")
-	} else {
-		fmt.Fprintln(tw, "  NAME\tHOLDER\tEPOCH\tSTATE")
-		for _, l := range st.Leases {
-			state := "expired"
-			if l.Live {
-				state = "live, expires in " + ago(l.ExpiresInSeconds)
-			}
-			fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\n", l.Name, dash(l.Holder), l.Epoch, state)
+	tw = newSection(w, "LEASES", len(st.Leases), "  NAME\tHOLDER\tEPOCH\tSTATE")
+	for _, l := range st.Leases {
+		state := "expired"
+		if l.Live {
+			state = "live, expires in " + ago(l.ExpiresInSeconds)
 		}
+		fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\n", l.Name, dash(l.Holder), l.Epoch, state)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -192,6 +180,19 @@ func writeRunway(w io.Writer, r *inspect.RunwayView) {
 		fmt.Fprintf(w, "binlog runway %s: the server may purge %s (it holds the checkpoint) from %s (%s)\n",
 			(time.Duration(*r.Seconds) * time.Second).String(), r.File, r.PurgeAt.UTC().Format(time.RFC3339), r.Limit)
 	}
+}
+
+// newSection writes the title of a section of the status and returns the
+// table for its rows, begun with header, or with "none" if it has no rows.
+func newSection(w io.Writer, title string, rows int, header string) *tabwriter.Writer {
+	fmt.Fprintln(w, "\n"+title)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	if rows == 0 {
+		fmt.Fprintln(tw, "  none")
+	} else {
+		fmt.Fprintln(tw, header)
+	}
+	return tw
 }
 
 // writeReplays lists the running and latest finished replays, if any.

@@ -227,42 +227,12 @@ type scanner interface{ Scan(dest ...any) error }
 func scanLease(s scanner) (Lease, error) {
 	var (
 		l    Lease
-		exp  dbTime
+		exp  state.Time // parseTime=true or not
 		live bool
 	)
 	if err := s.Scan(&l.Name, &l.Holder, &l.Epoch, &exp, &live); err != nil {
 		return Lease{}, err
 	}
-	l.ExpiresAt, l.Live = exp.t, live
+	l.ExpiresAt, l.Live = exp.T, live
 	return l, nil
-}
-
-// dbTime scans a DATETIME whether or not the DSN sets parseTime=true.
-// Without a zone in the column, values are read as UTC (the driver's
-// default location).
-type dbTime struct{ t time.Time }
-
-func (d *dbTime) Scan(v any) error {
-	switch x := v.(type) {
-	case nil:
-		d.t = time.Time{}
-		return nil
-	case time.Time:
-		d.t = x
-		return nil
-	case []byte:
-		return d.parse(string(x))
-	case string:
-		return d.parse(x)
-	}
-	return fmt.Errorf("cannot scan %T as a time", v)
-}
-
-func (d *dbTime) parse(s string) error {
-	t, err := time.ParseInLocation("2006-01-02 15:04:05.999999", s, time.UTC)
-	if err != nil {
-		return fmt.Errorf("parse time %q: %w", s, err)
-	}
-	d.t = t
-	return nil
 }

@@ -22,6 +22,18 @@ func newManager(t *testing.T) (*Manager, *sql.DB, string) {
 	return NewManager(db, schema), db, schema
 }
 
+// checkNextTenure fails t unless next, taken after old's tenure ended
+// (how: for the messages), is the next epoch and old no longer renews.
+func checkNextTenure(t *testing.T, m *Manager, old, next Lease, how string) {
+	t.Helper()
+	if next.Epoch != old.Epoch+1 {
+		t.Fatalf("%s: epoch %d, want %d", how, next.Epoch, old.Epoch+1)
+	}
+	if _, err := m.Renew(context.Background(), old); !errors.Is(err, ErrNotHeld) {
+		t.Fatalf("%s: old tenure renew: err = %v, want ErrNotHeld", how, err)
+	}
+}
+
 func mustAcquire(t *testing.T, m *Manager, name, holder string, ttl time.Duration) Lease {
 	t.Helper()
 	l, ok, err := m.Acquire(context.Background(), name, holder, ttl)
@@ -141,12 +153,7 @@ func TestPausedHolderRenewFailsAfterTakeover(t *testing.T) {
 	c := mustAcquire(t, m, "drain/y", "c/1", 300*time.Millisecond)
 	waitExpired(t, m, "drain/y")
 	c2 := mustAcquire(t, m, "drain/y", "c/1", 10*time.Second)
-	if c2.Epoch != c.Epoch+1 {
-		t.Fatalf("re-acquire after lapse: epoch %d, want %d", c2.Epoch, c.Epoch+1)
-	}
-	if _, err := m.Renew(ctx, c); !errors.Is(err, ErrNotHeld) {
-		t.Fatalf("old tenure renew: err = %v, want ErrNotHeld", err)
-	}
+	checkNextTenure(t, m, c, c2, "re-acquire after lapse")
 }
 
 func TestReleaseLetsAnotherAcquireAtOnce(t *testing.T) {
@@ -157,12 +164,7 @@ func TestReleaseLetsAnotherAcquireAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := mustAcquire(t, m, "drain/r", "b/1", time.Hour)
-	if b.Epoch != a.Epoch+1 {
-		t.Fatalf("epoch %d after release+takeover, want %d", b.Epoch, a.Epoch+1)
-	}
-	if _, err := m.Renew(ctx, a); !errors.Is(err, ErrNotHeld) {
-		t.Fatalf("released holder renew: %v", err)
-	}
+	checkNextTenure(t, m, a, b, "release+takeover")
 }
 
 func TestConcurrentAcquireOneWinner(t *testing.T) {

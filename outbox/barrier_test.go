@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/cdcout/cdcout/canonical"
+	"github.com/cdcout/cdcout/internal/wait"
 	"github.com/cdcout/cdcout/sink"
 )
 
@@ -70,12 +71,9 @@ func TestBarrierOrdersWholePipe(t *testing.T) {
 		return nil
 	})
 	d := st.drainer(t, "d1", map[string]PipeConfig{pipe: {Sink: sink.fake(), Concurrency: 4, BatchSize: 3}, oldPipe: {Sink: sink.fake()}}, nil)
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { d.Run(runCtx); close(done) }()
+	stop := wait.Background(t, 30*time.Second, d.Run)
 	waitFor(t, "every record delivered", func() bool { return len(sink.delivered()) == 28 })
-	cancel()
-	<-done
+	stop()
 
 	order := sink.delivered()
 	pos := positions(t, order)
@@ -149,9 +147,7 @@ func TestTransactionRecordsWaitForChanges(t *testing.T) {
 	})
 	d := st.drainer(t, "d1", map[string]PipeConfig{data: {Sink: fake.fake(), Concurrency: 4, BatchSize: 3},
 		beginPipe: {Sink: fake.fake()}, endPipe: {Sink: fake.fake()}}, nil)
-	runCtx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { d.Run(runCtx); close(done) }()
+	stop := wait.Background(t, 30*time.Second, d.Run)
 	waitFor(t, "every record delivered or dead", func() bool {
 		for _, r := range records(t, st.db, st.schema) {
 			if r.Status == StatusPending {
@@ -160,8 +156,7 @@ func TestTransactionRecordsWaitForChanges(t *testing.T) {
 		}
 		return true
 	})
-	cancel()
-	<-done
+	stop()
 	order := fake.delivered()
 	end := slices.Index(order, "t:0-1-1:END")
 	for i := range 6 {
@@ -253,9 +248,7 @@ func TestTransactionBeginBeforeChanges(t *testing.T) {
 		pipes[p] = PipeConfig{Sink: fake.fake(), Concurrency: 4, BatchSize: 3, Transactions: true}
 	}
 	d := st.drainer(t, "d1", pipes, nil)
-	runCtx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { d.Run(runCtx); close(done) }()
+	stop := wait.Background(t, 30*time.Second, d.Run)
 	want := 0
 	for _, r := range records(t, st.db, st.schema) {
 		if r.Status != StatusDead {
@@ -263,8 +256,7 @@ func TestTransactionBeginBeforeChanges(t *testing.T) {
 		}
 	}
 	waitFor(t, "every record delivered", func() bool { return len(fake.delivered()) >= want })
-	cancel()
-	<-done
+	stop()
 
 	order := fake.delivered()
 	pos := positions(t, order)
@@ -371,12 +363,9 @@ func TestTransactionSegmentsOfEarlierVersionsDrain(t *testing.T) {
 	}
 	d := st.drainer(t, "d1", map[string]PipeConfig{a: {Sink: fake.fake(), Transactions: true},
 		beginPipe: {Sink: fake.fake(), Transactions: true}, txPipe: {Sink: fake.fake(), Transactions: true}}, nil)
-	runCtx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { d.Run(runCtx); close(done) }()
+	stop := wait.Background(t, 30*time.Second, d.Run)
 	waitFor(t, "every record delivered", func() bool { return len(fake.delivered()) == len(items)+len(later) })
-	cancel()
-	<-done
+	stop()
 	order := fake.delivered()
 	for _, ck := range []string{"g:0-1-1:0", "g:0-1-1:1", "g:0-1-2:0"} {
 		if slices.Index(order, ck) > slices.Index(order, "t:0-1-1:BEGIN") {

@@ -4,8 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"net"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -14,23 +12,18 @@ import (
 
 	"github.com/cdcout/cdcout/internal/faultproxy"
 	"github.com/cdcout/cdcout/internal/mysqltest"
+	"github.com/cdcout/cdcout/internal/testkit"
 	"github.com/cdcout/cdcout/internal/wait"
 )
 
 // proxiedDB opens the shared server through a fault proxy.
 func proxiedDB(t *testing.T) (*sql.DB, *faultproxy.Proxy) {
 	t.Helper()
-	srv := mysqltest.Shared(t)
-	p, err := faultproxy.Start(net.JoinHostPort(srv.Host, strconv.Itoa(srv.Port)))
+	dsn, p := testkit.ProxiedDSN(t, mysqltest.Shared(t))
+	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(p.Close)
-	cfg, err := mysql.ParseDSN(srv.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Addr, cfg.Net = p.Addr(), "tcp"
 	// Like the state pool: no read or write timeout, so a blackholed link
 	// blocks a statement until its context ends.
 	cfg.Timeout = 2 * time.Second
@@ -57,6 +50,100 @@ func breakLink(p *faultproxy.Proxy, fault string) {
 	p.Reset()
 }
 
+// forEachFault runs test once for each way of breaking the state link,
+// as a subtest named after the fault.
+func forEachFault(t *testing.T, test func(t *testing.T, fault string)) {
+	for _, fault := range faults {
+		t.Run(fault, func(t *testing.T) { test(t, fault) })
+	}
+}
+
+// faultRig is one pipe with queued changes and a state link through a
+// fault proxy, for the tests that break that link mid-drain.
+type faultRig struct {
+	st    *testState
+	pipe  string
+	order map[string][]string // each key's rows (or change keys), in commit order
+	db    *sql.DB             // the state database through proxy
+	proxy *faultproxy.Proxy
+}
+
+// newRowFaultRig queues 12 outbox rows over 3 keys.
+func newRowFaultRig(t *testing.T) *faultRig {
+	st := newTestState(t)
+	const pipe = "i:app.t:fake"
+	order := st.insertKeyed(t, pipe, 12, 3)
+	db, proxy := proxiedDB(t)
+	return &faultRig{st: st, pipe: pipe, order: order, db: db, proxy: proxy}
+}
+
+// newSegmentFaultRig queues 3 transactions of 4 records as segments.
+func newSegmentFaultRig(t *testing.T) *faultRig {
+	st := newTestState(t)
+	const pipe = "a:app.users:seg"
+	order := enqueueTxns(t, st, pipe, 3, 4)
+	db, proxy := proxiedDB(t)
+	return &faultRig{st: st, pipe: pipe, order: order, db: db, proxy: proxy}
+}
+
+// drainer is drainer "d1" of the rig's pipe over the proxied link. The
+// claim lease is 5 minutes so that recovering within seconds shows the
+// drainer took its claims back itself rather than waiting the lease out.
+func (r *faultRig) drainer(t *testing.T, pc PipeConfig) *Drainer {
+	return r.st.drainer(t, "d1", map[string]PipeConfig{r.pipe: pc}, func(c *DrainerConfig) {
+		c.DB = r.db
+		c.ClaimLease = 5 * time.Minute
+	})
+}
+
+// checkSegmentKeyOrder fails t unless each key of the rig's segments was
+// delivered (byKey, by record id) once per record, in commit order.
+func (r *faultRig) checkSegmentKeyOrder(t *testing.T, byKey map[string][]string) {
+	t.Helper()
+	idOf := map[string]string{}
+	for _, rec := range records(t, r.st.db, r.st.schema) {
+		idOf[rec.ChangeKey] = rec.ID
+	}
+	for key, cks := range r.order {
+		var want []string
+		for _, ck := range cks {
+			want = append(want, idOf[ck])
+		}
+		if got := byKey[key]; fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("key %s delivered %v, want %v (commit order, once each)", key, got, want)
+		}
+	}
+}
+
+// keyedSink is a fake sink that delivers every record and records, by
+// key, the ids it was given (got) and how often each id came (sent).
+// delivered, if set, is called under mu after each call's records.
+type keyedSink struct {
+	mu        sync.Mutex
+	got       map[string][]string
+	sent      map[string]int
+	delivered func()
+}
+
+func newKeyedSink() *keyedSink {
+	return &keyedSink{got: map[string][]string{}, sent: map[string]int{}}
+}
+
+func (k *keyedSink) sink() fakeSink {
+	return fakeSink{fn: func(_ context.Context, recs []Record) []error {
+		k.mu.Lock()
+		defer k.mu.Unlock()
+		for _, r := range recs {
+			k.got[r.Key] = append(k.got[r.Key], r.ID)
+			k.sent[r.ID]++
+		}
+		if k.delivered != nil {
+			k.delivered()
+		}
+		return make([]error, len(recs))
+	}}
+}
+
 // resumesAfterHeal runs d, just after the state database came back, until
 // cond holds, and fails t unless that took seconds, not the claim lease.
 func resumesAfterHeal(t *testing.T, d *Drainer, what string, cond func() bool) {
@@ -79,59 +166,37 @@ func resumesAfterHeal(t *testing.T, d *Drainer, what string, cond func() bool) {
 // Blackholed, the release is cut off by its statement deadline rather
 // than blocking until the link heals.
 func TestStuckSegmentClaimIsTakenBack(t *testing.T) {
-	for _, fault := range faults {
-		t.Run(fault, func(t *testing.T) { testStuckSegmentClaim(t, fault) })
-	}
-}
-
-func testStuckSegmentClaim(t *testing.T, fault string) {
-	st := newTestState(t)
-	const pipe = "a:app.users:seg"
-	order := enqueueTxns(t, st, pipe, 3, 4)
-	db, proxy := proxiedDB(t)
-	log := newDeliveryLog()
-	d := st.drainer(t, "d1", map[string]PipeConfig{pipe: {Sink: log.sink()}}, func(c *DrainerConfig) {
-		c.DB = db
-		c.ClaimLease = 5 * time.Minute
-	})
-	d.stmtTimeout = time.Second
-	p := d.pipes[0]
-	seg, err := p.claimSegment(context.Background())
-	if err != nil || seg == nil {
-		t.Fatalf("claim = %+v, %v; want the oldest segment", seg, err)
-	}
-	// The state database goes away between the claim and its release.
-	breakLink(proxy, fault)
-	start := time.Now()
-	p.releaseSegment(context.Background(), seg.id)
-	if took := time.Since(start); took > 3*time.Second {
-		t.Fatalf("the failed release took %v, want about its 1 s statement deadline", took)
-	}
-	if p.stuck == nil || p.stuck.id != seg.id {
-		t.Fatalf("a failed release left stuck = %+v, want segment %s remembered", p.stuck, seg.id)
-	}
-	if n := st.count(t, "SELECT COUNT(*) FROM {segments} WHERE id = ? AND claimer = ?", seg.id, d.claimer); n != 1 {
-		t.Fatalf("the segment is not claimed by us after the failed release (%d); the test did not make it fail", n)
-	}
-	proxy.Heal()
-	resumesAfterHeal(t, d, "every segment delivered", func() bool {
-		return st.count(t, "SELECT COUNT(*) FROM {segments} WHERE status <> 'done'") == 0
-	})
-	log.mu.Lock()
-	defer log.mu.Unlock()
-	idOf := map[string]string{}
-	for _, r := range records(t, st.db, st.schema) {
-		idOf[r.ChangeKey] = r.ID
-	}
-	for key, cks := range order {
-		var want []string
-		for _, ck := range cks {
-			want = append(want, idOf[ck])
+	forEachFault(t, func(t *testing.T, fault string) {
+		r := newSegmentFaultRig(t)
+		log := newDeliveryLog()
+		d := r.drainer(t, PipeConfig{Sink: log.sink()})
+		d.stmtTimeout = time.Second
+		p := d.pipes[0]
+		seg, err := p.claimSegment(context.Background())
+		if err != nil || seg == nil {
+			t.Fatalf("claim = %+v, %v; want the oldest segment", seg, err)
 		}
-		if got := log.byKey[key]; fmt.Sprint(got) != fmt.Sprint(want) {
-			t.Fatalf("key %s delivered %v, want %v (commit order, once each)", key, got, want)
+		// The state database goes away between the claim and its release.
+		breakLink(r.proxy, fault)
+		start := time.Now()
+		p.releaseSegment(context.Background(), seg.id)
+		if took := time.Since(start); took > 3*time.Second {
+			t.Fatalf("the failed release took %v, want about its 1 s statement deadline", took)
 		}
-	}
+		if p.stuck == nil || p.stuck.id != seg.id {
+			t.Fatalf("a failed release left stuck = %+v, want segment %s remembered", p.stuck, seg.id)
+		}
+		if n := r.st.count(t, "SELECT COUNT(*) FROM {segments} WHERE id = ? AND claimer = ?", seg.id, d.claimer); n != 1 {
+			t.Fatalf("the segment is not claimed by us after the failed release (%d); the test did not make it fail", n)
+		}
+		r.proxy.Heal()
+		resumesAfterHeal(t, d, "every segment delivered", func() bool {
+			return r.st.count(t, "SELECT COUNT(*) FROM {segments} WHERE status <> 'done'") == 0
+		})
+		log.mu.Lock()
+		defer log.mu.Unlock()
+		r.checkSegmentKeyOrder(t, log.byKey)
+	})
 }
 
 // Issue 14, defect 1, for rows: claimed rows whose release failed because
@@ -144,66 +209,45 @@ func testStuckSegmentClaim(t *testing.T, fault string) {
 // Blackholed, each try of the release is cut off by its statement
 // deadline rather than blocking until the link heals.
 func TestUnreleasedRowClaimIsTakenBack(t *testing.T) {
-	for _, fault := range faults {
-		t.Run(fault, func(t *testing.T) { testUnreleasedRowClaim(t, fault) })
-	}
-}
-
-func testUnreleasedRowClaim(t *testing.T, fault string) {
-	st := newTestState(t)
-	const pipe = "i:app.t:fake"
-	order := st.insertKeyed(t, pipe, 12, 3)
-	db, proxy := proxiedDB(t)
-	var (
-		mu  sync.Mutex
-		got = map[string][]string{}
-	)
-	snk := fakeSink{fn: func(_ context.Context, recs []Record) []error {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, r := range recs {
-			got[r.Key] = append(got[r.Key], r.ID)
+	forEachFault(t, func(t *testing.T, fault string) {
+		r := newRowFaultRig(t)
+		snk := newKeyedSink()
+		d := r.drainer(t, PipeConfig{Sink: snk.sink(), BatchSize: 4, Concurrency: 1})
+		d.retryFor, d.stmtTimeout = time.Second, time.Second
+		p := d.pipes[0]
+		jobs, err := p.claim(context.Background(), 100, keyRange{})
+		if err != nil || len(jobs) == 0 {
+			t.Fatalf("claim = %d jobs, %v; want the keys' rows", len(jobs), err)
 		}
-		return make([]error, len(recs))
-	}}
-	d := st.drainer(t, "d1", map[string]PipeConfig{pipe: {Sink: snk, BatchSize: 4, Concurrency: 1}}, func(c *DrainerConfig) {
-		c.DB = db
-		c.ClaimLease = 5 * time.Minute
-	})
-	d.retryFor, d.stmtTimeout = time.Second, time.Second
-	p := d.pipes[0]
-	jobs, err := p.claim(context.Background(), 100, keyRange{})
-	if err != nil || len(jobs) == 0 {
-		t.Fatalf("claim = %d jobs, %v; want the keys' rows", len(jobs), err)
-	}
-	var claimed []Record
-	for _, j := range jobs {
-		for _, l := range j.lanes {
-			claimed = append(claimed, l...)
+		var claimed []Record
+		for _, j := range jobs {
+			for _, l := range j.lanes {
+				claimed = append(claimed, l...)
+			}
 		}
-	}
-	// The state database goes away between the claim and its release.
-	breakLink(proxy, fault)
-	start := time.Now()
-	p.release(context.Background(), claimed)
-	// retryFor (1 s) and then one more try of at most its deadline (1 s).
-	if took := time.Since(start); took > 4*time.Second {
-		t.Fatalf("the failed release took %v, want its 1 s of retries and a 1 s deadline", took)
-	}
-	if n := len(p.unreleased); n != len(claimed) {
-		t.Fatalf("a failed release left %d rows to take back, want the %d claimed", n, len(claimed))
-	}
-	if n := st.count(t, "SELECT COUNT(*) FROM {outbox} WHERE claimer = ? AND next_attempt_at > NOW(6)", d.claimer); n != len(claimed) {
-		t.Fatalf("%d rows claimed by us after the failed release, want %d; the test did not make it fail", n, len(claimed))
-	}
-	proxy.Heal()
-	resumesAfterHeal(t, d, "every row delivered", func() bool {
-		return st.count(t, "SELECT COUNT(*) FROM {outbox} WHERE status <> 'delivered'") == 0
+		// The state database goes away between the claim and its release.
+		breakLink(r.proxy, fault)
+		start := time.Now()
+		p.release(context.Background(), claimed)
+		// retryFor (1 s) and then one more try of at most its deadline (1 s).
+		if took := time.Since(start); took > 4*time.Second {
+			t.Fatalf("the failed release took %v, want its 1 s of retries and a 1 s deadline", took)
+		}
+		if n := len(p.unreleased); n != len(claimed) {
+			t.Fatalf("a failed release left %d rows to take back, want the %d claimed", n, len(claimed))
+		}
+		if n := r.st.count(t, "SELECT COUNT(*) FROM {outbox} WHERE claimer = ? AND next_attempt_at > NOW(6)", d.claimer); n != len(claimed) {
+			t.Fatalf("%d rows claimed by us after the failed release, want %d; the test did not make it fail", n, len(claimed))
+		}
+		r.proxy.Heal()
+		resumesAfterHeal(t, d, "every row delivered", func() bool {
+			return r.st.count(t, "SELECT COUNT(*) FROM {outbox} WHERE status <> 'delivered'") == 0
+		})
+		if n := r.st.count(t, "SELECT COUNT(*) FROM {outbox} WHERE attempts <> 1"); n != 0 {
+			t.Fatalf("%d rows delivered with attempts <> 1: the taken-back claim's attempt was not given back", n)
+		}
+		snk.mu.Lock()
+		defer snk.mu.Unlock()
+		checkKeyOrder(t, snk.got, r.order)
 	})
-	if n := st.count(t, "SELECT COUNT(*) FROM {outbox} WHERE attempts <> 1"); n != 0 {
-		t.Fatalf("%d rows delivered with attempts <> 1: the taken-back claim's attempt was not given back", n)
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	checkKeyOrder(t, got, order)
 }

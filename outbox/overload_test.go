@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -87,29 +86,16 @@ func TestStalledCallDoesNotHoldLaterSegments(t *testing.T) {
 	st := newTestState(t)
 	const pipe = "a:app.users:seg"
 	order := enqueueTxns(t, st, pipe, 3, 20)
-	release := make(chan struct{})
-	var mu sync.Mutex
-	got := map[string][]string{} // key → transactions delivered, in order
-	snk := pacedSink{fakeSink{fn: func(ctx context.Context, recs []Record) []error {
-		for _, r := range recs {
-			gtid := gtidOf(t, r)
-			if r.Key == `{"id":0}` && gtid == "0-1-1" {
-				<-release // the key's first record stalls
-			}
-			mu.Lock()
-			got[r.Key] = append(got[r.Key], gtid)
-			mu.Unlock()
-		}
-		return nil
-	}}}
+	snk := newStallingSink(t) // the first record of key {"id":0} stalls
 	// Calls of one record: the stalled call holds only its own.
-	d := st.drainer(t, "d1", map[string]PipeConfig{pipe: {Sink: snk, BatchSize: 1, Concurrency: 32}}, nil)
+	d := st.drainer(t, "d1", map[string]PipeConfig{pipe: {Sink: pacedSink{snk.fake()}, BatchSize: 1, Concurrency: 32}}, nil)
 	defer wait.Background(t, 30*time.Second, d.Run)()
+	defer snk.free() // before the drainer stops, also when the test fails
 	waitFor(t, "every segment done and every other key delivered while one call stalls", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
+		snk.mu.Lock()
+		defer snk.mu.Unlock()
 		for k := range order {
-			if k != `{"id":0}` && len(got[k]) != 3 {
+			if k != `{"id":0}` && len(snk.got[k]) != 3 {
 				return false
 			}
 		}
@@ -118,14 +104,14 @@ func TestStalledCallDoesNotHoldLaterSegments(t *testing.T) {
 	if n := st.count(t, "SELECT COUNT(*) FROM {outbox} WHERE status = 'pending'"); n != 3 {
 		t.Fatalf("%d pending rows while the call stalls, want 3 (the stalled record, claimed, and its key's two later ones)", n)
 	}
-	close(release)
+	snk.free()
 	waitFor(t, "the stalled key delivered after its call returned", func() bool {
 		return st.count(t, "SELECT COUNT(*) FROM {outbox} WHERE status = 'delivered'") == 3
 	})
-	mu.Lock()
-	defer mu.Unlock()
+	snk.mu.Lock()
+	defer snk.mu.Unlock()
 	for k := range order {
-		if g := strings.Join(got[k], " "); g != "0-1-1 0-1-2 0-1-3" {
+		if g := strings.Join(snk.got[k], " "); g != "0-1-1 0-1-2 0-1-3" {
 			t.Errorf("key %s delivered %s, want 0-1-1 0-1-2 0-1-3 (once each, in order)", k, g)
 		}
 	}

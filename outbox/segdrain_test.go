@@ -354,6 +354,40 @@ func TestSegmentReleasedWhenLeaseLostBeforeSending(t *testing.T) {
 	}
 }
 
+// stallingSink delivers every record and records, by key, the GTIDs it
+// delivered, in order; the call holding key {"id":0}'s record of 0-1-1
+// stalls on that record until free.
+type stallingSink struct {
+	t       *testing.T
+	mu      sync.Mutex
+	got     map[string][]string // key → GTIDs delivered, in order
+	release chan struct{}
+	once    sync.Once
+}
+
+func newStallingSink(t *testing.T) *stallingSink {
+	return &stallingSink{t: t, got: map[string][]string{}, release: make(chan struct{})}
+}
+
+func (s *stallingSink) fake() fakeSink {
+	return fakeSink{fn: func(_ context.Context, recs []Record) []error {
+		for _, r := range recs {
+			gtid := gtidOf(s.t, r)
+			if r.Key == `{"id":0}` && gtid == "0-1-1" {
+				<-s.release
+			}
+			s.mu.Lock()
+			s.got[r.Key] = append(s.got[r.Key], gtid)
+			s.mu.Unlock()
+		}
+		return nil
+	}}
+}
+
+// free lets the stalled record go on; it may be called more than once, so
+// that a test can also defer it to run before its drainer is stopped.
+func (s *stallingSink) free() { s.once.Do(func() { close(s.release) }) }
+
 // A key's next record in a segment goes out as soon as its previous one is
 // delivered: one slow record holds its own key's later records, not every
 // other key's (delivery in rounds of every key's next record held them all
@@ -372,45 +406,29 @@ func TestSlowRecordHoldsOnlyItsKey(t *testing.T) {
 	if _, err := NewStore(st.db, st.schema, zaptest.NewLogger(t)).Enqueue(context.Background(), "r1", Fence{}, items, nil); err != nil {
 		t.Fatal(err)
 	}
-	release := make(chan struct{})
-	var mu sync.Mutex
-	got := map[string][]string{} // key → GTIDs delivered, in order
-	snk := fakeSink{fn: func(_ context.Context, recs []Record) []error {
-		for _, r := range recs {
-			gtid := gtidOf(t, r)
-			if r.Key == `{"id":0}` && gtid == "0-1-1" {
-				<-release
-			}
-			mu.Lock()
-			got[r.Key] = append(got[r.Key], gtid)
-			mu.Unlock()
-		}
-		return nil
-	}}
-	d := st.drainer(t, "d1", map[string]PipeConfig{pipe: {Sink: snk, BatchSize: 1, Concurrency: 4}}, nil)
+	snk := newStallingSink(t)
+	d := st.drainer(t, "d1", map[string]PipeConfig{pipe: {Sink: snk.fake(), BatchSize: 1, Concurrency: 4}}, nil)
 	defer wait.Background(t, 30*time.Second, d.Run)()
-	var once sync.Once
-	free := func() { once.Do(func() { close(release) }) }
-	defer free() // before the drainer stops, also when the test fails
+	defer snk.free() // before the drainer stops, also when the test fails
 	waitFor(t, "every other key's three records delivered while key 0's first is under way", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
+		snk.mu.Lock()
+		defer snk.mu.Unlock()
 		for i := 1; i < keys; i++ {
-			if len(got[fmt.Sprintf(`{"id":%d}`, i)]) != txns {
+			if len(snk.got[fmt.Sprintf(`{"id":%d}`, i)]) != txns {
 				return false
 			}
 		}
 		return true
 	})
-	free()
+	snk.free()
 	waitFor(t, "the segment done", func() bool {
 		return st.count(t, "SELECT COUNT(*) FROM "+state.Table(st.schema, "segments")+" WHERE status = 'done'") == 1
 	})
-	mu.Lock()
-	defer mu.Unlock()
+	snk.mu.Lock()
+	defer snk.mu.Unlock()
 	for i := range keys {
 		k := fmt.Sprintf(`{"id":%d}`, i)
-		if g := strings.Join(got[k], " "); g != "0-1-1 0-1-2 0-1-3" {
+		if g := strings.Join(snk.got[k], " "); g != "0-1-1 0-1-2 0-1-3" {
 			t.Errorf("key %s delivered %s, want 0-1-1 0-1-2 0-1-3 (once each, in order)", k, g)
 		}
 	}

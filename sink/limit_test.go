@@ -24,15 +24,7 @@ func simulate(t *testing.T, l *Limiter, service time.Duration, rounds int) int {
 	t.Helper()
 	for range rounds {
 		n := l.Stats().Limit
-		toks := make([]*Token, n)
-		for i := range toks {
-			tok, err := l.Acquire(context.Background())
-			if err != nil {
-				t.Fatal(err)
-			}
-			toks[i] = tok
-		}
-		for _, tok := range toks {
+		for _, tok := range acquire(t, l, n) {
 			tok.start = time.Now().Add(-time.Duration(n) * service)
 			tok.Done(Success, 0)
 		}
@@ -70,12 +62,7 @@ func TestLimiterFollowsLatency(t *testing.T) {
 // An overload halves the limit once per round trip, and a Retry-After
 // pauses every request of the endpoint until it passed.
 func TestLimiterOverloadCutsAndPauses(t *testing.T) {
-	l := NewLimiter(32, 64)
-	l.probe = 0
-	burst := acquire(t, l, 2)
-	for _, tok := range burst {
-		tok.Done(Overload, 0) // one burst: one cut
-	}
+	l := afterOverloadBurst(t, 32, 64, 2) // one burst: one cut
 	if got := l.Stats().Limit; got != 16 {
 		t.Fatalf("limit after one burst of overloads = %d, want 16", got)
 	}
@@ -172,12 +159,7 @@ func TestWhenIdle(t *testing.T) {
 // overload of a request sent after the burst was seen, with no success
 // in between, pauses the endpoint.
 func TestLimiterOverloadBurstIsOneStrike(t *testing.T) {
-	l := NewLimiter(16, 64)
-	l.probe = 0
-	burst := acquire(t, l, 12)
-	for _, tok := range burst {
-		tok.Done(Overload, 0)
-	}
+	l := afterOverloadBurst(t, 16, 64, 12)
 	if st := l.Stats(); st.PausedFor != 0 || st.Limit != 8 || st.Overloads != 12 {
 		t.Fatalf("after one burst of 12 overloads: %+v, want limit 8, no pause", st)
 	}
@@ -194,16 +176,8 @@ func TestLimiterSlowStartEndsWhenLatencyRises(t *testing.T) {
 		l := NewLimiter(4, 64)
 		l.probe = 0
 		done(t, l, time.Millisecond, Success, 0) // the floor: target 5 ms
-		toks := make([]*Token, 4)
 		for round := range 2 {
-			for i := range toks {
-				tok, err := l.Acquire(context.Background())
-				if err != nil {
-					t.Fatal(err)
-				}
-				toks[i] = tok
-			}
-			for _, tok := range toks {
+			for _, tok := range acquire(t, l, 4) {
 				tok.start = time.Now().Add(-time.Millisecond)
 				if round == 0 && queueing {
 					tok.start = time.Now().Add(-7 * time.Millisecond)
@@ -219,6 +193,18 @@ func TestLimiterSlowStartEndsWhenLatencyRises(t *testing.T) {
 	if got := grow(true); got > 5 {
 		t.Errorf("a round trip above the target, then one at the floor: limit %d from 4, want at most 5 (one per round trip)", got)
 	}
+}
+
+// afterOverloadBurst is a limiter (without probes) that has had n
+// requests sent together all answered Overload.
+func afterOverloadBurst(t *testing.T, initial, ceiling, n int) *Limiter {
+	t.Helper()
+	l := NewLimiter(initial, ceiling)
+	l.probe = 0
+	for _, tok := range acquire(t, l, n) {
+		tok.Done(Overload, 0)
+	}
+	return l
 }
 
 // acquire takes n tokens of l at once, failing t if one cannot be had.
