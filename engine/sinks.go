@@ -62,7 +62,7 @@ func (e *Engine) buildSink(sc config.Sink) (outbox.Sink, error) {
 		if sc.HTTP != nil {
 			o.Batch, o.MaxConcurrency = sc.HTTP.Batch, sc.HTTP.MaxConcurrency
 		}
-		return httpsink.New(o)
+		return e.closing(httpsink.New(o))
 	case "kafka":
 		brokers, topic, err := kafkasink.ParseURL(sc.URL)
 		if err != nil {
@@ -102,7 +102,7 @@ type closerFunc func()
 func (f closerFunc) Close() error { f(); return nil }
 
 // clientSink is a sink that holds a client to close at shutdown (kafka,
-// nats, redis, pubsub).
+// nats, redis, pubsub), or goroutines to end (http).
 type clientSink interface {
 	outbox.Sink
 	Close()

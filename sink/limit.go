@@ -203,23 +203,27 @@ func (l *Limiter) Acquire(ctx context.Context) (*Token, error) {
 			tm = time.NewTimer(wait)
 			timer = tm.C
 		}
+		woken := false
 		select {
 		case <-ctx.Done():
 		case <-w:
+			woken = true
 		case <-timer:
 		}
 		if tm != nil {
 			tm.Stop()
 		}
-		l.mu.Lock()
-		l.dropWaiter(w)
-		l.mu.Unlock()
-		select {
-		case <-w: // woken meanwhile: pass it on
+		if !woken {
+			// wake takes a waiter off the queue and sends to it under
+			// l.mu, so a woken one is not looked for in the queue: with
+			// one POST per record hundreds wait, and every wait scanned
+			// them all.
 			l.mu.Lock()
-			l.wake()
+			if !l.dropWaiter(w) {
+				<-w // woken meanwhile: pass it on
+				l.wake()
+			}
 			l.mu.Unlock()
-		default:
 		}
 		if ctx.Err() != nil {
 			return nil, ErrWaitEnded
@@ -227,14 +231,16 @@ func (l *Limiter) Acquire(ctx context.Context) (*Token, error) {
 	}
 }
 
-// dropWaiter removes w from the queue if it is still there; l.mu is held.
-func (l *Limiter) dropWaiter(w chan struct{}) {
+// dropWaiter removes w from the queue and reports whether it was still
+// there; l.mu is held.
+func (l *Limiter) dropWaiter(w chan struct{}) bool {
 	for i, x := range l.waiters {
 		if x == w {
 			l.waiters = append(l.waiters[:i], l.waiters[i+1:]...)
-			return
+			return true
 		}
 	}
+	return false
 }
 
 // cur is the whole number of requests allowed in flight.

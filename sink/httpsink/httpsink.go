@@ -115,21 +115,46 @@ type Sink struct {
 	headers    http.Header
 	format     format.Format
 	structured bool
-	rt         http.RoundTripper
-	maxConc    int
-	now        func() time.Time
-	batch      bool
-	timeout    time.Duration
-	lim        *sink.Limiter
+	// contentType is the Content-Type header value of a record's POST,
+	// shared by every request.
+	contentType []string
+	rt          http.RoundTripper
+	maxConc     int
+	now         func() time.Time
+	batch       bool
+	timeout     time.Duration
+	lim         *sink.Limiter
 	// closeIdle closes the transport's idle connections (our own
 	// transport only) once nothing is in flight after the limit was cut
 	// (Limiter.WhenIdle), so the connections open stay within the limit.
 	closeIdle func()
 	log       *zap.Logger
+	// workers run a call's requests but one (see each).
+	workers *workers
 
 	logMu      sync.Mutex
 	loggedAt   time.Time
 	suppressed int
+
+	// stamp is the latest webhook-timestamp value, formatted once per
+	// second rather than per request.
+	stamp atomic.Pointer[stamp]
+}
+
+// stamp is a unix time and its decimal form.
+type stamp struct {
+	unix int64
+	text string
+}
+
+// timestamp returns the webhook-timestamp value for unix time ts.
+func (s *Sink) timestamp(ts int64) string {
+	if st := s.stamp.Load(); st != nil && st.unix == ts {
+		return st.text
+	}
+	st := &stamp{unix: ts, text: strconv.FormatInt(ts, 10)}
+	s.stamp.Store(st)
+	return st.text
 }
 
 // defaultTimeout bounds one request when Options.Timeout is 0.
@@ -200,20 +225,22 @@ func New(opts Options) (*Sink, error) {
 		now = time.Now
 	}
 	return &Sink{
-		u:          u,
-		shownURL:   shown,
-		secret:     opts.Secret,
-		headers:    h,
-		format:     f,
-		structured: strings.HasPrefix(f.ContentType(), "application/cloudevents"),
-		rt:         rt,
-		maxConc:    maxConc,
-		now:        now,
-		batch:      opts.Batch,
-		timeout:    timeout,
-		lim:        lim,
-		closeIdle:  closeIdle,
-		log:        log.With(zap.String("endpoint", shown)),
+		u:           u,
+		shownURL:    shown,
+		secret:      opts.Secret,
+		headers:     h,
+		format:      f,
+		structured:  strings.HasPrefix(f.ContentType(), "application/cloudevents"),
+		contentType: []string{f.ContentType()},
+		rt:          rt,
+		maxConc:     maxConc,
+		now:         now,
+		batch:       opts.Batch,
+		timeout:     timeout,
+		lim:         lim,
+		closeIdle:   closeIdle,
+		workers:     newWorkers(),
+		log:         log.With(zap.String("endpoint", shown)),
 	}, nil
 }
 
@@ -284,6 +311,10 @@ func dialTimeout(requestTimeout time.Duration) time.Duration {
 	return min(max(requestTimeout/4, time.Second), 3*time.Second)
 }
 
+// Close ends the goroutines kept for the next requests. Deliver still
+// works after Close, on goroutines of its own.
+func (s *Sink) Close() { s.workers.close() }
+
 // Paced tells the drainer that the sink bounds each request by its own
 // timeout and holds records back while the receiver is at capacity (see
 // outbox.Paced).
@@ -320,22 +351,35 @@ func (s *Sink) Deliver(ctx context.Context, recs []outbox.Record) (errs []error)
 }
 
 // each runs f(0) … f(n-1), at most MaxConcurrent at once, and returns when
-// all have; one call runs on the caller's goroutine.
+// all have: the last on the caller's goroutine, which would only wait
+// otherwise, the others on the sink's workers. Up to MaxConcurrent need no
+// semaphore.
 func (s *Sink) each(n int, f func(i int)) {
-	if n == 1 {
-		f(0)
+	if n == 1 || s.maxConc == 1 {
+		for i := range n {
+			f(i)
+		}
 		return
 	}
-	sem := make(chan struct{}, s.maxConc)
-	var wg sync.WaitGroup
-	for i := range n {
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			f(i)
-		}()
+	var sem chan struct{}
+	if n > s.maxConc {
+		sem = make(chan struct{}, s.maxConc-1) // the caller's is the last slot
 	}
+	var wg sync.WaitGroup
+	for i := range n - 1 {
+		if sem != nil {
+			sem <- struct{}{}
+		}
+		wg.Add(1)
+		s.workers.run(func() {
+			defer wg.Done()
+			f(i)
+			if sem != nil {
+				<-sem
+			}
+		})
+	}
+	f(n - 1)
 	wg.Wait()
 }
 
@@ -356,21 +400,39 @@ func (s *Sink) post(ctx context.Context, rec outbox.Record) error {
 		return sink.Permanent(fmt.Errorf("encode %s: %w", rec.ID, err))
 	}
 	// Keys in canonical form, assigned directly: Header.Set canonicalises
-	// every key on every request.
+	// every key on every request. The values are slices of one backing
+	// array, the record's own ones cut from one string, and the constant
+	// ones shared by every request (a transport only reads a request's
+	// headers): one allocation for what was eleven.
 	h := make(http.Header, 12)
-	h["Content-Type"] = []string{s.format.ContentType()}
+	h["Content-Type"] = s.contentType
 	if !s.structured {
-		h["Ce-Specversion"] = []string{format.CESpecVersion}
-		h["Ce-Id"] = []string{rec.ID}
-		h["Ce-Source"] = []string{format.CESource(rec)}
-		h["Ce-Type"] = []string{format.CEType(rec)}
-		h["Ce-Subject"] = []string{format.CESubject(rec)}
-		if t := format.CETime(rec); t != "" {
-			h["Ce-Time"] = []string{t}
+		h["Ce-Specversion"] = ceSpecVersion
+		var buf [160]byte
+		b := format.AppendCESource(buf[:0], rec)
+		src := len(b)
+		b = format.AppendCEType(b, rec)
+		typ := len(b)
+		b = format.AppendCESubject(b, rec)
+		subj := len(b)
+		b = format.AppendCETime(b, rec)
+		all := string(b)
+		v := make([]string, 5)
+		v[0], v[1], v[2], v[3], v[4] = all[:src], all[src:typ], all[typ:subj], all[subj:], rec.ID
+		h["Ce-Id"] = v[4:5:5]
+		h["Ce-Source"] = v[0:1:1]
+		h["Ce-Type"] = v[1:2:2]
+		h["Ce-Subject"] = v[2:3:3]
+		if v[3] != "" {
+			h["Ce-Time"] = v[3:4:4]
 		}
 	}
 	return s.send(ctx, rec.ID, h, body)
 }
+
+// ceSpecVersion is the Ce-Specversion header value, shared by every
+// request.
+var ceSpecVersion = []string{format.CESpecVersion}
 
 // deliverBatch posts recs as one JSON array; see the package comment.
 func (s *Sink) deliverBatch(ctx context.Context, recs []outbox.Record) []error {
@@ -492,10 +554,13 @@ func (s *Sink) sendOnce(ctx context.Context, id string, h http.Header, body []by
 		}
 	}
 	ts := s.now().Unix()
-	h["Webhook-Id"] = []string{id}
-	h["Webhook-Timestamp"] = []string{strconv.FormatInt(ts, 10)}
+	v := make([]string, 3) // one backing array for the three values
+	v[0], v[1] = id, s.timestamp(ts)
+	h["Webhook-Id"] = v[0:1:1]
+	h["Webhook-Timestamp"] = v[1:2:2]
 	if len(s.secret) > 0 {
-		h["Webhook-Signature"] = []string{Sign(s.secret, id, ts, body)}
+		v[2] = Sign(s.secret, id, ts, body)
+		h["Webhook-Signature"] = v[2:3:3]
 	}
 	for k, v := range tracing.Headers(ctx) {
 		h[http.CanonicalHeaderKey(k)] = []string{v}
@@ -518,8 +583,11 @@ func (s *Sink) sendOnce(ctx context.Context, id string, h http.Header, body []by
 		return sink.Failed, 0, err
 	}
 	defer func() {
-		// Drain a little so the connection can be reused.
-		_, _ = io.CopyN(io.Discard, resp.Body, 64<<10)
+		// Drain a little so the connection can be reused (nothing to
+		// drain from an empty body, the usual answer).
+		if resp.Body != http.NoBody {
+			_, _ = io.CopyN(io.Discard, resp.Body, 64<<10)
+		}
 		resp.Body.Close()
 	}()
 	code := resp.StatusCode
