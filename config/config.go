@@ -96,6 +96,14 @@ type Config struct {
 	// (see docs/ARCHITECTURE.md); it pays where each transaction waits
 	// on round trips, e.g. a state database on another server.
 	EnqueuePipeline bool `yaml:"enqueue_pipeline"`
+	// SegmentFormat is the form enqueues write segments in: 1 (default),
+	// which every release reads, or 2, which leaves out each record's key
+	// hash (the reader computes it from the row key), about a third less
+	// payload for the database to parse and log. A replica of a release
+	// before format 2 halts the pipe at the first such segment (nothing is
+	// lost or skipped, but nothing moves until it is upgraded), so set 2
+	// only once every replica of the fleet runs a release that reads it.
+	SegmentFormat int `yaml:"segment_format"`
 	// MaxRowBytes, when positive, is the ceiling on a change's row images
 	// (the value bytes of before and after): a change above it is not
 	// written as a record but dead-lettered with the reason, its images
@@ -258,6 +266,7 @@ func Default() *Config {
 		BackfillChunkSize:    1000,
 		EnqueueFlushInterval: 20 * time.Millisecond,
 		EnqueueMaxBuffer:     5000,
+		SegmentFormat:        1,
 		ShutdownTimeout:      30 * time.Second,
 	}
 }

@@ -256,6 +256,7 @@ func TestValidate(t *testing.T) {
 		{"instance", func(c *Config) { c.Instance = "a:b" }, []string{"instance:"}},
 		{"ttl", func(c *Config) { c.LeaseTTL = 10 * time.Millisecond }, []string{"lease_ttl:"}},
 		{"dedup", func(c *Config) { c.DedupWindow = 5 * time.Second }, []string{"dedup_window:"}},
+		{"segment format", func(c *Config) { c.SegmentFormat = 3 }, []string{"segment_format: must be 1 or 2, got 3"}},
 		{"http addr", func(c *Config) { c.HTTPAddr = "8080" }, []string{"http_addr:"}},
 		{"partial capture pattern", func(c *Config) { c.Tables = []string{"shop.order_*"} }, []string{"tables[0]:", "whole name"}},
 		{"kafka without host", func(c *Config) { c.Sinks[0].URL = "kafka:///topic" }, []string{"sinks[0].url: want kafka://"}},

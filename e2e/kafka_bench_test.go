@@ -31,6 +31,9 @@ import (
 // logs the statements that cost the database most during cdcout's run
 // (by digest: count, total and per-change time), to see where its CPU
 // per change goes.
+//
+// The binary inherits the environment, so CDCOUT_SEGMENT_FORMAT=2 runs it
+// with segment format 2 (docs/ARCHITECTURE.md, "Segments and outbox rows").
 func BenchmarkKafkaEndToEnd(b *testing.B) {
 	var opts mysqltest.Options
 	if os.Getenv("CDCOUT_BENCH_DIGESTS") == "1" {

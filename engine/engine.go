@@ -183,7 +183,7 @@ func (e *Engine) Run(parent context.Context) error {
 	if err != nil {
 		return err
 	}
-	store := outbox.NewStore(db, e.cfg.StateDB, e.log)
+	store := outbox.NewStore(db, e.cfg.StateDB, e.log).WithSegmentFormat(e.cfg.SegmentFormat)
 	services.run(ctx, func(c context.Context) { e.watchRunway(c, store) }, nil) // runway.go
 	services.run(ctx, e.runHeartbeats, nil)                                     // heartbeat.go
 	runErr := e.lead(ctx, &leader{e: e, db: db, leases: leases, store: store,

@@ -407,7 +407,7 @@ func (s *testState) mergeSegments(t *testing.T, pipe string) {
 	}
 	s.exec(t, "DELETE FROM "+seg+" WHERE pipe = ?", pipe)
 	s.exec(t, "INSERT INTO "+seg+" (id, pipe, sink, records, last_id, first_commit_ts, payload) VALUES (?,?,?,?,?,?,?)",
-		recs[0].id, pipe, PipeSink(pipe), len(recs), recs[len(recs)-1].id, recs[0].commitTS, appendSegment(nil, recs))
+		recs[0].id, pipe, PipeSink(pipe), len(recs), recs[len(recs)-1].id, recs[0].commitTS, appendSegment(nil, recs, SegmentFormat1))
 }
 
 // scriptedSink answers each attempt at a record as fail says for its

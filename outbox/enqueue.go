@@ -540,7 +540,7 @@ func (s *Store) insertSegments(ctx context.Context, tx *sql.Tx, ours []*pendingR
 		if cap(buf) < size+1 {
 			buf = make([]byte, 0, size+1)
 		}
-		buf = appendSegment(buf[:0], recs)
+		buf = appendSegment(buf[:0], recs, s.segmentFormat)
 		zbuf = compressSegment(zbuf, buf)
 		if len(buf) > wideSegmentBytes {
 			// A wide record: let its plain forms go before the statement

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/klauspost/compress/s2"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/cdcout/cdcout/internal/wait"
@@ -25,7 +26,13 @@ import (
 // transaction, and returns the change keys per row key in commit order.
 func enqueueTxns(t *testing.T, st *testState, pipe string, txns, keys int) map[string][]string {
 	t.Helper()
-	s := NewStore(st.db, st.schema, zaptest.NewLogger(t))
+	return enqueueTxnsFormat(t, st, pipe, txns, keys, SegmentFormat1)
+}
+
+// enqueueTxnsFormat is enqueueTxns writing segments in the given format.
+func enqueueTxnsFormat(t *testing.T, st *testState, pipe string, txns, keys, format int) map[string][]string {
+	t.Helper()
+	s := NewStore(st.db, st.schema, zaptest.NewLogger(t)).WithSegmentFormat(format)
 	order := map[string][]string{}
 	for txn := 1; txn <= txns; txn++ {
 		var items []Pending
@@ -86,10 +93,29 @@ func newDeliveryLog() *deliveryLog {
 // the failing records and the later records of their keys leave their
 // segments as outbox rows, the rest of the segments are done, and every
 // record ends delivered exactly as often as it must, except the dead one.
+// In segment format 2 the key hashes that keep a key's later records
+// behind its pending row are computed on read, and must be the rows'.
 func TestSegmentsKeepKeyOrderAroundFailures(t *testing.T) {
+	for _, format := range []int{SegmentFormat1, SegmentFormat2} {
+		t.Run(fmt.Sprint("format", format), func(t *testing.T) { testSegmentsKeepKeyOrderAroundFailures(t, format) })
+	}
+}
+
+func testSegmentsKeepKeyOrderAroundFailures(t *testing.T, format int) {
 	st := newTestState(t)
 	const pipe = "a:app.users:seg"
-	order := enqueueTxns(t, st, pipe, 6, 30)
+	order := enqueueTxnsFormat(t, st, pipe, 6, 30, format)
+	var version []byte
+	if err := st.db.QueryRow("SELECT payload FROM " + state.Table(st.schema, "segments") + " ORDER BY id LIMIT 1").Scan(&version); err != nil {
+		t.Fatal(err)
+	}
+	plain, err := s2.Decode(nil, version[1:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := map[int]byte{SegmentFormat1: segmentVersion, SegmentFormat2: segmentVersion2}[format]; plain[0] != want {
+		t.Fatalf("segment written in version %d, want %d", plain[0], want)
+	}
 	recs := records(t, st.db, st.schema)
 	idOf := map[string]string{}
 	for _, r := range recs {
@@ -160,6 +186,23 @@ func TestSegmentsKeepKeyOrderAroundFailures(t *testing.T) {
 	}
 	if n := st.count(t, "SELECT COUNT(*) FROM "+state.Table(st.schema, "segments")+" WHERE status <> 'done'"); n != 0 {
 		t.Fatalf("%d segments not done", n)
+	}
+	hashes, err := st.db.Query("SELECT row_key, key_hash FROM " + state.Table(st.schema, "outbox"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hashes.Close()
+	for hashes.Next() {
+		var key, hash string
+		if err := hashes.Scan(&key, &hash); err != nil {
+			t.Fatal(err)
+		}
+		if hash != keyHash(key) {
+			t.Fatalf("row of key %s left its segment with key hash %s, want %s", key, hash, keyHash(key))
+		}
+	}
+	if err := hashes.Err(); err != nil {
+		t.Fatal(err)
 	}
 	if n := st.count(t, "SELECT COUNT(*) FROM {attempts} WHERE outbox_id = ?", idOf[order[`{"id":3}`][0]]); n != 3 {
 		t.Fatalf("attempt log of the retried record has %d entries, want 3 (two failures, one success)", n)

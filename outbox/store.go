@@ -29,6 +29,11 @@ type Store struct {
 	logger *zap.Logger
 
 	outbox, segments, claims, checkpoints, leases string
+
+	// segmentFormat is the form Enqueue writes segments in
+	// (SegmentFormat1 unless WithSegmentFormat says otherwise); every
+	// Store reads both.
+	segmentFormat int
 }
 
 // NewStore returns a Store over the state database schema. The schema name
@@ -50,7 +55,23 @@ func NewStore(db *sql.DB, schema string, logger *zap.Logger) *Store {
 		claims:      state.Table(schema, "claims"),
 		checkpoints: state.Table(schema, "checkpoints"),
 		leases:      state.Table(schema, "leases"),
+
+		segmentFormat: SegmentFormat1,
 	}
+}
+
+// WithSegmentFormat returns a copy of s that writes segments in format f
+// (SegmentFormat1 or SegmentFormat2; anything else is SegmentFormat1).
+// Format 2 is smaller, but a replica of a release before it cannot read
+// it and halts the pipe at the first such segment, so it is for a fleet
+// whose every replica reads it (config segment_format).
+func (s *Store) WithSegmentFormat(f int) *Store {
+	c := *s
+	c.segmentFormat = SegmentFormat1
+	if f == SegmentFormat2 {
+		c.segmentFormat = SegmentFormat2
+	}
+	return &c
 }
 
 // RaiseIDFloor makes this process's later outbox ids sort after the newest

@@ -42,6 +42,17 @@ func TestOpenSessionSettings(t *testing.T) {
 			if want := map[bool]string{true: "MINIMAL", false: "FULL"}[tc.wantMinimal]; image != want {
 				t.Errorf("session binlog_row_image = %q, want %q", image, want)
 			}
+			if s.Flavor == mysqltest.MariaDB {
+				// The statement text of a state write (a segment's
+				// payload literal) is not logged beside its rows.
+				var annotate int
+				if err := p.QueryRow("SELECT @@session.binlog_annotate_row_events").Scan(&annotate); err != nil {
+					t.Fatal(err)
+				}
+				if got, want := annotate == 1, !tc.wantMinimal; got != want {
+					t.Errorf("session binlog_annotate_row_events = %d, want on: %v", annotate, want)
+				}
+			}
 		})
 	}
 }
