@@ -214,8 +214,7 @@ func (s *Store) prepare(items []Pending) ([]*pendingRecord, []*claimUnit, int, e
 		if it.rowKey == "" {
 			return nil, nil, 0, fmt.Errorf("enqueue item %d (pipe %q, change key %q): key cannot be encoded", i, p.Pipe, p.ChangeKey)
 		}
-		sum := sha256.Sum256([]byte(it.rowKey))
-		it.keyHash = hex.EncodeToString(sum[:])
+		it.keyHash = string(appendKeyHash(make([]byte, 0, 64), []byte(it.rowKey)))
 		it.commitTS = time.UnixMilli(p.Change.Source.TsMs).UTC()
 		its = append(its, it)
 		uk := [2]string{p.Pipe, p.ChangeKey}

@@ -29,7 +29,7 @@ import (
 const segmentVersion = 1
 
 // segmentVersion2 is the version 1 form without the key hash field: the
-// hash is the hex SHA-256 of the row key (Store.prepare), so a reader
+// hash is a function of the row key (appendKeyHash), so a reader
 // computes it. Its 64 hex digits were a third of a compressed realistic
 // record and do not compress; the database lexes every payload byte of
 // the INSERT and writes it to its binary log. The byte is 3, not 2,
@@ -112,6 +112,16 @@ func appendSegment(buf []byte, recs []*segRecord, format int) []byte {
 	return buf
 }
 
+// appendKeyHash appends a row key's hash, the hex SHA-256 of its
+// canonical JSON: the key_hash that per-key order and the claimers' key
+// ranges go by. The enqueue computes it for every record, and a format 2
+// segment's reader computes it again instead of reading it, so both call
+// this one rule.
+func appendKeyHash(dst, rowKey []byte) []byte {
+	sum := sha256.Sum256(rowKey)
+	return hex.AppendEncode(dst, sum[:])
+}
+
 var errSegmentCorrupt = errors.New("segment payload is corrupt")
 
 // parseSegment decodes a segment's payload, in either format. The
@@ -165,13 +175,13 @@ func parseSegment(b []byte) ([]segRecord, error) {
 		var r segRecord
 		fields := [...]*string{&r.id, &r.changeKey, &r.db, &r.tbl, &r.op, &r.rowKey, &r.keyHash}
 		var rowKey []byte
-		for i, dst := range fields[:nf] {
+		for _, dst := range fields[:nf] {
 			f, ok := field()
 			if !ok {
 				return nil, fmt.Errorf("%w: record %d is cut short", errSegmentCorrupt, len(out))
 			}
 			*dst = str(f)
-			if i == 5 {
+			if dst == &r.rowKey {
 				rowKey = f
 			}
 		}
@@ -179,9 +189,8 @@ func parseSegment(b []byte) ([]segRecord, error) {
 			if hashes == nil {
 				hashes = make([]byte, 0, 64*64)
 			}
-			sum := sha256.Sum256(rowKey)
 			at := len(hashes)
-			hashes = hex.AppendEncode(hashes, sum[:])
+			hashes = appendKeyHash(hashes, rowKey)
 			h := hashes[at:len(hashes):len(hashes)]
 			r.keyHash = unsafe.String(unsafe.SliceData(h), len(h))
 		}
