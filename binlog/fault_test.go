@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/cdcout/cdcout/internal/mysqltest"
-	"github.com/cdcout/cdcout/internal/testkit"
 )
 
 // waitHealth polls s.Health until cond holds and returns how long it took.
@@ -33,7 +32,7 @@ func TestHealthFollowsTheLink(t *testing.T) {
 	db := srv.CreateDB(t, "health")
 	srv.Exec(t, "CREATE TABLE `"+db+"`.t (id INT PRIMARY KEY)")
 	cfg := testConfig(t, srv, db)
-	dsn, proxy := testkit.ProxiedDSN(t, srv)
+	dsn, proxy := srv.ProxiedDSN(t)
 	cfg.DSN = dsn
 	cfg.HeartbeatPeriod = 500 * time.Millisecond
 	cfg.ReadTimeout = 3 * time.Second

@@ -3,9 +3,7 @@ package engine
 import (
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -15,7 +13,6 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/cdcout/cdcout/config"
-	"github.com/cdcout/cdcout/internal/faultproxy"
 	"github.com/cdcout/cdcout/internal/mysqltest"
 )
 
@@ -78,20 +75,11 @@ func stateUser(t *testing.T, srv *mysqltest.Server, stateDB string) (dsn, user s
 // user has no SUPER (nor READ_ONLY ADMIN / CONNECTION_ADMIN).
 func TestReadyzTellsTheTruth(t *testing.T) {
 	srv := mysqltest.Shared(t)
-	proxy, err := faultproxy.Start(net.JoinHostPort(srv.Host, strconv.Itoa(srv.Port)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
+	proxied, proxy := srv.ProxiedDSN(t)
 	addr := mysqltest.FreeAddr(t)
 	var user string
 	h := newHooked(t, "ready", "gtid", func(cfg *config.Config) {
-		mc, err := mysql.ParseDSN(srv.DSN)
-		if err != nil {
-			t.Fatal(err)
-		}
-		mc.Net, mc.Addr = "tcp", proxy.Addr()
-		cfg.DSN = config.DSN(mc.FormatDSN())
+		cfg.DSN = config.DSN(proxied)
 		var sdsn string
 		sdsn, user = stateUser(t, srv, cfg.StateDB)
 		cfg.StateDSN = config.DSN(sdsn)

@@ -12,14 +12,13 @@ import (
 
 	"github.com/cdcout/cdcout/internal/faultproxy"
 	"github.com/cdcout/cdcout/internal/mysqltest"
-	"github.com/cdcout/cdcout/internal/testkit"
 	"github.com/cdcout/cdcout/internal/wait"
 )
 
 // proxiedDB opens the shared server through a fault proxy.
 func proxiedDB(t *testing.T) (*sql.DB, *faultproxy.Proxy) {
 	t.Helper()
-	dsn, p := testkit.ProxiedDSN(t, mysqltest.Shared(t))
+	dsn, p := mysqltest.Shared(t).ProxiedDSN(t)
 	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
 		t.Fatal(err)

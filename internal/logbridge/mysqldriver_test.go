@@ -3,18 +3,14 @@ package logbridge_test
 import (
 	"context"
 	"database/sql"
-	"net"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/cdcout/cdcout/internal/faultproxy"
 	"github.com/cdcout/cdcout/internal/logbridge"
 	"github.com/cdcout/cdcout/internal/mysqltest"
 )
@@ -30,17 +26,8 @@ func TestMySQLDriverLogsThroughZap(t *testing.T) {
 	logbridge.RouteMySQLDriver(zap.New(core).Named("mysql"))
 	defer logbridge.RouteMySQLDriver(zap.NewNop())
 
-	proxy, err := faultproxy.Start(net.JoinHostPort(srv.Host, strconv.Itoa(srv.Port)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
-	cfg, err := mysql.ParseDSN(srv.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Addr, cfg.Net = proxy.Addr(), "tcp"
-	db, err := sql.Open("mysql", cfg.FormatDSN())
+	dsn, proxy := srv.ProxiedDSN(t)
+	db, err := sql.Open("mysql", dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
