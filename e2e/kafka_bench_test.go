@@ -10,12 +10,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/cdcout/cdcout/internal/benchload"
 	"github.com/cdcout/cdcout/internal/mysqltest"
+	"github.com/cdcout/cdcout/internal/sinktest"
 )
 
 // BenchmarkKafkaEndToEnd is issue 19's binlog → Kafka run: the real binary,
@@ -35,6 +37,69 @@ import (
 // The binary inherits the environment, so CDCOUT_SEGMENT_FORMAT=2 runs it
 // with segment format 2 (docs/ARCHITECTURE.md, "Segments and outbox rows").
 func BenchmarkKafkaEndToEnd(b *testing.B) {
+	brokerEndToEnd(b, func(b *testing.B, w benchload.Workload) broker {
+		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(16, "bench."+w.Name))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(c.Close)
+		cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(cl.Close)
+		adm := kadm.NewClient(cl)
+		return broker{
+			name: "Kafka",
+			sink: "kafka=kafka://" + strings.Join(c.ListenAddrs(), ",") + "/bench." + w.Name,
+			stored: func() int64 {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				ends, err := adm.ListEndOffsets(ctx, "bench."+w.Name)
+				if err != nil {
+					return -1
+				}
+				var sum int64
+				ends.Each(func(o kadm.ListedOffset) { sum += o.Offset })
+				return sum
+			},
+		}
+	})
+}
+
+// BenchmarkNATSEndToEnd is BenchmarkKafkaEndToEnd's run into an embedded
+// NATS server's JetStream stream with file storage (each publish waits for
+// the stream's ack, so for the write to its file), to the last message
+// the stream holds.
+func BenchmarkNATSEndToEnd(b *testing.B) {
+	brokerEndToEnd(b, func(b *testing.B, w benchload.Workload) broker {
+		ns := sinktest.RunNATS(b, nil)
+		st := sinktest.AddStream(b, ns.ClientURL(), jetstream.StreamConfig{
+			Name: "BENCH_" + strings.ToUpper(w.Name), Subjects: []string{"bench." + w.Name + ".>"}, Storage: jetstream.FileStorage})
+		return broker{
+			name: "NATS",
+			sink: "nats=nats://" + strings.TrimPrefix(ns.ClientURL(), "nats://") + "/bench." + w.Name + ".{table}",
+			stored: func() int64 {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				info, err := st.Info(ctx)
+				if err != nil {
+					return -1
+				}
+				return int64(info.State.Msgs)
+			},
+		}
+	})
+}
+
+// broker is where a broker benchmark delivers: the --sink flag's value and
+// how many records the broker has stored.
+type broker struct {
+	name, sink string
+	stored     func() int64
+}
+
+func brokerEndToEnd(b *testing.B, start func(*testing.B, benchload.Workload) broker) {
 	var opts mysqltest.Options
 	if os.Getenv("CDCOUT_BENCH_DIGESTS") == "1" {
 		opts.Args = []string{"--performance-schema=ON"}
@@ -45,43 +110,21 @@ func BenchmarkKafkaEndToEnd(b *testing.B) {
 	for _, w := range benchload.Picked(benchload.Narrow, benchload.Realistic) {
 		b.Run(w.Name, func(b *testing.B) {
 			for range b.N {
-				kafkaEndToEnd(b, srv, conn, w, changes)
+				brokerRun(b, srv, conn, w, changes, start(b, w))
 			}
 		})
 	}
 }
 
-func kafkaEndToEnd(b *testing.B, srv *mysqltest.Server, conn *sql.DB, w benchload.Workload, changes int) {
-	src := srv.CreateDB(b, "kbench_"+w.Name)
-	stateDB := srv.CreateDB(b, "kbench_"+w.Name+"_state")
+func brokerRun(b *testing.B, srv *mysqltest.Server, conn *sql.DB, w benchload.Workload, changes int, to broker) {
+	prefix := "bench_" + strings.ToLower(to.name) + "_" + w.Name
+	src := srv.CreateDB(b, prefix)
+	stateDB := srv.CreateDB(b, prefix+"_state")
 	from := gtidPos(b, conn)
 	bin0 := srv.BinlogBytes(b)
 	n := benchload.Load(b, srv, conn, src, w, changes)
 	bin1 := srv.BinlogBytes(b)
 	raw := srv.RawReadRate(b, src, from, n)
-
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(16, "bench."+w.Name))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer c.Close()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer cl.Close()
-	adm := kadm.NewClient(cl)
-	stored := func() int64 {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		ends, err := adm.ListEndOffsets(ctx, "bench."+w.Name)
-		if err != nil {
-			return -1
-		}
-		var sum int64
-		ends.Each(func(o kadm.ListedOffset) { sum += o.Offset })
-		return sum
-	}
 
 	digests := os.Getenv("CDCOUT_BENCH_DIGESTS") == "1"
 	if digests {
@@ -89,14 +132,13 @@ func kafkaEndToEnd(b *testing.B, srv *mysqltest.Server, conn *sql.DB, w benchloa
 	}
 	db0, dbOK := srv.CPUTime()
 	start := time.Now()
-	instance := "k" + w.Name
-	p, _ := benchRun(b, srv, stateDB, instance, "--tables", src+".t", "--from", from,
-		"--sink", "kafka=kafka://"+strings.Join(c.ListenAddrs(), ",")+"/bench."+w.Name)
+	instance := strings.ToLower(to.name[:1]) + w.Name
+	p, _ := benchRun(b, srv, stateDB, instance, "--tables", src+".t", "--from", from, "--sink", to.sink)
 	waitFor(b, 20*time.Minute, func() (bool, string) {
 		if p.exited() {
 			b.Fatalf("cdcout exited: %v", p.err)
 		}
-		got := stored()
+		got := to.stored()
 		return got >= int64(n), fmt.Sprintf("%d of %d records stored", got, n)
 	})
 	elapsed := time.Since(start)
@@ -110,8 +152,8 @@ func kafkaEndToEnd(b *testing.B, srv *mysqltest.Server, conn *sql.DB, w benchloa
 	if digests {
 		logDigests(b, conn, n)
 	}
-	if got := stored(); got != int64(n) {
-		b.Fatalf("the topic holds %d records, want %d (a duplicate or a loss)", got, n)
+	if got := to.stored(); got != int64(n) {
+		b.Fatalf("%s holds %d records, want %d (a duplicate or a loss)", to.name, got, n)
 	}
 	rate := float64(n) / elapsed.Seconds()
 	perChange := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(n) }
@@ -128,8 +170,8 @@ func kafkaEndToEnd(b *testing.B, srv *mysqltest.Server, conn *sql.DB, w benchloa
 	// writes (segments, claims, checkpoints, leases) added while it ran.
 	b.ReportMetric(float64(bin1-bin0)/float64(n), "workload_binlog_B/change")
 	b.ReportMetric(float64(bin2-bin1)/float64(n), "state_binlog_B/change")
-	b.Logf("%s: %d changes binlog → outbox → Kafka in %s: %.0f changes/s (%.2f× the bare read's %.0f/s); CPU per change: cdcout %.1f µs, database %.1f µs; peak RSS %.0f MB; binlog per change: workload %d B, cdcout's state %d B",
-		w.Name, n, elapsed.Round(time.Millisecond), rate, rate/raw, raw, perChange(cdcCPU), perChange(db1-db0), float64(hwm)/(1<<20),
+	b.Logf("%s: %d changes binlog → outbox → %s in %s: %.0f changes/s (%.2f× the bare read's %.0f/s); CPU per change: cdcout %.1f µs, database %.1f µs; peak RSS %.0f MB; binlog per change: workload %d B, cdcout's state %d B",
+		w.Name, n, to.name, elapsed.Round(time.Millisecond), rate, rate/raw, raw, perChange(cdcCPU), perChange(db1-db0), float64(hwm)/(1<<20),
 		(bin1-bin0)/int64(n), (bin2-bin1)/int64(n))
 }
 

@@ -56,7 +56,12 @@ type Options struct {
 	TLS      *TLSOptions
 	SASL     *SASLOptions
 	// Linger is how long a partition waits for more records before a
-	// produce request is sent; a few ms buys large batches. Default 5ms.
+	// produce request is sent. Default 0: every Deliver call waits for its
+	// records' acknowledgements, so a linger is added to every call, while
+	// records produced during a request in flight (up to five a broker)
+	// batch anyway. At 5 ms a 1,000-record segment, delivered in two
+	// rounds of calls, took 14 ms to kfake, and the drain, not the read,
+	// bounded BenchmarkKafkaEndToEnd (58k changes/s narrow; 96k at 0).
 	Linger time.Duration
 	// MaxMessageBytes caps a record batch (and so a record) before
 	// compression; it must not exceed the topics' max.message.bytes, or a
@@ -131,9 +136,6 @@ func New(ctx context.Context, o Options) (*Sink, error) {
 	}
 	if o.ClientID == "" {
 		o.ClientID = "cdcout"
-	}
-	if o.Linger == 0 {
-		o.Linger = 5 * time.Millisecond
 	}
 	if o.MaxMessageBytes == 0 {
 		o.MaxMessageBytes = 1_000_000
