@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -89,6 +90,16 @@ func BenchmarkNATSEndToEnd(b *testing.B) {
 				return int64(info.State.Msgs)
 			},
 		}
+	})
+}
+
+// BenchmarkFileEndToEnd is the same run into the file sink (durable:
+// each call's lines are fsynced before they count as delivered), to the
+// last line written. Issue 19's target for it was ≥ 0.3× the bare read.
+func BenchmarkFileEndToEnd(b *testing.B) {
+	brokerEndToEnd(b, func(b *testing.B, w benchload.Workload) broker {
+		file := &lineCounter{path: filepath.Join(b.TempDir(), w.Name+".jsonl")}
+		return broker{name: "file", sink: "file=file://" + file.path, stored: func() int64 { return int64(file.count()) }}
 	})
 }
 
