@@ -22,14 +22,17 @@ import (
 // 8-column table, issue 19's realistic row, a JSON-heavy and a wide
 // 40-column one; 60 % inserts, 25 % updates, 15 % deletes, 10 rows a
 // statement, 10 statements a transaction; CDCOUT_BENCH_WORKLOADS picks
-// some, comma-separated) with three readers in one run: a bare go-mysql
+// some, comma-separated) with four readers in one run: a bare go-mysql
 // BinlogSyncer (rows parsed, nothing else: the limit), Stream (decoded
-// into canonical changes) and Stream plus canonical.AppendEnvelope per
-// change (what `cdcout tail` does). It reports each reader's rate (best
+// into canonical changes), Stream plus canonical.AppendEnvelope per
+// change (what `cdcout tail` does), and go-mysql's canal with
+// encoding/json per row image (canalReadRate: the loop the issue compared
+// against). It reports each reader's rate (best
 // of CDCOUT_BENCH_ROUNDS alternating rounds, default 3), its ratio to the
 // bare read, and the process's CPU per change for each, which does not
 // move with other load on the machine. Targets (issue 19): stream +
-// envelope ≥ 0.6× the bare read on the realistic workload.
+// envelope ≥ 0.6× the bare read on the realistic workload, and ≥ 1.4×
+// the canal loop.
 func BenchmarkStreamVsRaw(b *testing.B) {
 	changes := 200_000
 	if v := os.Getenv("CDCOUT_BENCH_ROWS"); v != "" {
@@ -73,11 +76,12 @@ func streamVsRaw(b *testing.B, srv *mysqltest.Server, db, from string, n int) {
 			rounds = r
 		}
 	}
-	runs := []readerRun{{name: "raw"}, {name: "stream"}, {name: "stream+envelope"}}
+	runs := []readerRun{{name: "raw"}, {name: "stream"}, {name: "stream+envelope"}, {name: "canal+json"}}
 	read := []func() float64{
 		func() float64 { return srv.RawReadRate(b, db, from, n) },
 		func() float64 { return benchStream(b, srv, db, from, n, false) },
 		func() float64 { return benchStream(b, srv, db, from, n, true) },
+		func() float64 { return canalReadRate(b, srv, db, from, n) },
 	}
 	for i := range runs {
 		runs[i].cpu = 1 << 62
