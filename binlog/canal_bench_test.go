@@ -5,7 +5,6 @@ import (
 	"io"
 	"log/slog"
 	"strconv"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,10 +13,6 @@ import (
 
 	"github.com/cdcout/cdcout/internal/mysqltest"
 )
-
-// canalReaderIDs keeps the canal readers' server ids apart from each
-// other's and from the raw reader's.
-var canalReaderIDs atomic.Uint32
 
 // canalReadRate is issue 19's "go-mysql canal + encoding/json per row"
 // reader: go-mysql's canal package from the GTID from (no dump), with a
@@ -29,11 +24,8 @@ func canalReadRate(b *testing.B, srv *mysqltest.Server, db, from string, want in
 	cfg := canal.NewDefaultConfig()
 	cfg.Addr = srv.Host + ":" + strconv.Itoa(srv.Port)
 	cfg.User, cfg.Password = srv.User, srv.Password
-	cfg.Flavor = gomysql.MariaDBFlavor
-	if srv.Flavor == mysqltest.MySQL {
-		cfg.Flavor = gomysql.MySQLFlavor
-	}
-	cfg.ServerID = 2_100_000_000 + canalReaderIDs.Add(1)
+	cfg.Flavor = srv.GoMySQLFlavor()
+	cfg.ServerID = mysqltest.ReaderServerID()
 	cfg.Dump.ExecutionPath = ""
 	cfg.IncludeTableRegex = []string{db + `\..*`}
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -67,9 +59,9 @@ func canalReadRate(b *testing.B, srv *mysqltest.Server, db, from string, want in
 
 type jsonRowHandler struct {
 	canal.DummyEventHandler
-	want, n, bytes int
-	err            error
-	done           chan struct{}
+	want, n int
+	err     error // the first marshal error
+	done    chan struct{}
 }
 
 func (h *jsonRowHandler) OnRow(e *canal.RowsEvent) error {
@@ -83,11 +75,9 @@ func (h *jsonRowHandler) OnRow(e *canal.RowsEvent) error {
 				m[col.Name] = row[i]
 			}
 		}
-		out, err := json.Marshal(m)
-		if err != nil {
+		if _, err := json.Marshal(m); err != nil && h.err == nil {
 			h.err = err
 		}
-		h.bytes += len(out)
 	}
 	if e.Action == canal.UpdateAction {
 		h.n += len(e.Rows) / 2 // before and after image per change

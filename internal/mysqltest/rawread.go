@@ -13,9 +13,21 @@ import (
 	"github.com/cdcout/cdcout/internal/logbridge"
 )
 
-// rawReaderIDs gives every raw reader of the process its own replication
-// server id, far from the ids tests and replicas use.
-var rawReaderIDs atomic.Uint32
+// readerIDs gives every benchmark reader of the process its own
+// replication server id, far from the ids tests and replicas use.
+var readerIDs atomic.Uint32
+
+// ReaderServerID is a replication server id of its own for a benchmark's
+// binlog reader (the bare read, or another library's reader).
+func ReaderServerID() uint32 { return 2_000_000_000 + readerIDs.Add(1) }
+
+// GoMySQLFlavor is the server's product as go-mysql names it.
+func (s *Server) GoMySQLFlavor() string {
+	if s.Flavor == MySQL {
+		return gomysql.MySQLFlavor
+	}
+	return gomysql.MariaDBFlavor
+}
 
 // RawReadRate reads the binlog from the GTID position from (in the
 // server's flavour's notation) with a
@@ -25,16 +37,13 @@ var rawReaderIDs atomic.Uint32
 // benchmarks to compare against.
 func (s *Server) RawReadRate(tb testing.TB, db, from string, want int) float64 {
 	tb.Helper()
-	flavor := gomysql.MariaDBFlavor
-	if s.Flavor == MySQL {
-		flavor = gomysql.MySQLFlavor
-	}
+	flavor := s.GoMySQLFlavor()
 	gset, err := gomysql.ParseGTIDSet(flavor, from)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	syncer := replication.NewBinlogSyncer(replication.BinlogSyncerConfig{
-		ServerID:                2_000_000_000 + rawReaderIDs.Add(1),
+		ServerID:                ReaderServerID(),
 		Flavor:                  flavor,
 		Host:                    s.Host,
 		Port:                    uint16(s.Port),
