@@ -21,12 +21,9 @@ import (
 
 // deadCommand inspects and re-queues dead-lettered outbox rows.
 func deadCommand() *cli.Command {
-	stateFlags := []cli.Flag{
-		&cli.StringFlag{Name: "dsn", EnvVars: []string{"CDCOUT_DSN"}, Usage: "source database DSN (the state database's too unless --state-dsn)"},
-		&cli.StringFlag{Name: "state-dsn", EnvVars: []string{"CDCOUT_STATE_DSN"}, Usage: "state database DSN (default: --dsn)"},
-		&cli.StringFlag{Name: "state-db", EnvVars: []string{"CDCOUT_STATE_DB"}, Value: "cdcout", Usage: "state database name"},
+	stateFlags := append(stateDBFlags(),
 		&cli.StringFlag{Name: "pipe", Usage: "only rows of this pipe (<instance>:<db.table>:<sink>)"},
-	}
+	)
 	return &cli.Command{
 		Name:  "dead",
 		Usage: "list or re-queue dead-lettered outbox rows",
