@@ -136,6 +136,21 @@ func NameTemplate(tmpl string, clean func(string) string) func(outbox.Record) (s
 	return func(rec outbox.Record) (string, error) { return t.Expand(rec, clean) }
 }
 
+// EncodeNamed encodes rec in f and names its destination with name (a
+// NameTemplate), for the sinks that publish each record to a destination
+// of its own (Kafka and Pub/Sub topics, NATS subjects, Redis streams).
+// An error is the record's for good, to be made sink.Permanent: the
+// stored payload and the sink's template are the same on every retry.
+func EncodeNamed(f Format, rec outbox.Record, name func(outbox.Record) (string, error)) (body []byte, dest string, err error) {
+	if body, err = f.Encode(rec); err != nil {
+		return nil, "", err
+	}
+	if dest, err = name(rec); err != nil {
+		return nil, "", err
+	}
+	return body, dest, nil
+}
+
 // MissingColumnError is a record whose row lacks a column its sink's key
 // or name template needs: the record is dead-lettered with this reason.
 type MissingColumnError struct {

@@ -201,12 +201,7 @@ func (s *Sink) Deliver(ctx context.Context, recs []outbox.Record) []error {
 	defer func() { spans.End(errs) }()
 	var wg sync.WaitGroup
 	for i, rec := range recs {
-		value, err := s.format.Encode(rec)
-		if err != nil {
-			errs[i] = sink.Permanent(err)
-			continue
-		}
-		topic, err := s.topic(rec)
+		value, topic, err := format.EncodeNamed(s.format, rec, s.topic)
 		if err != nil {
 			errs[i] = sink.Permanent(err)
 			continue

@@ -220,15 +220,12 @@ func (s *Sink) Deliver(ctx context.Context, recs []outbox.Record) []error {
 		stall = max(time.Until(d), time.Millisecond)
 	}
 	for i, rec := range recs {
-		body, err := s.format.Encode(rec)
+		body, subject, err := format.EncodeNamed(s.format, rec, s.subject)
 		if err != nil {
 			errs[i] = sink.Permanent(err)
 			continue
 		}
-		if subjects[i], err = s.subject(rec); err != nil {
-			errs[i] = sink.Permanent(err)
-			continue
-		}
+		subjects[i] = subject
 		msg := &nats.Msg{Subject: subjects[i], Data: body, Header: headers(spans.Context(i), rec, s.format.ContentType())}
 		futures[i], err = s.js.PublishMsgAsync(msg, jetstream.WithMsgID(rec.ID), jetstream.WithStallWait(stall))
 		if err != nil {

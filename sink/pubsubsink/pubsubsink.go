@@ -124,15 +124,12 @@ func (s *Sink) Deliver(ctx context.Context, recs []outbox.Record) []error {
 	topics := make([]string, len(recs))
 	keys := make([]string, len(recs))
 	for i, rec := range recs {
-		body, err := s.format.Encode(rec)
+		body, topic, err := format.EncodeNamed(s.format, rec, s.topic)
 		if err != nil {
 			errs[i] = sink.Permanent(err)
 			continue
 		}
-		if topics[i], err = s.topic(rec); err != nil {
-			errs[i] = sink.Permanent(err)
-			continue
-		}
+		topics[i] = topic
 		// A keyless table's records have no row order to keep.
 		if rec.Key != "" && rec.Key != "null" {
 			keys[i] = rec.Key

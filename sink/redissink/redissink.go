@@ -178,15 +178,12 @@ func (s *Sink) Deliver(ctx context.Context, recs []outbox.Record) []error {
 	streams := make([]string, len(recs))
 	pipe := s.client.Pipeline()
 	for i, rec := range recs {
-		body, err := s.format.Encode(rec)
+		body, stream, err := format.EncodeNamed(s.format, rec, s.stream)
 		if err != nil {
 			errs[i] = sink.Permanent(err)
 			continue
 		}
-		if streams[i], err = s.stream(rec); err != nil {
-			errs[i] = sink.Permanent(err)
-			continue
-		}
+		streams[i] = stream
 		values := []any{"id", rec.ID, "pipe", rec.Pipe, "key", rec.Key, "op", string(rec.Op),
 			"content-type", s.format.ContentType(), "body", body}
 		for k, v := range tracing.Headers(spans.Context(i)) {
