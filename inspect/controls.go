@@ -115,9 +115,7 @@ func (s *Server) setPaused(w http.ResponseWriter, r *http.Request, paused bool) 
 		s.reply(w, nil, err)
 		return
 	}
-	s.pipesMu.Lock()
-	s.pipesCache = nil // /v1/sinks shows the change at once
-	s.pipesMu.Unlock()
+	s.forgetPipes()
 	s.log.Info("sink control changed over the admin API", zap.String("sink", sink), zap.Bool("paused", paused), zap.Bool("changed", changed))
 	s.writeJSON(w, http.StatusOK, sinkControlView{Instance: s.deps.Instance, Sink: sink, Paused: paused, Changed: changed})
 }

@@ -143,9 +143,7 @@ func (s *Server) startReplay(w http.ResponseWriter, r *http.Request) {
 		s.reply(w, nil, err)
 		return
 	}
-	s.pipesMu.Lock()
-	s.pipesCache = nil
-	s.pipesMu.Unlock()
+	s.forgetPipes()
 	s.log.Info("sink replay asked for over the admin API", zap.String("sink", sink), zap.Int64("replay", st.ID),
 		zap.String("from", st.From), zap.String("to", st.To))
 	s.writeJSON(w, http.StatusAccepted, st)

@@ -496,6 +496,14 @@ func (s *Server) cachedPipes(ctx context.Context, extra []string) ([]PipeStatus,
 	return pipes, nil
 }
 
+// forgetPipes drops the cached /v1/sinks read, so that a change an
+// operator just made (a pause, a replay) shows at once.
+func (s *Server) forgetPipes() {
+	s.pipesMu.Lock()
+	s.pipesCache = nil
+	s.pipesMu.Unlock()
+}
+
 func (s *Server) reply(w http.ResponseWriter, v any, err error) {
 	if err != nil {
 		s.log.Warn("read state", zap.Error(err))
