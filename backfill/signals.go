@@ -150,23 +150,18 @@ func SignalsFinished(ctx context.Context, db *sql.DB, schema string, info Info) 
 // FleetRunning lists the backfills instance's enqueue leader owes a run:
 // owned by the fleet and running.
 func FleetRunning(ctx context.Context, db *sql.DB, schema, instance string) ([]Info, error) {
-	rows, err := db.QueryContext(ctx, "SELECT "+infoColumns+" FROM "+state.Table(schema, "backfills")+
-		" WHERE status = ? ORDER BY created_at, id", StatusRunning)
+	running, err := state.Collect(ctx, db, "SELECT "+infoColumns+" FROM "+state.Table(schema, "backfills")+
+		" WHERE status = ? ORDER BY created_at, id", []any{StatusRunning}, scanInfoRow)
 	if err != nil {
 		return nil, fmt.Errorf("list running backfills: %w", err)
 	}
-	defer rows.Close()
 	var out []Info
-	for rows.Next() {
-		i, _, err := scanInfo(rows)
-		if err != nil {
-			return nil, fmt.Errorf("list running backfills: %w", err)
-		}
+	for _, i := range running {
 		if i.Owner == OwnerFleet && i.Instance == instance {
 			out = append(out, i)
 		}
 	}
-	return out, rows.Err()
+	return out, nil
 }
 
 // IsBadInput reports an error the operator fixes by changing the request.

@@ -44,20 +44,15 @@ func RecordSinkSubscription(ctx context.Context, db *sql.DB, schema, instance, s
 // SinkTables are the tables a snapshot backfill was started for, for sink
 // ("db.table").
 func SinkTables(ctx context.Context, db *sql.DB, schema, instance, sink string) (map[string]bool, error) {
-	rows, err := db.QueryContext(ctx, "SELECT tbl FROM "+state.Table(schema, "sink_tables")+" WHERE instance = ? AND sink = ?", instance, sink)
+	tables, err := state.Strings(ctx, db, "SELECT tbl FROM "+state.Table(schema, "sink_tables")+" WHERE instance = ? AND sink = ?", instance, sink)
 	if err != nil {
 		return nil, fmt.Errorf("read the tables of sink %s: %w", sink, err)
 	}
-	defer rows.Close()
-	out := map[string]bool{}
-	for rows.Next() {
-		var t string
-		if err := rows.Scan(&t); err != nil {
-			return nil, fmt.Errorf("read the tables of sink %s: %w", sink, err)
-		}
+	out := make(map[string]bool, len(tables))
+	for _, t := range tables {
 		out[t] = true
 	}
-	return out, rows.Err()
+	return out, nil
 }
 
 // RecordSinkTable records the snapshot backfill of table for sink ("" when

@@ -64,21 +64,9 @@ type meta struct {
 
 // List returns the backfills in the state database, newest first.
 func List(ctx context.Context, db *sql.DB, schema string) ([]Info, error) {
-	rows, err := db.QueryContext(ctx, "SELECT "+infoColumns+" FROM "+
-		state.Table(schema, "backfills")+" ORDER BY created_at DESC, id DESC")
+	out, err := state.Collect(ctx, db, "SELECT "+infoColumns+" FROM "+
+		state.Table(schema, "backfills")+" ORDER BY created_at DESC, id DESC", nil, scanInfoRow)
 	if err != nil {
-		return nil, fmt.Errorf("list backfills: %w", err)
-	}
-	defer rows.Close()
-	var out []Info
-	for rows.Next() {
-		i, _, err := scanInfo(rows)
-		if err != nil {
-			return nil, fmt.Errorf("list backfills: %w", err)
-		}
-		out = append(out, i)
-	}
-	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("list backfills: %w", err)
 	}
 	return out, nil
@@ -106,6 +94,12 @@ func scanInfo(s scanner) (Info, meta, error) {
 	i.Instance, i.Sinks, i.ChunkSize = m.Instance, m.Sinks, m.ChunkSize
 	i.ReadOnly, i.Owner, i.Origin = m.ReadOnly, m.Owner, m.Origin
 	return i, m, nil
+}
+
+// scanInfoRow is scanInfo for state.Collect.
+func scanInfoRow(rows *sql.Rows) (Info, error) {
+	i, _, err := scanInfo(rows)
+	return i, err
 }
 
 // Get returns one backfill.
