@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -42,6 +43,11 @@ func (b *lockedBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.buf.String()
 }
+
+// failingWriter is a stdout whose every write fails.
+type failingWriter struct{}
+
+func (failingWriter) Write([]byte) (int, error) { return 0, errors.New("stdout closed") }
 
 func TestTail(t *testing.T) {
 	srv := mysqltest.Start(t, mysqltest.Options{})
@@ -137,6 +143,20 @@ func TestTail(t *testing.T) {
 			if (out != "" && len(args) > 1) || strings.Contains(errOut, "hunter") {
 				t.Errorf("%v: stdout %q stderr %q", args, out, errOut)
 			}
+		}
+	})
+
+	t.Run("stdout fails", func(t *testing.T) {
+		// A write error (a closed pipe, a full disk) ends a following tail
+		// at once with the error, though no --limit would end it.
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		var errOut lockedBuffer
+		start := time.Now()
+		code := run(ctx, []string{"cdcout", "tail", "--dsn", srv.DSN, "--from", "start", "--tables", db + ".t",
+			"--server-id", "7004", "--log-format", "json"}, strings.NewReader(""), failingWriter{}, &errOut)
+		if code != ExitFailure || !strings.Contains(errOut.String(), "write stdout: stdout closed") || time.Since(start) > 30*time.Second {
+			t.Fatalf("exit %d after %s, stderr:\n%s", code, time.Since(start).Round(time.Millisecond), errOut.String())
 		}
 	})
 
