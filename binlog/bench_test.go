@@ -25,8 +25,9 @@ import (
 // some, comma-separated) with four readers in one run: a bare go-mysql
 // BinlogSyncer (rows parsed, nothing else: the limit), Stream (decoded
 // into canonical changes), Stream plus canonical.AppendEnvelope per
-// change (what `cdcout tail` does), and go-mysql's canal with
-// encoding/json per row image (canalReadRate: the loop the issue compared
+// change on a goroutine of its own (a Pipeline: what `cdcout tail` does),
+// and go-mysql's canal with
+// encoding/json per row image (Server.CanalReadRate: the loop the issue compared
 // against). It reports each reader's rate (best
 // of CDCOUT_BENCH_ROUNDS alternating rounds, default 3), its ratio to the
 // bare read, and the process's CPU per change for each, which does not
@@ -81,7 +82,7 @@ func streamVsRaw(b *testing.B, srv *mysqltest.Server, db, from string, n int) {
 		func() float64 { return srv.RawReadRate(b, db, from, n) },
 		func() float64 { return benchStream(b, srv, db, from, n, false) },
 		func() float64 { return benchStream(b, srv, db, from, n, true) },
-		func() float64 { return canalReadRate(b, srv, db, from, n) },
+		func() float64 { rate, _ := srv.CanalReadRate(b, db, from, n); return rate },
 	}
 	for i := range runs {
 		runs[i].cpu = 1 << 62
@@ -128,17 +129,31 @@ func benchStream(b *testing.B, srv *mysqltest.Server, db, from string, changes i
 	n := 0
 	var size int
 	buf := make([]byte, 0, 1024)
-	done := fmt.Errorf("done")
-	err = s.Run(ctx, func(_ context.Context, ev Event) error {
-		if ev.Change == nil {
-			return nil
-		}
-		if envelope {
+	// The envelopes are encoded on a goroutine of their own, as cdcout
+	// tail encodes them.
+	var pipe *Pipeline
+	if envelope {
+		pipe = NewPipeline(func(ev Event) error {
+			if ev.Change == nil {
+				return nil
+			}
 			var err error
 			if buf, err = canonical.AppendEnvelope(buf[:0], ev.Change, ""); err != nil {
 				return err
 			}
 			size += len(buf)
+			return nil
+		})
+	}
+	done := fmt.Errorf("done")
+	err = s.Run(ctx, func(ctx context.Context, ev Event) error {
+		if pipe != nil {
+			if err := pipe.Handle(ctx, ev); err != nil {
+				return err
+			}
+		}
+		if ev.Change == nil {
+			return nil
 		}
 		if n++; n >= changes {
 			return done
@@ -147,6 +162,11 @@ func benchStream(b *testing.B, srv *mysqltest.Server, db, from string, changes i
 	})
 	if err != done {
 		b.Fatalf("stream after %d changes: %v", n, err)
+	}
+	if pipe != nil {
+		if err := pipe.Close(); err != nil {
+			b.Fatal(err)
+		}
 	}
 	if envelope && (!strings.Contains(string(buf), `"op":"d"`) || size == 0) {
 		b.Fatalf("unexpected last envelope %s", buf)

@@ -1,4 +1,4 @@
-package binlog
+package mysqltest
 
 import (
 	"encoding/json"
@@ -10,22 +10,23 @@ import (
 
 	"github.com/go-mysql-org/go-mysql/canal"
 	gomysql "github.com/go-mysql-org/go-mysql/mysql"
-
-	"github.com/cdcout/cdcout/internal/mysqltest"
 )
 
-// canalReadRate is issue 19's "go-mysql canal + encoding/json per row"
+// CanalReadRate is issue 19's "go-mysql canal + encoding/json per row"
 // reader: go-mysql's canal package from the GTID from (no dump), with a
 // handler that puts every row image of db's tables in a map by column
 // name and marshals it with encoding/json, the loop a team writes on
-// canal. It returns changes per second, from start to the want'th change.
-func canalReadRate(b *testing.B, srv *mysqltest.Server, db, from string, want int) float64 {
+// canal. It returns changes per second from start to the want'th change,
+// for benchmarks to compare cdcout's readers against in the same run, and
+// the steady rate: from the first rows event handled on, without the
+// start and connection.
+func (s *Server) CanalReadRate(b testing.TB, db, from string, want int) (rate, steady float64) {
 	b.Helper()
 	cfg := canal.NewDefaultConfig()
-	cfg.Addr = srv.Host + ":" + strconv.Itoa(srv.Port)
-	cfg.User, cfg.Password = srv.User, srv.Password
-	cfg.Flavor = srv.GoMySQLFlavor()
-	cfg.ServerID = mysqltest.ReaderServerID()
+	cfg.Addr = s.Host + ":" + strconv.Itoa(s.Port)
+	cfg.User, cfg.Password = s.User, s.Password
+	cfg.Flavor = s.GoMySQLFlavor()
+	cfg.ServerID = ReaderServerID()
 	cfg.Dump.ExecutionPath = ""
 	cfg.IncludeTableRegex = []string{db + `\..*`}
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -49,18 +50,20 @@ func canalReadRate(b *testing.B, srv *mysqltest.Server, db, from string, want in
 	case <-time.After(10 * time.Minute):
 		b.Fatalf("canal read %d of %d changes in 10 minutes", h.n, want)
 	}
-	rate := float64(want) / time.Since(t0).Seconds()
+	end := time.Now()
 	c.Close()
 	if h.err != nil {
 		b.Fatal(h.err)
 	}
-	return rate
+	return float64(want) / end.Sub(t0).Seconds(), float64(want-h.firstN) / end.Sub(h.first).Seconds()
 }
 
 type jsonRowHandler struct {
 	canal.DummyEventHandler
 	want, n int
-	err     error // the first marshal error
+	first   time.Time // when the first rows event was handled
+	firstN  int       // the changes it held
+	err     error     // the first marshal error
 	done    chan struct{}
 }
 
@@ -83,6 +86,9 @@ func (h *jsonRowHandler) OnRow(e *canal.RowsEvent) error {
 		h.n += len(e.Rows) / 2 // before and after image per change
 	} else {
 		h.n += len(e.Rows)
+	}
+	if h.first.IsZero() {
+		h.first, h.firstN = time.Now(), h.n
 	}
 	if h.n >= h.want {
 		close(h.done)
