@@ -68,11 +68,11 @@ func (p *Pipeline) Handle(ctx context.Context, ev Event) error {
 		}
 	}
 	p.batch = append(p.batch, ev)
-	if ev.Change != nil {
-		p.bytes += ev.Change.ImageBytes()
-	}
-	if ev.Commit == nil && ev.Change.Op != canonical.OpDDL && len(p.batch) < pipelineEvents && p.bytes < pipelineBytes {
-		return nil
+	if ch := ev.Change; ch != nil && ev.Commit == nil {
+		p.bytes += ch.ImageBytes()
+		if ch.Op != canonical.OpDDL && len(p.batch) < pipelineEvents && p.bytes < pipelineBytes {
+			return nil
+		}
 	}
 	return p.send(ctx)
 }

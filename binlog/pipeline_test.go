@@ -131,3 +131,26 @@ func TestPipelineBackpressure(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestPipelineLargeRow: a change whose row images reach pipelineBytes is
+// handed over at once, without waiting for its commit.
+func TestPipelineLargeRow(t *testing.T) {
+	got := make(chan Event, 4)
+	p := NewPipeline(func(ev Event) error { got <- ev; return nil })
+	big := pipelineChange(1, canonical.OpCreate)
+	big.Change.After = canonical.Row{"data": make([]byte, pipelineBytes)}
+	if err := p.Handle(context.Background(), big); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case ev := <-got:
+		if ev.Change != big.Change {
+			t.Fatalf("handed over %+v, want the large row", ev)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a row of pipelineBytes waited for its commit")
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
