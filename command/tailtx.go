@@ -21,8 +21,6 @@ type tailTx struct {
 	tables   map[string]int
 }
 
-func (t *tailTx) open() bool { return t.id != "" }
-
 // place returns ch with its place in the transaction, and the
 // transaction's BEGIN when ch is its first change.
 func (t *tailTx) place(ch *canonical.Change) (placed, begin *canonical.Change) {
