@@ -142,9 +142,21 @@ func TestEnqueuePipelineFailureIsSticky(t *testing.T) {
 func TestEnqueuePipelineFinalWritesCutBatchFirst(t *testing.T) {
 	var mu sync.Mutex
 	committed := []string{}
+	// The first write of 0-1-1 is held until the stop; the final's write
+	// of it again commits. (Holding every write of 0-1-1 while its context
+	// lived hung the final's, whenever the first had started before the
+	// stop.)
+	inFlight := make(chan struct{})
 	f := &fakeEnqueue{enqueue: func(ctx context.Context, _ []outbox.Pending, cp *outbox.Checkpoint) (outbox.EnqueueResult, error) {
-		if cp.Pos.GTIDSet == "0-1-1" && ctx.Err() == nil {
-			<-ctx.Done() // held until the stop
+		mu.Lock()
+		first := cp.Pos.GTIDSet == "0-1-1" && inFlight != nil
+		if first {
+			close(inFlight)
+			inFlight = nil
+		}
+		mu.Unlock()
+		if first {
+			<-ctx.Done()
 			return outbox.EnqueueResult{}, ctx.Err()
 		}
 		mu.Lock()
@@ -155,10 +167,12 @@ func TestEnqueuePipelineFinalWritesCutBatchFirst(t *testing.T) {
 	q := testEnqueuer(f)
 	stream, stop := context.WithCancel(t.Context())
 	q.ready, q.cp = append(q.ready, pendingRow(1)), cpAt("0-1-1")
+	held := inFlight
 	if err := q.flush(stream, q.cp); err != nil {
 		t.Fatal(err)
 	}
 	q.ready, q.cp = append(q.ready, pendingRow(2)), cpAt("0-1-2")
+	<-held // the write is in flight when the stop comes
 	stop()
 	if err := q.final(t.Context()); err != nil {
 		t.Fatalf("final: %v", err)
