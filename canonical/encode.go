@@ -56,6 +56,7 @@ type encoder struct {
 	keys    []string
 	vals    []any
 	members []member // rawJSON's objects' members, a stack like keys
+	scratch []byte   // rawJSON's members being put in key order
 	orders  [numOrders]keyOrder
 	next    int // the orders slot the next miss overwrites
 }
@@ -93,6 +94,9 @@ func putEncoder(e *encoder) {
 	}
 	if cap(e.members) > 1<<12 {
 		e.members = nil
+	}
+	if cap(e.scratch) > 64<<10 {
+		e.scratch = nil
 	}
 	// Every object clears the keys and values it pushed when it pops them,
 	// also on errors, so a pooled encoder holds no references (clearing

@@ -39,19 +39,18 @@ func (e *encoder) rawJSON(dst []byte, raw RawJSON, depth int) ([]byte, error) {
 }
 
 // jsonScanner reads one document; i is the next byte. With emit false a
-// value is only checked and skipped (an object's members are skipped once
-// to find and sort them, then emitted in key order).
+// value is only checked and skipped (ValidJSON).
 type jsonScanner struct {
 	b []byte
 	i int
 	e *encoder
 }
 
-// member is one object member found while skipping: its decoded key and
-// where its value starts.
+// member is one object member written: its decoded key and where its
+// `"key":value` starts and ends in the output.
 type member struct {
-	key string
-	at  int
+	key     string
+	at, end int
 }
 
 var errJSONEnd = errors.New("unexpected end of JSON input")
@@ -167,9 +166,13 @@ func (s *jsonScanner) array(dst []byte, depth int, emit bool) ([]byte, error) {
 	}
 }
 
-// object skips the members once, collecting their keys on the encoder's
-// member stack, and, when emitting, writes them sorted by key, each value
-// read again from where it starts.
+// object reads an object. Emitting, it writes each member as it reads it
+// (every value is read once, however deep it sits), noting where each
+// starts and ends in dst on the encoder's member stack; when the keys did
+// not come in strictly increasing order it then moves the written members
+// into key order (reorder), copying bytes rather than reading the values
+// again. Before, the members were skipped once to sort them and then read
+// again to be written, so a document nested n deep was read n+1 times.
 func (s *jsonScanner) object(dst []byte, depth int, emit bool) ([]byte, error) {
 	s.i++ // '{'
 	e := s.e
@@ -178,15 +181,20 @@ func (s *jsonScanner) object(dst []byte, depth int, emit bool) ([]byte, error) {
 		clear(e.members[start:])
 		e.members = e.members[:start]
 	}()
+	open := len(dst)
+	if emit {
+		dst = append(dst, '{')
+	}
 	s.space()
 	if s.i < len(s.b) && s.b[s.i] == '}' {
 		s.i++
 		if emit {
-			dst = append(dst, "{}"...)
+			dst = append(dst, '}')
 		}
 		return dst, nil
 	}
-	for {
+	inOrder := true
+	for n := 0; ; n++ {
 		if s.i >= len(s.b) || s.b[s.i] != '"' {
 			return dst, s.syntax("looking for beginning of object key string")
 		}
@@ -200,11 +208,27 @@ func (s *jsonScanner) object(dst []byte, depth int, emit bool) ([]byte, error) {
 		}
 		s.i++
 		s.space()
-		at := s.i
-		if _, err := s.value(nil, depth+1, false); err != nil {
-			return dst, err
+		if !emit {
+			if _, err := s.value(nil, depth+1, false); err != nil {
+				return dst, err
+			}
+		} else {
+			if n > 0 {
+				dst = append(dst, ',')
+			}
+			at := len(dst)
+			if dst, err = appendString(dst, key); err != nil {
+				return dst, err
+			}
+			dst = append(dst, ':')
+			if dst, err = s.value(dst, depth+1, true); err != nil {
+				return dst, err
+			}
+			if n > 0 && e.members[len(e.members)-1].key >= key {
+				inOrder = false
+			}
+			e.members = append(e.members, member{key: key, at: at, end: len(dst)})
 		}
-		e.members = append(e.members, member{key: key, at: at})
 		s.space()
 		if s.i >= len(s.b) {
 			return dst, errJSONEnd
@@ -222,10 +246,19 @@ func (s *jsonScanner) object(dst []byte, depth int, emit bool) ([]byte, error) {
 	if !emit {
 		return dst, nil
 	}
-	end := s.i
-	ms := e.members[start:]
+	if !inOrder {
+		dst = e.reorder(dst, open+1, e.members[start:])
+	}
+	return append(dst, '}'), nil
+}
+
+// reorder rewrites the members written from dst[from:] on (`"key":value`
+// each, comma-separated, at ms's offsets) sorted bytewise by their decoded
+// keys, keeping only the last of equal keys, as MySQL 8 does.
+func (e *encoder) reorder(dst []byte, from int, ms []member) []byte {
+	e.scratch = append(e.scratch[:0], dst[from:]...)
 	slices.SortStableFunc(ms, func(a, b member) int { return strings.Compare(a.key, b.key) })
-	dst = append(dst, '{')
+	dst = dst[:from]
 	first := true
 	for j, m := range ms {
 		if j+1 < len(ms) && ms[j+1].key == m.key {
@@ -235,18 +268,9 @@ func (s *jsonScanner) object(dst []byte, depth int, emit bool) ([]byte, error) {
 			dst = append(dst, ',')
 		}
 		first = false
-		var err error
-		if dst, err = appendString(dst, m.key); err != nil {
-			return dst, err
-		}
-		dst = append(dst, ':')
-		s.i = m.at
-		if dst, err = s.value(dst, depth+1, true); err != nil {
-			return dst, err
-		}
+		dst = append(dst, e.scratch[m.at-from:m.end-from]...)
 	}
-	s.i = end
-	return append(dst, '}'), nil
+	return dst
 }
 
 // str reads a string token and returns its decoded value: a view of the
