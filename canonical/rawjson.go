@@ -125,17 +125,28 @@ func (s *jsonScanner) value(dst []byte, depth int, emit bool) ([]byte, error) {
 	}
 }
 
-func (s *jsonScanner) array(dst []byte, depth int, emit bool) ([]byte, error) {
-	s.i++ // '['
+// open reads a container's opening bracket (writing it when emitting) and
+// the space after it, and reports whether the container is empty: then it
+// has read and written the closing bracket too.
+func (s *jsonScanner) open(dst []byte, opening, closing byte, emit bool) ([]byte, bool) {
+	s.i++
 	if emit {
-		dst = append(dst, '[')
+		dst = append(dst, opening)
 	}
 	s.space()
-	if s.i < len(s.b) && s.b[s.i] == ']' {
+	if s.i < len(s.b) && s.b[s.i] == closing {
 		s.i++
 		if emit {
-			dst = append(dst, ']')
+			dst = append(dst, closing)
 		}
+		return dst, true
+	}
+	return dst, false
+}
+
+func (s *jsonScanner) array(dst []byte, depth int, emit bool) ([]byte, error) {
+	dst, empty := s.open(dst, '[', ']', emit)
+	if empty {
 		return dst, nil
 	}
 	for n := 0; ; n++ {
@@ -174,23 +185,15 @@ func (s *jsonScanner) array(dst []byte, depth int, emit bool) ([]byte, error) {
 // again. Before, the members were skipped once to sort them and then read
 // again to be written, so a document nested n deep was read n+1 times.
 func (s *jsonScanner) object(dst []byte, depth int, emit bool) ([]byte, error) {
-	s.i++ // '{'
 	e := s.e
 	start := len(e.members)
 	defer func() {
 		clear(e.members[start:])
 		e.members = e.members[:start]
 	}()
-	open := len(dst)
-	if emit {
-		dst = append(dst, '{')
-	}
-	s.space()
-	if s.i < len(s.b) && s.b[s.i] == '}' {
-		s.i++
-		if emit {
-			dst = append(dst, '}')
-		}
+	from := len(dst) + 1 // where the members start
+	dst, empty := s.open(dst, '{', '}', emit)
+	if empty {
 		return dst, nil
 	}
 	inOrder := true
@@ -247,7 +250,7 @@ func (s *jsonScanner) object(dst []byte, depth int, emit bool) ([]byte, error) {
 		return dst, nil
 	}
 	if !inOrder {
-		dst = e.reorder(dst, open+1, e.members[start:])
+		dst = e.reorder(dst, from, e.members[start:])
 	}
 	return append(dst, '}'), nil
 }
