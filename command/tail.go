@@ -136,14 +136,17 @@ func runTail(c *cli.Context) error {
 		if ev.Commit != nil {
 			err = p.committed(ev.Commit)
 		} else {
-			_, err = p.change(ev.Change)
+			err = p.change(ev.Change)
 		}
 		if err != nil {
 			cancel()
 		}
 		return err
 	})
-	n, inTx := 0, false // changes and schema changes queued; a transaction's rows queued
+	// Changes and schema changes queued (--limit; once the pipeline is
+	// closed without an error, all of them printed), and whether a
+	// transaction's rows are among them without its commit.
+	n, inTx := 0, false
 	err = s.Run(ctx, func(ctx context.Context, ev binlog.Event) error {
 		if err := pipe.Handle(ctx, ev); err != nil {
 			return err
@@ -168,9 +171,8 @@ func runTail(c *cli.Context) error {
 	if pipeErr != nil {
 		return pipeErr
 	}
-	n, printErr := p.printed()
-	if printErr != nil {
-		return printErr
+	if err := p.writeErr(); err != nil {
+		return err
 	}
 	switch {
 	case errors.Is(err, errLimitReached):
@@ -192,7 +194,6 @@ type tailPrinter struct {
 
 	mu         sync.Mutex
 	buf        []byte
-	n          int       // changes and schema changes printed (--limit)
 	last       time.Time // when what was printed was last written out
 	unflushed  bool      // printed since the last flush
 	sourceTime time.Time // the last commit's
@@ -207,28 +208,25 @@ const (
 	tailFlushEvery  = 50 * time.Millisecond
 )
 
-func (p *tailPrinter) change(ch *canonical.Change) (int, error) {
+func (p *tailPrinter) change(ch *canonical.Change) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.tx != nil && ch.Op != canonical.OpDDL {
 		var begin *canonical.Change
 		if ch, begin = p.tx.place(ch); begin != nil {
 			if err := p.print(begin); err != nil {
-				return p.n, err
+				return err
 			}
 		}
 	}
 	if err := p.print(ch); err != nil {
-		return p.n, err
+		return err
 	}
 	if ch.Op == canonical.OpDDL {
 		// Its own event, not a transaction's rows: no commit follows.
-		if err := p.flush(); err != nil {
-			return p.n, err
-		}
+		return p.flush()
 	}
-	p.n++
-	return p.n, nil
+	return nil
 }
 
 // print writes one record.
@@ -302,12 +300,12 @@ func (p *tailPrinter) flushes(ctx context.Context, stop func()) {
 	}
 }
 
-// printed returns the records counted for --limit and another
-// goroutine's write error.
-func (p *tailPrinter) printed() (int, error) {
+// writeErr returns the write error of the flushing or heartbeat
+// goroutine, if one ended the tail.
+func (p *tailPrinter) writeErr() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.n, p.err
+	return p.err
 }
 
 // heartbeats prints an "hb" record (canonical.MarshalHeartbeat) with the
