@@ -452,8 +452,21 @@ func TestCancel(t *testing.T) {
 		_ = db.QueryRow("SELECT COUNT(*) FROM `"+stateDB+"`.backfill_chunks WHERE backfill_id = ?", info.ID).Scan(&n)
 		return n == 2
 	})
+	// A signal that started this backfill reads cancelled as soon as
+	// Cancel returns: the two are written in one transaction.
+	sigID, err := backfill.InsertSignal(context.Background(), db, stateDB, backfill.Signal{Instance: "cancel", Table: "x.t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := backfill.SignalStarted(context.Background(), db, stateDB, sigID, info.ID); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := backfill.Cancel(context.Background(), db, stateDB, info.ID); err != nil {
 		t.Fatal(err)
+	}
+	if sig, err := backfill.Signals(context.Background(), db, stateDB, "cancel", 1); err != nil || len(sig) != 1 ||
+		sig[0].Status != backfill.StatusCancelled || sig[0].BackfillID != info.ID {
+		t.Fatalf("signals after Cancel = %+v, %v; want the signal cancelled, of backfill %s", sig, err, info.ID)
 	}
 	select {
 	case err := <-errc:

@@ -54,8 +54,7 @@ func (s *runStore) ended(ctx context.Context, cause error, keepRunning bool) {
 			cause.Error(), s.id, StatusRunning)
 		return
 	}
-	_, _ = s.db.ExecContext(ctx, "UPDATE "+s.fills+" SET status = ?, error = ?, updated_at = NOW(6) WHERE id = ? AND status = ?",
-		StatusFailed, cause.Error(), s.id, StatusRunning)
+	_ = end(ctx, s.db, s.schema, s.id, StatusFailed, cause.Error())
 }
 
 // chunkState is a chunk's row as the applier left it.
@@ -185,8 +184,7 @@ func (s *runStore) clear(ctx context.Context) error {
 
 // done records the backfill done.
 func (s *runStore) done(ctx context.Context) error {
-	if _, err := s.db.ExecContext(ctx, "UPDATE "+s.fills+" SET status = ?, updated_at = NOW(6) WHERE id = ? AND status = ?",
-		StatusDone, s.id, StatusRunning); err != nil {
+	if err := end(ctx, s.db, s.schema, s.id, StatusDone, ""); err != nil {
 		return fmt.Errorf("record backfill done: %w", err)
 	}
 	return nil

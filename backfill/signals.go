@@ -139,12 +139,74 @@ func SignalRefused(ctx context.Context, db *sql.DB, schema string, id int64, rea
 // SignalsFinished copies backfill's outcome to the signals that started
 // it.
 func SignalsFinished(ctx context.Context, db *sql.DB, schema string, info Info) error {
-	if _, err := db.ExecContext(ctx, "UPDATE "+state.Table(schema, "backfill_signals")+
-		" SET status = ?, error = ?, updated_at = NOW(6) WHERE backfill_id = ? AND status = ?",
-		info.Status, nullable(info.Error), info.ID, SignalRunning); err != nil {
+	if err := signalsFinished(ctx, db, schema, info.ID, info.Status, info.Error); err != nil {
 		return fmt.Errorf("record the outcome of backfill %s on its signals: %w", info.ID, err)
 	}
 	return nil
+}
+
+// execer is what signalsFinished writes through: the pool or a transaction.
+type execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+func signalsFinished(ctx context.Context, db execer, schema, id, status, errText string) error {
+	_, err := db.ExecContext(ctx, "UPDATE "+state.Table(schema, "backfill_signals")+
+		" SET status = ?, error = ?, updated_at = NOW(6) WHERE backfill_id = ? AND status = ?",
+		status, nullable(errText), id, SignalRunning)
+	return err
+}
+
+// end sets running backfill id to status (done or failed, with errText) and
+// copies that outcome to the signals that started it, in one transaction:
+// no reader of the state tables sees a finished backfill whose signal still
+// reads running. A backfill that is no longer running is left as it is, and
+// so are its signals.
+func end(ctx context.Context, db *sql.DB, schema, id, status, errText string) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }()
+	res, err := tx.ExecContext(ctx, "UPDATE "+state.Table(schema, "backfills")+
+		" SET status = ?, error = ?, updated_at = NOW(6) WHERE id = ? AND status = ?",
+		status, nullable(errText), id, StatusRunning)
+	if err != nil {
+		return err
+	}
+	return signalsWith(ctx, tx, res, schema, id, status, errText)
+}
+
+// cancel sets backfill id cancelled unless it is done or cancelled already,
+// and its running signals with it, in one transaction (as end does).
+func cancel(ctx context.Context, db *sql.DB, schema, id string) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }()
+	res, err := tx.ExecContext(ctx, "UPDATE "+state.Table(schema, "backfills")+
+		" SET status = ?, updated_at = NOW(6) WHERE id = ? AND status NOT IN (?, ?)",
+		StatusCancelled, id, StatusDone, StatusCancelled)
+	if err != nil {
+		return err
+	}
+	return signalsWith(ctx, tx, res, schema, id, StatusCancelled, "")
+}
+
+// signalsWith copies status to backfill id's running signals when res (the
+// backfill's own update) changed its row, then commits tx.
+func signalsWith(ctx context.Context, tx *sql.Tx, res sql.Result, schema, id, status, errText string) error {
+	n, err := res.RowsAffected()
+	if err != nil {
+		return err
+	}
+	if n > 0 {
+		if err := signalsFinished(ctx, tx, schema, id, status, errText); err != nil {
+			return err
+		}
+	}
+	return tx.Commit()
 }
 
 // FleetRunning lists the backfills instance's enqueue leader owes a run:

@@ -131,8 +131,7 @@ func Cancel(ctx context.Context, db *sql.DB, schema, id string) (Info, error) {
 	if i.Status == StatusDone || i.Status == StatusCancelled {
 		return i, nil
 	}
-	if _, err := db.ExecContext(ctx, "UPDATE "+state.Table(schema, "backfills")+" SET status = ?, updated_at = NOW(6) WHERE id = ? AND status NOT IN (?, ?)",
-		StatusCancelled, id, StatusDone, StatusCancelled); err != nil {
+	if err := cancel(ctx, db, schema, id); err != nil {
 		return Info{}, fmt.Errorf("cancel backfill %s: %w", id, err)
 	}
 	for _, t := range []string{"backfill_chunks", "backfill_fences"} {
@@ -146,8 +145,7 @@ func Cancel(ctx context.Context, db *sql.DB, schema, id string) (Info, error) {
 
 // Fail marks a running backfill failed with reason.
 func Fail(ctx context.Context, db *sql.DB, schema, id, reason string) error {
-	if _, err := db.ExecContext(ctx, "UPDATE "+state.Table(schema, "backfills")+" SET status = ?, error = ?, updated_at = NOW(6) WHERE id = ? AND status = ?",
-		StatusFailed, reason, id, StatusRunning); err != nil {
+	if err := end(ctx, db, schema, id, StatusFailed, reason); err != nil {
 		return fmt.Errorf("record backfill %s failed: %w", id, err)
 	}
 	return nil
