@@ -81,6 +81,19 @@ func (d *drainers) written(pipes []string) {
 	}
 }
 
+// segmentsWritten wakes (starting if needed) the segment loops of pipes
+// an enqueue transaction wrote segments to (Drainer.WakeSegments).
+func (d *drainers) segmentsWritten(pipes []string) {
+	if d.notify != nil {
+		d.notify(pipes)
+	}
+	for _, p := range pipes {
+		if dr := d.ensure(p); dr != nil {
+			dr.WakeSegments()
+		}
+	}
+}
+
 func (d *drainers) ensure(pipe string) *outbox.Drainer {
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -353,7 +353,7 @@ func (t *tenure) enqueuer(stream *binlog.Stream, claims []string) (*enqueuer, er
 		maxBuffer:   cfg.EnqueueMaxBuffer,
 		maxRowBytes: cfg.MaxRowBytes,
 		interval:    cfg.EnqueueFlushInterval,
-		written:     func(pipes []string) { t.drains.written(pipes); t.e.hb.enqueued(pipes) },
+		written:     func(pipes []string) { t.drains.segmentsWritten(pipes); t.e.hb.enqueued(pipes) },
 		valid:       func() bool { return t.keeper.Lease().Valid(time.Now()) },
 		observe:     e.metrics.ObserveEnqueue,
 		report:      func(err error) { e.noteWrite(writeEnqueue, err) },
