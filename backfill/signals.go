@@ -163,40 +163,32 @@ func signalsFinished(ctx context.Context, db execer, schema, id, status, errText
 // reads running. A backfill that is no longer running is left as it is, and
 // so are its signals.
 func end(ctx context.Context, db *sql.DB, schema, id, status, errText string) error {
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = tx.Rollback() }()
-	res, err := tx.ExecContext(ctx, "UPDATE "+state.Table(schema, "backfills")+
-		" SET status = ?, error = ?, updated_at = NOW(6) WHERE id = ? AND status = ?",
+	return endWith(ctx, db, schema, id, status, errText,
+		"SET status = ?, error = ?, updated_at = NOW(6) WHERE id = ? AND status = ?",
 		status, nullable(errText), id, StatusRunning)
-	if err != nil {
-		return err
-	}
-	return signalsWith(ctx, tx, res, schema, id, status, errText)
 }
 
 // cancel sets backfill id cancelled unless it is done or cancelled already,
 // and its running signals with it, in one transaction (as end does).
 func cancel(ctx context.Context, db *sql.DB, schema, id string) error {
+	return endWith(ctx, db, schema, id, StatusCancelled, "",
+		"SET status = ?, updated_at = NOW(6) WHERE id = ? AND status NOT IN (?, ?)",
+		StatusCancelled, id, StatusDone, StatusCancelled)
+}
+
+// endWith updates backfill id (set, the UPDATE's SET and WHERE, with args)
+// and, when that changed its row, copies status and errText to its running
+// signals, in one transaction.
+func endWith(ctx context.Context, db *sql.DB, schema, id, status, errText, set string, args ...any) error {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = tx.Rollback() }()
-	res, err := tx.ExecContext(ctx, "UPDATE "+state.Table(schema, "backfills")+
-		" SET status = ?, updated_at = NOW(6) WHERE id = ? AND status NOT IN (?, ?)",
-		StatusCancelled, id, StatusDone, StatusCancelled)
+	res, err := tx.ExecContext(ctx, "UPDATE "+state.Table(schema, "backfills")+" "+set, args...)
 	if err != nil {
 		return err
 	}
-	return signalsWith(ctx, tx, res, schema, id, StatusCancelled, "")
-}
-
-// signalsWith copies status to backfill id's running signals when res (the
-// backfill's own update) changed its row, then commits tx.
-func signalsWith(ctx context.Context, tx *sql.Tx, res sql.Result, schema, id, status, errText string) error {
 	n, err := res.RowsAffected()
 	if err != nil {
 		return err

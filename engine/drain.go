@@ -70,26 +70,21 @@ func (d *drainers) pendingPipes(ctx context.Context) ([]string, error) {
 }
 
 // written wakes (starting if needed) the drainers of pipes that got rows.
-func (d *drainers) written(pipes []string) {
-	if d.notify != nil {
-		d.notify(pipes)
-	}
-	for _, p := range pipes {
-		if dr := d.ensure(p); dr != nil {
-			dr.Wake()
-		}
-	}
-}
+func (d *drainers) written(pipes []string) { d.wake(pipes, (*outbox.Drainer).Wake) }
 
 // segmentsWritten wakes (starting if needed) the segment loops of pipes
 // an enqueue transaction wrote segments to (Drainer.WakeSegments).
-func (d *drainers) segmentsWritten(pipes []string) {
+func (d *drainers) segmentsWritten(pipes []string) { d.wake(pipes, (*outbox.Drainer).WakeSegments) }
+
+// wake tells notify of pipes and wakes each pipe's drainer, started if
+// needed, with wake.
+func (d *drainers) wake(pipes []string, wake func(*outbox.Drainer)) {
 	if d.notify != nil {
 		d.notify(pipes)
 	}
 	for _, p := range pipes {
 		if dr := d.ensure(p); dr != nil {
-			dr.WakeSegments()
+			wake(dr)
 		}
 	}
 }
