@@ -420,6 +420,9 @@ func (fb *fleetBackfills) runOne(ctx context.Context, id string) {
 	if final.Status == backfill.StatusRunning {
 		return
 	}
+	// The transaction that ended the backfill wrote its signals' outcome
+	// (backfill.end, backfill.cancel); this catches a signal that Prepare
+	// linked to it (resuming it) after that transaction and before now.
 	if err := backfill.SignalsFinished(ctx, fb.state, cfg.StateDB, final); err != nil {
 		log.Warn("record the backfill's outcome on its signals", zap.Error(err))
 	}
