@@ -468,6 +468,20 @@ func TestCancel(t *testing.T) {
 		sig[0].Status != backfill.StatusCancelled || sig[0].BackfillID != info.ID {
 		t.Fatalf("signals after Cancel = %+v, %v; want the signal cancelled, of backfill %s", sig, err, info.ID)
 	}
+	// A signal linked after the cancel (Prepare resumed the backfill just
+	// before it) is not linked: it stays pending for the next round, where
+	// it would otherwise read running for good.
+	late, err := backfill.InsertSignal(context.Background(), db, stateDB, backfill.Signal{Instance: "cancel", Table: "x.t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := backfill.SignalStarted(context.Background(), db, stateDB, late, info.ID); !errors.Is(err, backfill.ErrSignalNotLinked) {
+		t.Fatalf("SignalStarted on the cancelled backfill = %v, want ErrSignalNotLinked", err)
+	}
+	if sig, err := backfill.Signals(context.Background(), db, stateDB, "cancel", 2); err != nil || len(sig) != 2 ||
+		sig[0].ID != late || sig[0].Status != backfill.SignalPending || sig[0].BackfillID != "" {
+		t.Fatalf("signals after the late link = %+v, %v; want signal %d pending, of no backfill", sig, err, late)
+	}
 	select {
 	case err := <-errc:
 		if !errors.Is(err, backfill.ErrCancelled) {

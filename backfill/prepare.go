@@ -58,14 +58,30 @@ func (r *Runner) Prepare(ctx context.Context, spec Spec) (Info, error) {
 	} else if err := r.ensureWatermarkTable(ctx); err != nil {
 		return Info{}, err
 	}
-	if r.id == "" {
-		info, _, found, err := findResumable(ctx, r.State, r.StateSchema, spec)
-		if err != nil {
+	if r.id != "" {
+		if err := r.store.reopen(ctx, t.estimate); errors.Is(err, errEnded) {
+			return Info{}, badInput("--resume %s: %v", r.id, err)
+		} else if err != nil {
 			return Info{}, err
 		}
-		if found {
-			r.id = info.ID
-			r.store.id = r.id
+		return Get(ctx, r.State, r.StateSchema, r.id)
+	}
+	info, _, found, err := findResumable(ctx, r.State, r.StateSchema, spec)
+	if err != nil {
+		return Info{}, err
+	}
+	if found {
+		r.id = info.ID
+		r.store.id = r.id
+		switch err := r.store.reopen(ctx, t.estimate); {
+		case errors.Is(err, errEnded):
+			// It finished (or was cancelled) between the lookup and now:
+			// this request gets a backfill of its own.
+			r.Logger.Info("the unfinished backfill with the same arguments ended meanwhile; starting a new one", zap.String("backfill", r.id))
+			r.id = ""
+		case err != nil:
+			return Info{}, err
+		default:
 			r.Logger.Info("continuing the unfinished backfill with the same arguments", zap.String("backfill", r.id), zap.Int64("rows_done", info.RowsDone))
 		}
 	}
@@ -76,8 +92,6 @@ func (r *Runner) Prepare(ctx context.Context, spec Spec) (Info, error) {
 		if err := r.store.create(ctx, spec, m, t.estimate); err != nil {
 			return Info{}, err
 		}
-	} else if err := r.store.reopen(ctx, t.estimate); err != nil {
-		return Info{}, err
 	}
 	return Get(ctx, r.State, r.StateSchema, r.id)
 }

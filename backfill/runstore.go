@@ -37,11 +37,22 @@ func (s *runStore) create(ctx context.Context, spec Spec, m meta, estimate int64
 	return nil
 }
 
-// reopen sets a resumed backfill running again.
+// errEnded: the backfill being resumed or linked to ended (done, failed
+// by another run, cancelled) after it was read.
+var errEnded = errors.New("the backfill ended meanwhile")
+
+// reopen sets a resumed backfill running again, unless it ended since it
+// was read (errEnded): a cancelled backfill stays cancelled.
 func (s *runStore) reopen(ctx context.Context, estimate int64) error {
-	if _, err := s.db.ExecContext(ctx, "UPDATE "+s.fills+" SET status = ?, error = NULL, rows_estimate = ?, updated_at = NOW(6) WHERE id = ?",
-		StatusRunning, estimate, s.id); err != nil {
+	res, err := s.db.ExecContext(ctx, "UPDATE "+s.fills+" SET status = ?, error = NULL, rows_estimate = ?, updated_at = NOW(6) WHERE id = ? AND status IN (?, ?)",
+		StatusRunning, estimate, s.id, StatusRunning, StatusFailed)
+	if err != nil {
 		return fmt.Errorf("record backfill: %w", err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return fmt.Errorf("record backfill: %w", err)
+	} else if n == 0 {
+		return errEnded
 	}
 	return nil
 }

@@ -115,12 +115,28 @@ func querySignals(ctx context.Context, db *sql.DB, q string, args ...any) ([]Sig
 	return out, rows.Err()
 }
 
-// SignalStarted records that signal id started (or continues) backfill.
+// ErrSignalNotLinked: SignalStarted found the backfill no longer running
+// (it ended after Prepare returned it), or the signal no longer pending.
+// The signal is left as it was; a pending one is taken up again.
+var ErrSignalNotLinked = errors.New("the backfill signal was not linked")
+
+// SignalStarted records that signal id started (or continues) backfill,
+// only while that backfill is running: the UPDATE reads the backfill's row
+// with a lock, so it is ordered with the transaction that ends the
+// backfill (end, cancel), which copies the outcome to the signals linked
+// before it. Linking to a backfill that has ended would leave the signal
+// reading running for good; that returns ErrSignalNotLinked instead.
 func SignalStarted(ctx context.Context, db *sql.DB, schema string, id int64, backfill string) error {
-	if _, err := db.ExecContext(ctx, "UPDATE "+state.Table(schema, "backfill_signals")+
-		" SET status = ?, backfill_id = ?, error = NULL, updated_at = NOW(6) WHERE id = ? AND status = ?",
-		SignalRunning, backfill, id, SignalPending); err != nil {
+	res, err := db.ExecContext(ctx, "UPDATE "+state.Table(schema, "backfill_signals")+" s JOIN "+state.Table(schema, "backfills")+
+		" b ON b.id = ? AND b.status = ? SET s.status = ?, s.backfill_id = b.id, s.error = NULL, s.updated_at = NOW(6) WHERE s.id = ? AND s.status = ?",
+		backfill, StatusRunning, SignalRunning, id, SignalPending)
+	if err != nil {
 		return fmt.Errorf("record backfill signal %d: %w", id, err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return fmt.Errorf("record backfill signal %d: %w", id, err)
+	} else if n == 0 {
+		return fmt.Errorf("%w: signal %d, backfill %s", ErrSignalNotLinked, id, backfill)
 	}
 	return nil
 }
@@ -132,15 +148,6 @@ func SignalRefused(ctx context.Context, db *sql.DB, schema string, id int64, rea
 		" SET status = ?, error = ?, updated_at = NOW(6) WHERE id = ? AND status = ?",
 		StatusFailed, msg, id, SignalPending); err != nil {
 		return fmt.Errorf("record backfill signal %d: %w", id, err)
-	}
-	return nil
-}
-
-// SignalsFinished copies backfill's outcome to the signals that started
-// it.
-func SignalsFinished(ctx context.Context, db *sql.DB, schema string, info Info) error {
-	if err := signalsFinished(ctx, db, schema, info.ID, info.Status, info.Error); err != nil {
-		return fmt.Errorf("record the outcome of backfill %s on its signals: %w", info.ID, err)
 	}
 	return nil
 }

@@ -255,10 +255,17 @@ func (fb *fleetBackfills) signals(ctx context.Context) error {
 			}
 			continue
 		}
-		fb.log.Info("backfill signal started a backfill", zap.Int64("signal", g.ID), zap.String("table", g.Table), zap.String("backfill", info.ID))
-		if err := backfill.SignalStarted(ctx, fb.state, cfg.StateDB, g.ID, info.ID); err != nil {
+		switch err := backfill.SignalStarted(ctx, fb.state, cfg.StateDB, g.ID, info.ID); {
+		case errors.Is(err, backfill.ErrSignalNotLinked):
+			// The backfill Prepare resumed ended just now: the signal stays
+			// pending and the next round starts a backfill of its own.
+			fb.log.Info("the backfill a signal was to continue ended meanwhile; the signal waits for the next round",
+				zap.Int64("signal", g.ID), zap.String("backfill", info.ID))
+			continue
+		case err != nil:
 			return err
 		}
+		fb.log.Info("backfill signal started a backfill", zap.Int64("signal", g.ID), zap.String("table", g.Table), zap.String("backfill", info.ID))
 	}
 	return nil
 }
@@ -419,12 +426,6 @@ func (fb *fleetBackfills) runOne(ctx context.Context, id string) {
 	}
 	if final.Status == backfill.StatusRunning {
 		return
-	}
-	// The transaction that ended the backfill wrote its signals' outcome
-	// (backfill.end, backfill.cancel); this catches a signal that Prepare
-	// linked to it (resuming it) after that transaction and before now.
-	if err := backfill.SignalsFinished(ctx, fb.state, cfg.StateDB, final); err != nil {
-		log.Warn("record the backfill's outcome on its signals", zap.Error(err))
 	}
 	log.Info("fleet backfill ended", zap.String("status", final.Status), zap.Int64("rows", final.RowsDone))
 }
