@@ -28,6 +28,14 @@ type enqueueStore interface {
 	Enqueue(ctx context.Context, claimedBy string, fence outbox.Fence, items []outbox.Pending, cp *outbox.Checkpoint) (outbox.EnqueueResult, error)
 }
 
+// batchStore is an enqueueStore that prepares a batch (validates, keys and
+// encodes it) apart from its transaction: *outbox.Store. The enqueuer then
+// prepares the next batch while the write before it runs.
+type batchStore interface {
+	PrepareBatch(items []outbox.Pending, cp *outbox.Checkpoint) (*outbox.Batch, error)
+	EnqueueBatch(ctx context.Context, claimedBy string, fence outbox.Fence, b *outbox.Batch) (outbox.EnqueueResult, error)
+}
+
 // openChange is a routed, masked change of the transaction being read,
 // not yet keyed: in digest mode its occurrence is only taken at the
 // commit, so a transaction the stream replays after a reconnect (from its

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/sha256"
@@ -160,23 +161,90 @@ const (
 // Items are written in statements of bounded size inside the one
 // transaction. A transaction chosen as a deadlock victim is retried.
 func (s *Store) Enqueue(ctx context.Context, claimedBy string, fence Fence, items []Pending, cp *Checkpoint) (EnqueueResult, error) {
-	if claimedBy == "" || utf8.RuneCountInString(claimedBy) > 255 {
-		return EnqueueResult{}, fmt.Errorf("enqueue: claimedBy must be 1–255 characters")
-	}
-	if cp != nil && (fence.Lease == "" || fence.Holder == "" || cp.Source == "") {
-		return EnqueueResult{}, fmt.Errorf("enqueue: a checkpoint needs a source and a fence (lease and holder)")
-	}
-	its, units, dups, err := s.prepare(items)
+	b, err := s.PrepareBatch(items, cp)
 	if err != nil {
 		return EnqueueResult{}, err
 	}
-	if len(its) == 0 && cp == nil {
-		return EnqueueResult{AlreadyOurs: dups}, nil
+	return s.EnqueueBatch(ctx, claimedBy, fence, b)
+}
+
+// Batch is what PrepareBatch made of a batch of changes for EnqueueBatch.
+type Batch struct {
+	its   []*pendingRecord
+	units []*claimUnit
+	dups  int
+	cp    *Checkpoint
+	// segs are the batch's segments, encoded ahead of the transaction
+	// with ids drawn by PrepareBatch, on the assumption that every claim
+	// is new; draws is the id generator's count after them. They serve
+	// the first attempt only, and only if no id was drawn since: the
+	// batch before may have been retried with later ids, and a second
+	// attempt must never reuse ids (enqueueOnce). nil: the transaction
+	// encodes them, as it does when a claim turns out not to be new.
+	segs  []encodedSegment
+	draws uint64
+	spent bool
+}
+
+// maxPreparedSegmentBytes bounds the compressed segments a prepared batch
+// holds; a larger one is encoded segment by segment in its transaction.
+const maxPreparedSegmentBytes = 8 << 20
+
+// PrepareBatch validates items and keys them, and encodes their segments
+// ahead of the transaction: the enqueue pipeline does this while the
+// transaction of the batch before runs, rather than inside its own.
+func (s *Store) PrepareBatch(items []Pending, cp *Checkpoint) (*Batch, error) {
+	its, units, dups, err := s.prepare(items)
+	if err != nil {
+		return nil, err
+	}
+	b := &Batch{its: its, units: units, dups: dups, cp: cp}
+	if len(its) == 0 {
+		return b, nil
+	}
+	for _, it := range its {
+		it.id = NewID()
+	}
+	b.draws = ids.drawn()
+	size := 0
+	err = s.encodeSegments(its, func(seg *encodedSegment) error {
+		if size += len(seg.payload); size > maxPreparedSegmentBytes {
+			return errPreparedTooLarge
+		}
+		seg.payload = bytes.Clone(seg.payload)
+		b.segs = append(b.segs, *seg)
+		return nil
+	})
+	if err != nil {
+		// Too large to hold, or an encoding error the transaction reports.
+		b.segs = nil
+	}
+	return b, nil
+}
+
+var errPreparedTooLarge = errors.New("prepared segments too large")
+
+// EnqueueBatch is Enqueue of a prepared batch. A batch may be passed again
+// after an error.
+func (s *Store) EnqueueBatch(ctx context.Context, claimedBy string, fence Fence, b *Batch) (EnqueueResult, error) {
+	if claimedBy == "" || utf8.RuneCountInString(claimedBy) > 255 {
+		return EnqueueResult{}, fmt.Errorf("enqueue: claimedBy must be 1–255 characters")
+	}
+	if b.cp != nil && (fence.Lease == "" || fence.Holder == "" || b.cp.Source == "") {
+		return EnqueueResult{}, fmt.Errorf("enqueue: a checkpoint needs a source and a fence (lease and holder)")
+	}
+	if len(b.its) == 0 && b.cp == nil {
+		return EnqueueResult{AlreadyOurs: b.dups}, nil
 	}
 	for attempt := 1; ; attempt++ {
-		res, err := s.enqueueOnce(ctx, claimedBy, fence, its, units, cp)
+		var segs []encodedSegment
+		if !b.spent && b.segs != nil && ids.drawn() == b.draws {
+			segs = b.segs
+		}
+		b.spent = true
+		res, err := s.enqueueOnce(ctx, claimedBy, fence, b.its, b.units, b.cp, segs)
 		if err == nil {
-			res.AlreadyOurs += dups
+			res.AlreadyOurs += b.dups
 			return res, nil
 		}
 		retry := state.Errno(err) == state.ErrnoLockDeadlock || errors.Is(err, errClaimVanished)
@@ -302,7 +370,10 @@ func printableASCII(s string, max int) bool {
 	return true
 }
 
-func (s *Store) enqueueOnce(ctx context.Context, claimedBy string, fence Fence, its []*pendingRecord, units []*claimUnit, cp *Checkpoint) (EnqueueResult, error) {
+// segs, unless nil, are its's segments encoded with the ids its holds
+// (Batch.segs): they are written if every claim is ours, and otherwise
+// the records that are ours are encoded here.
+func (s *Store) enqueueOnce(ctx context.Context, claimedBy string, fence Fence, its []*pendingRecord, units []*claimUnit, cp *Checkpoint, segs []encodedSegment) (EnqueueResult, error) {
 	// READ COMMITTED: the locking read-back sees the latest committed claims,
 	// and InnoDB takes no gap locks, so concurrent enqueuers of neighbouring
 	// keys do not deadlock each other.
@@ -316,8 +387,10 @@ func (s *Store) enqueueOnce(ctx context.Context, claimedBy string, fence Fence, 
 	// written: a claim carries the id of its unit's first row, which is
 	// how the read-back tells "claimed by this transaction" from "claimed
 	// by this replica earlier".
-	for _, it := range its {
-		it.id = NewID()
+	if segs == nil {
+		for _, it := range its {
+			it.id = NewID()
+		}
 	}
 	for _, u := range units {
 		u.state = claimNew
@@ -360,7 +433,16 @@ func (s *Store) enqueueOnce(ctx context.Context, claimedBy string, fence Fence, 
 			res.OthersClaims++
 		}
 	}
-	if err := s.insertSegments(ctx, tx, ours); err != nil {
+	if segs != nil && len(ours) == len(its) {
+		if err := s.insertDeads(ctx, tx, ours); err != nil {
+			return EnqueueResult{}, err
+		}
+		for i := range segs {
+			if err := s.insertSegment(ctx, tx, &segs[i]); err != nil {
+				return EnqueueResult{}, err
+			}
+		}
+	} else if err := s.insertSegments(ctx, tx, ours); err != nil {
 		return EnqueueResult{}, err
 	}
 	for _, u := range units {
@@ -510,15 +592,55 @@ func (s *Store) insertDead(ctx context.Context, tx *sql.Tx, it *pendingRecord) e
 	return nil
 }
 
-// insertSegments writes the records of ours as segments: per pipe, in
-// item order, segments of at most maxSegmentRecords records and
-// maxSegmentBytes bytes, each one row and one statement. A segment's id is
-// its first record's, so segments of a pipe sort in commit order. A
+// encodedSegment is one segment row, encoded and compressed.
+type encodedSegment struct {
+	pipe, sink      string
+	records         int
+	firstID, lastID string
+	firstCommit     time.Time
+	payload         []byte
+}
+
+// insertSegments writes the records of ours as segments (encodeSegments),
+// each one row and one statement, and ours's dead changes as dead rows.
+func (s *Store) insertSegments(ctx context.Context, tx *sql.Tx, ours []*pendingRecord) error {
+	if err := s.insertDeads(ctx, tx, ours); err != nil {
+		return err
+	}
+	return s.encodeSegments(ours, func(seg *encodedSegment) error { return s.insertSegment(ctx, tx, seg) })
+}
+
+// insertDeads writes the dead changes of ours (Pending.Dead) as dead rows.
+func (s *Store) insertDeads(ctx context.Context, tx *sql.Tx, ours []*pendingRecord) error {
+	for _, it := range ours {
+		if !it.Filtered && it.Dead != "" {
+			if err := s.insertDead(ctx, tx, it); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (s *Store) insertSegment(ctx context.Context, tx *sql.Tx, seg *encodedSegment) error {
+	if _, err := tx.ExecContext(ctx, "INSERT INTO "+s.segments+
+		" (id, pipe, sink, records, last_id, first_commit_ts, payload) VALUES (?,?,?,?,?,?,?)",
+		seg.firstID, seg.pipe, seg.sink, seg.records, seg.lastID, seg.firstCommit, seg.payload); err != nil {
+		return fmt.Errorf("enqueue: insert segment of %d records for pipe %s: %w", seg.records, seg.pipe, err)
+	}
+	return nil
+}
+
+// encodeSegments encodes the records of ours (not filtered, not dead) as
+// segments and hands each to emit, whose argument (its payload above all)
+// is valid only during the call: per pipe, in item order, segments of at
+// most maxSegmentRecords records and maxSegmentBytes bytes. A segment's id
+// is its first record's, so segments of a pipe sort in commit order. A
 // barrier is alone in its segment. A sink's changes and its transaction
 // records are in different pipes, so no cut is needed for them: a
 // segment of changes waits for the BEGINs older than its last record
 // (oldestSegment).
-func (s *Store) insertSegments(ctx context.Context, tx *sql.Tx, ours []*pendingRecord) error {
+func (s *Store) encodeSegments(ours []*pendingRecord, emit func(*encodedSegment) error) error {
 	var pipes []string
 	byPipe := map[string][]*pendingRecord{}
 	for _, it := range ours {
@@ -549,10 +671,10 @@ func (s *Store) insertSegments(ctx context.Context, tx *sql.Tx, ours []*pendingR
 				r.payload = nil
 			}
 		}
-		if _, err := tx.ExecContext(ctx, "INSERT INTO "+s.segments+
-			" (id, pipe, sink, records, last_id, first_commit_ts, payload) VALUES (?,?,?,?,?,?,?)",
-			recs[0].id, pipe, sink, len(recs), recs[len(recs)-1].id, recs[0].commitTS, zbuf); err != nil {
-			return fmt.Errorf("enqueue: insert segment of %d records for pipe %s: %w", len(recs), pipe, err)
+		seg := encodedSegment{pipe: pipe, sink: sink, records: len(recs), firstID: recs[0].id, lastID: recs[len(recs)-1].id,
+			firstCommit: recs[0].commitTS, payload: zbuf}
+		if err := emit(&seg); err != nil {
+			return err
 		}
 		recs, size = recs[:0], 0
 		if cap(zbuf) > wideSegmentBytes {
@@ -563,13 +685,7 @@ func (s *Store) insertSegments(ctx context.Context, tx *sql.Tx, ours []*pendingR
 	for _, pipe := range pipes {
 		sink := byPipe[pipe][0].Sink
 		for _, it := range byPipe[pipe] {
-			if it.Filtered {
-				continue
-			}
-			if it.Dead != "" {
-				if err := s.insertDead(ctx, tx, it); err != nil {
-					return err
-				}
+			if it.Filtered || it.Dead != "" {
 				continue
 			}
 			var payload []byte

@@ -687,3 +687,81 @@ func TestEnqueueBackfillChunkOnce(t *testing.T) {
 		t.Fatalf("%d records, want the first reading's 50", n)
 	}
 }
+
+// TestEnqueuePreparedBatch: the enqueue pipeline prepares batch 2 (ids
+// drawn, segments encoded) while batch 1's transaction runs. If batch 1 is
+// retried with new ids, batch 2 does not keep the ids it drew before them:
+// every record of batch 1 sorts before every record of batch 2, as their
+// commits do. A batch passed again after a failed attempt never reuses the
+// ids of that attempt, and a prepared batch replayed over its own claims
+// writes nothing new.
+func TestEnqueuePreparedBatch(t *testing.T) {
+	s, db, schema := testStore(t)
+	ctx := context.Background()
+	pipe := "a:app.users:hook"
+	var one, two []Pending
+	for i := 0; i < 20; i++ {
+		one = append(one, gtidItem(pipe, 1, i))
+		two = append(two, gtidItem(pipe, 2, i))
+	}
+	b1, err := s.PrepareBatch(one, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b2, err := s.PrepareBatch(two, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b1.segs == nil || b2.segs == nil {
+		t.Fatal("PrepareBatch encoded no segments")
+	}
+	prepared1 := b1.its[0].id
+	// Batch 1's first attempt fails before it writes anything.
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := s.EnqueueBatch(cancelled, "r1", Fence{}, b1); err == nil {
+		t.Fatal("EnqueueBatch with a cancelled context succeeded")
+	}
+	// Its second attempt draws new ids, after batch 2's.
+	if _, err := s.EnqueueBatch(ctx, "r1", Fence{}, b1); err != nil {
+		t.Fatal(err)
+	}
+	if b1.its[0].id == prepared1 {
+		t.Fatal("the second attempt reused the ids of the first")
+	}
+	if _, err := s.EnqueueBatch(ctx, "r1", Fence{}, b2); err != nil {
+		t.Fatal(err)
+	}
+	recs := records(t, db, schema)
+	if len(recs) != 40 {
+		t.Fatalf("%d records, want 40", len(recs))
+	}
+	var last1, first2 string
+	for _, r := range recs {
+		switch gtid := strings.Split(r.ChangeKey, ":")[1]; {
+		case strings.HasSuffix(gtid, "-1") && r.ID > last1:
+			last1 = r.ID
+		case strings.HasSuffix(gtid, "-2") && (first2 == "" || r.ID < first2):
+			first2 = r.ID
+		}
+	}
+	if last1 == "" || first2 == "" || last1 >= first2 {
+		t.Fatalf("batch 1's last id %q, batch 2's first %q: want batch 1 before batch 2 (keys %q…)", last1, first2, recs[0].ChangeKey)
+	}
+	// A replay of batch 2, prepared again: every claim exists, so the
+	// segments prepared for new claims are not written.
+	b3, err := s.PrepareBatch(two, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.EnqueueBatch(ctx, "r1", Fence{}, b3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Records != 0 || res.AlreadyOurs != 20 {
+		t.Fatalf("replayed prepared batch = %+v, want 0 inserted, 20 already ours", res)
+	}
+	if got := len(records(t, db, schema)); got != 40 {
+		t.Fatalf("outbox records after the replay = %d, want 40", got)
+	}
+}

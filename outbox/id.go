@@ -43,6 +43,10 @@ type idGenerator struct {
 	// random buffers crypto/rand: one read per id (a system call or a
 	// locked generator each time) was a fortieth of the enqueue's CPU.
 	random *bufio.Reader
+	// draws counts the ids drawn and the floors raised: a batch whose ids
+	// were drawn ahead of its transaction keeps them only while it has
+	// not moved (Store.PrepareBatch).
+	draws uint64
 }
 
 func (g *idGenerator) next() uuid.UUID {
@@ -58,7 +62,15 @@ func (g *idGenerator) next() uuid.UUID {
 		u = successor(g.last)
 	}
 	g.last = u
+	g.draws++
 	return u
+}
+
+// drawn is the count of ids drawn and floors raised so far.
+func (g *idGenerator) drawn() uint64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.draws
 }
 
 func (g *idGenerator) raise(u uuid.UUID) {
@@ -67,6 +79,7 @@ func (g *idGenerator) raise(u uuid.UUID) {
 	if bytes.Compare(u[:], g.last[:]) > 0 {
 		g.last = u
 	}
+	g.draws++
 }
 
 // successor returns a UUIDv7 whose 48-bit millisecond time and 12-bit
