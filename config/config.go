@@ -90,11 +90,12 @@ type Config struct {
 	// current claim block (dedup.GTIDBlock, 100 changes), so the buffer
 	// may pass it by up to 100 rows per sink.
 	EnqueueMaxBuffer int `yaml:"enqueue_max_buffer"`
-	// EnqueuePipeline reads and keys the next batch while one enqueue
-	// transaction is in flight (engine/enqueuewrite.go). Off by default:
-	// on a 2-core box shared with the database it made backlogs slower
-	// (see docs/ARCHITECTURE.md); it pays where each transaction waits
-	// on round trips, e.g. a state database on another server.
+	// EnqueuePipeline reads, keys and encodes the next batch while one
+	// enqueue transaction is in flight (engine/enqueuewrite.go). On by
+	// default since the next batch's segments are encoded outside the
+	// transaction (outbox.Store.PrepareBatch): backlogs drained faster
+	// with it in every interleaved pair but one (docs/ARCHITECTURE.md);
+	// off holds one batch less in memory.
 	EnqueuePipeline bool `yaml:"enqueue_pipeline"`
 	// SegmentFormat is the form enqueues write segments in: 1 (default),
 	// which every release reads, or 2, which leaves out each record's key
@@ -266,6 +267,7 @@ func Default() *Config {
 		BackfillChunkSize:    1000,
 		EnqueueFlushInterval: 20 * time.Millisecond,
 		EnqueueMaxBuffer:     5000,
+		EnqueuePipeline:      true,
 		SegmentFormat:        1,
 		ShutdownTimeout:      30 * time.Second,
 	}

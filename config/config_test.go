@@ -49,6 +49,7 @@ func TestDefaults(t *testing.T) {
 		{"claim_lease", cfg.ClaimLease, 5 * time.Minute},
 		{"http_addr", cfg.HTTPAddr, "127.0.0.1:8080"},
 		{"handoff_buffer_size", cfg.HandoffBufferSize, 10000},
+		{"enqueue_pipeline", cfg.EnqueuePipeline, true},
 		{"state dsn", cfg.EffectiveStateDSN(), DSN(goodDSN)},
 		{"sink name", cfg.Sinks[0].Name, "stdout"},
 		{"sink format", cfg.Sinks[0].Format, "debezium"},
@@ -63,6 +64,36 @@ func TestDefaults(t *testing.T) {
 	cfg.LeaseTTL = 30 * time.Second
 	if got, want := cfg.EffectiveDedupWindow(), 120*time.Second; got != want {
 		t.Errorf("dedup window with 30s ttl = %s, want %s", got, want)
+	}
+}
+
+// TestEnqueuePipelineOff: the pipeline is on by default, and each source
+// turns it off.
+func TestEnqueuePipelineOff(t *testing.T) {
+	env := func(k string) (string, bool) {
+		if k == EnvName("enqueue-pipeline") {
+			return "false", true
+		}
+		return "", false
+	}
+	cfg := Default()
+	if err := parseYAML(cfg, []byte("enqueue_pipeline: false\n")); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.EnqueuePipeline {
+		t.Error("enqueue_pipeline: false in the file left the pipeline on")
+	}
+	for name, src := range map[string]Sources{
+		"flag":        {Flags: []Setting{{"dsn", goodDSN}, {"sink", "stdout:"}, {"enqueue-pipeline", "false"}}},
+		"environment": {Flags: []Setting{{"dsn", goodDSN}, {"sink", "stdout:"}}, Env: env},
+	} {
+		cfg, err := Resolve(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.EnqueuePipeline {
+			t.Errorf("enqueue-pipeline false from the %s left the pipeline on", name)
+		}
 	}
 }
 

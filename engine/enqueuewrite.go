@@ -20,8 +20,8 @@ import (
 // stream's handler left the binlog reader idle for most of the time (30.5
 // of 35.6 s in BenchmarkEndToEnd).
 //
-// The pipeline is on with enqueue_pipeline; without it flush waits for
-// the write it started, as the handler did before. Either way
+// The pipeline is on unless enqueue_pipeline is false; without it flush
+// waits for the write it started, as the handler did before. Either way
 // flush prepares the batch (outbox.Store.PrepareBatch: validated, keyed,
 // its segments encoded) before it waits for the write in flight. Exactly one batch is
 // in flight. The next is cut only after the previous
