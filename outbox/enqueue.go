@@ -202,10 +202,7 @@ func (s *Store) PrepareBatch(items []Pending, cp *Checkpoint) (*Batch, error) {
 	if len(its) == 0 {
 		return b, nil
 	}
-	for _, it := range its {
-		it.id = NewID()
-	}
-	b.draws = ids.drawn()
+	b.draws = ids.drawFor(its)
 	size := 0
 	err = s.encodeSegments(its, func(seg *encodedSegment) error {
 		if size += len(seg.payload); size > maxPreparedSegmentBytes {
@@ -388,9 +385,7 @@ func (s *Store) enqueueOnce(ctx context.Context, claimedBy string, fence Fence, 
 	// how the read-back tells "claimed by this transaction" from "claimed
 	// by this replica earlier".
 	if segs == nil {
-		for _, it := range its {
-			it.id = NewID()
-		}
+		ids.drawFor(its)
 	}
 	for _, u := range units {
 		u.state = claimNew

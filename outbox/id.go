@@ -52,6 +52,26 @@ type idGenerator struct {
 func (g *idGenerator) next() uuid.UUID {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	return g.nextLocked()
+}
+
+// drawFor gives every item its id, in item order, with no other draw in
+// between (the lock is held throughout), and returns the count of draws
+// after them: a batch whose ids were drawn ahead of its transaction may
+// keep them only while that count has not moved (Store.PrepareBatch). Were
+// another goroutine's draws to interleave (the batch before, retried), ids
+// later than some of this batch's could commit before it, and the count
+// would not tell.
+func (g *idGenerator) drawFor(its []*pendingRecord) uint64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, it := range its {
+		it.id = g.nextLocked().String()
+	}
+	return g.draws
+}
+
+func (g *idGenerator) nextLocked() uuid.UUID {
 	if g.random == nil {
 		g.random = bufio.NewReaderSize(rand.Reader, 4096)
 	}
