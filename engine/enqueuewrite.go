@@ -23,9 +23,9 @@ import (
 // The pipeline is on unless enqueue_pipeline is false; without it flush
 // waits for the write it started, as the handler did before. Either way
 // flush prepares the batch (outbox.Store.PrepareBatch: validated, keyed,
-// its segments encoded) before it waits for the write in flight. Exactly one batch is
-// in flight. The next is cut only after the previous
-// one committed (flush waits for it), so batches commit in stream order:
+// its segments encoded) before it waits for the write in flight. Exactly
+// one batch is in flight. The next is cut only after the previous one
+// committed (flush waits for it), so batches commit in stream order:
 // outbox ids and segments follow commit order, the checkpoint of a batch
 // commits after the rows of every batch before it (invariant 1), and in
 // digest mode a huge transaction's partial rows are claimed after the

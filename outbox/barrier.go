@@ -18,7 +18,7 @@ import (
 // sink before it, or one written before it after.
 //
 //   - Enqueue writes a barrier record as a segment of its own
-//     (insertSegments), so the records before it are in older segments
+//     (encodeSegments), so the records before it are in older segments
 //     and those after it in newer ones.
 //   - A pipe's segments are delivered one at a time, oldest first, and a
 //     newer one is not taken while an older one is pending: the records

@@ -428,16 +428,16 @@ func (s *Store) enqueueOnce(ctx context.Context, claimedBy string, fence Fence, 
 			res.OthersClaims++
 		}
 	}
+	if err := s.insertDeads(ctx, tx, ours); err != nil {
+		return EnqueueResult{}, err
+	}
 	if segs != nil && len(ours) == len(its) {
-		if err := s.insertDeads(ctx, tx, ours); err != nil {
-			return EnqueueResult{}, err
-		}
 		for i := range segs {
 			if err := s.insertSegment(ctx, tx, &segs[i]); err != nil {
 				return EnqueueResult{}, err
 			}
 		}
-	} else if err := s.insertSegments(ctx, tx, ours); err != nil {
+	} else if err := s.encodeSegments(ours, func(seg *encodedSegment) error { return s.insertSegment(ctx, tx, seg) }); err != nil {
 		return EnqueueResult{}, err
 	}
 	for _, u := range units {
@@ -594,15 +594,6 @@ type encodedSegment struct {
 	firstID, lastID string
 	firstCommit     time.Time
 	payload         []byte
-}
-
-// insertSegments writes the records of ours as segments (encodeSegments),
-// each one row and one statement, and ours's dead changes as dead rows.
-func (s *Store) insertSegments(ctx context.Context, tx *sql.Tx, ours []*pendingRecord) error {
-	if err := s.insertDeads(ctx, tx, ours); err != nil {
-		return err
-	}
-	return s.encodeSegments(ours, func(seg *encodedSegment) error { return s.insertSegment(ctx, tx, seg) })
 }
 
 // insertDeads writes the dead changes of ours (Pending.Dead) as dead rows.
