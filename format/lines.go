@@ -21,7 +21,14 @@ type Lines struct {
 // ok is false when there is nothing to write: no record could be encoded,
 // or ctx ended (the encoded records then get ctx's error).
 func EncodeLines(ctx context.Context, f Format, recs []outbox.Record, errs []error) (l Lines, ok bool) {
-	l = Lines{Written: make([]int, 0, len(recs))}
+	// Sized for the stored payloads: exact for native, close for the
+	// formats whose line is built from them; growing from empty copied the
+	// buffer a dozen times per batch.
+	n := 0
+	for _, rec := range recs {
+		n += len(rec.Payload) + 1
+	}
+	l = Lines{Buf: make([]byte, 0, n), Written: make([]int, 0, len(recs))}
 	for i, rec := range recs {
 		body, err := f.Encode(rec)
 		if err != nil {

@@ -147,6 +147,7 @@ func parseSegment(b []byte) ([]segRecord, error) {
 	}
 	v2 := b[0] == segmentVersion2
 	b = b[1:]
+	total := len(b)
 	field := func() ([]byte, bool) {
 		n, k := binary.Uvarint(b)
 		if k <= 0 || n > uint64(len(b)-k) {
@@ -205,6 +206,11 @@ func parseSegment(b []byte) ([]segRecord, error) {
 			return nil, fmt.Errorf("%w: record %d is cut short", errSegmentCorrupt, len(out))
 		}
 		r.payload = f
+		if out == nil {
+			// Sized from the first record's share of the segment, so a
+			// segment of 1,000 records is not copied ten times growing.
+			out = make([]segRecord, 0, min(maxSegmentRecords, 1+len(b)/max(1, total-len(b))+1))
+		}
 		out = append(out, r)
 	}
 	return out, nil
