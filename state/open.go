@@ -5,7 +5,9 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"fmt"
+	"net/url"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -35,6 +37,18 @@ import (
 // that refuses the setting keeps annotating, which costs only binlog
 // volume.
 //
+// Statements from a connection in UTF-8 (the driver's default) are read
+// by the server as character_set_client=binary: the statement text is the
+// same, and a literal still takes the connection's character set
+// (character_set_connection, unchanged), but the lexer no longer asks of
+// every byte of a literal whether it starts a multi-byte character. That
+// was a quarter of the database's CPU for a segment INSERT, whose payload
+// literal is most of its text (BenchmarkSegmentInsert: 2.9 µs a record,
+// 2.1 µs with it). In UTF-8 a quote or a backslash is never part of a
+// multi-byte character, so reading byte by byte finds the same literals.
+// A DSN that names another charset, or sets character_set_client, keeps
+// what it asks for.
+//
 // idleLimit, when positive, becomes the session's wait_timeout (whole
 // seconds, at least 2): the server closes a connection that sends nothing
 // for that long and rolls its transaction back. A replica frozen inside an
@@ -53,6 +67,9 @@ func Open(dsn string, idleLimit time.Duration) (*Pool, error) {
 		cfg.Params = map[string]string{}
 	}
 	cfg.Params["time_zone"] = "'+00:00'"
+	if binaryClientSafe(dsn, cfg) {
+		cfg.Params["character_set_client"] = "binary"
+	}
 	cfg.Loc = time.UTC
 	if idleLimit > 0 {
 		secs := max(int(idleLimit/time.Second), 2)
@@ -129,4 +146,41 @@ func (c *minimalImageConnector) Connect(ctx context.Context) (driver.Conn, error
 		}
 	}
 	return conn, nil
+}
+
+// binaryClientSafe reports whether the connection's statements are UTF-8,
+// so the server may read them byte by byte (see Open): the DSN names no
+// charset other than utf8mb4 or utf8 and no other collation, and does not
+// set character_set_client itself.
+func binaryClientSafe(dsn string, cfg *mysql.Config) bool {
+	if _, ok := cfg.Params["character_set_client"]; ok {
+		return false
+	}
+	utf8 := func(name string) bool {
+		name = strings.ToLower(name)
+		return name == "utf8mb4" || name == "utf8" || name == "utf8mb3" ||
+			strings.HasPrefix(name, "utf8mb4_") || strings.HasPrefix(name, "utf8_") || strings.HasPrefix(name, "utf8mb3_")
+	}
+	if cfg.Collation != "" && !utf8(cfg.Collation) {
+		return false
+	}
+	// The driver keeps the charset parameter to itself; read it the way
+	// ParseDSN finds parameters, after the last '/'.
+	slash := strings.LastIndexByte(dsn, '/')
+	q := strings.IndexByte(dsn[slash+1:], '?')
+	if q < 0 {
+		return true
+	}
+	params, err := url.ParseQuery(dsn[slash+1+q+1:])
+	if err != nil {
+		return false
+	}
+	for _, list := range params["charset"] {
+		for _, cs := range strings.Split(list, ",") {
+			if !utf8(cs) {
+				return false
+			}
+		}
+	}
+	return true
 }

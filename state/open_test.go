@@ -2,8 +2,11 @@ package state
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
 
 	"github.com/cdcout/cdcout/internal/mysqltest"
 )
@@ -129,5 +132,106 @@ func TestOpenInterpolatesArguments(t *testing.T) {
 	}
 	if d := prepares() - before; d != 0 {
 		t.Fatalf("%d server-side prepares for a statement with arguments, want 0 (interpolated)", d)
+	}
+}
+
+// The server reads a state connection's statements as binary (Open), yet
+// its literals keep the connection's character set: UTF-8 text round-trips,
+// comparisons keep their collation and their index, and every byte value
+// of a payload survives. A DSN that names another charset keeps its own.
+func TestOpenBinaryClientCharset(t *testing.T) {
+	s := mysqltest.Shared(t)
+	db := s.CreateDB(t, "st_cs")
+	p, err := Open(s.DSN, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	conn, err := p.Conn(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	var client, connection string
+	if err := conn.QueryRowContext(t.Context(), "SELECT @@session.character_set_client, @@session.character_set_connection").Scan(&client, &connection); err != nil {
+		t.Fatal(err)
+	}
+	if client != "binary" || connection != "utf8mb4" {
+		t.Fatalf("character_set_client, character_set_connection = %s, %s; want binary, utf8mb4", client, connection)
+	}
+	tbl := Table(db, "cs")
+	for _, q := range []string{
+		"CREATE TABLE " + tbl + " (k VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci PRIMARY KEY, v TEXT CHARACTER SET utf8mb4, b LONGBLOB)",
+	} {
+		if _, err := conn.ExecContext(t.Context(), q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	blob := make([]byte, 256)
+	for i := range blob {
+		blob[i] = byte(i)
+	}
+	const key, text = "clé ✓", "ünïcödé \\ 'quoted' \"😀\""
+	if _, err := conn.ExecContext(t.Context(), "INSERT INTO "+tbl+" (k, v, b) VALUES (?, ?, ?)", key, text, blob); err != nil {
+		t.Fatal(err)
+	}
+	var v string
+	var b []byte
+	var chars int
+	if err := conn.QueryRowContext(t.Context(), "SELECT v, b, CHAR_LENGTH(k) FROM "+tbl+" WHERE k = ?", "CLÉ ✓").Scan(&v, &b, &chars); err != nil {
+		t.Fatalf("case-insensitive lookup of %q: %v", key, err)
+	}
+	if v != text || string(b) != string(blob) || chars != 5 {
+		t.Fatalf("read back %q, %d bytes (equal: %v), CHAR_LENGTH %d; want %q, the 256 byte values, 5", v, len(b), string(b) == string(blob), chars, text)
+	}
+	var plan string
+	if err := conn.QueryRowContext(t.Context(), "EXPLAIN FORMAT=JSON SELECT v FROM "+tbl+" WHERE k = ?", key).Scan(&plan); err != nil {
+		t.Fatal(err)
+	}
+	// MySQL 9's plan format reads a const row "before execution", which
+	// only a unique key lookup does.
+	if !strings.Contains(plan, `"key": "PRIMARY"`) && !strings.Contains(plan, `"rows_fetched_before_execution"`) {
+		t.Fatalf("lookup by key does not use the primary key:\n%s", plan)
+	}
+
+	sep := "&"
+	if !strings.Contains(s.DSN, "?") {
+		sep = "?"
+	}
+	for _, param := range []string{"charset=latin1", "character_set_client=utf8mb4"} {
+		other, err := Open(s.DSN+sep+param, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := other.QueryRow("SELECT @@session.character_set_client").Scan(&client); err != nil {
+			t.Fatal(err)
+		}
+		other.Close()
+		if client == "binary" {
+			t.Errorf("DSN with %s: character_set_client = binary, want the DSN's own", param)
+		}
+	}
+}
+
+func TestBinaryClientSafe(t *testing.T) {
+	for dsn, want := range map[string]bool{
+		"root@tcp(127.0.0.1:3306)/":                               true,
+		"root:p/w?x=1@tcp(127.0.0.1:3306)/cdcout":                 true,
+		"root@tcp(127.0.0.1:3306)/?charset=utf8mb4,utf8":          true,
+		"root@tcp(127.0.0.1:3306)/?charset=utf8mb4,latin1":        false,
+		"root@tcp(127.0.0.1:3306)/?charset=gbk":                   false,
+		"root@tcp(127.0.0.1:3306)/?collation=utf8mb4_bin":         true,
+		"root@tcp(127.0.0.1:3306)/?collation=latin1_swedish_ci":   false,
+		"root@tcp(127.0.0.1:3306)/?character_set_client=utf8mb4":  false,
+		"root@tcp(127.0.0.1:3306)/db?tls=false&charset=utf8":      true,
+		"root@tcp(127.0.0.1:3306)/db?parseTime=true&charset=big5": false,
+	} {
+		cfg, err := mysql.ParseDSN(dsn)
+		if err != nil {
+			t.Fatalf("%s: %v", dsn, err)
+		}
+		if got := binaryClientSafe(dsn, cfg); got != want {
+			t.Errorf("binaryClientSafe(%s) = %v, want %v", dsn, got, want)
+		}
 	}
 }

@@ -1,0 +1,118 @@
+package outbox
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/cdcout/cdcout/internal/mysqltest"
+	"github.com/cdcout/cdcout/state"
+)
+
+// BenchmarkSegmentInsert measures what the database spends writing
+// segments: segments of 1,000 records shaped like the realistic workload's
+// (a name, an amount, a timestamp, a JSON document and a short blob, of
+// random content so they compress as real rows do), each written in its
+// own transaction the way an enqueue writes them, through the state pool
+// (state.Open) as it is (character_set_client=binary) and with the
+// server reading statements as UTF-8 (character_set_client=utf8mb4 in the
+// DSN). db_cpu_us/record is the server process's CPU per record, read
+// from /proc, so it does not move with the machine's load.
+func BenchmarkSegmentInsert(b *testing.B) {
+	for _, client := range []string{"binary", "utf8mb4"} {
+		b.Run("client="+client, func(b *testing.B) {
+			srv := mysqltest.Shared(b)
+			if _, ok := srv.CPUTime(); !ok {
+				b.Skip("the server's CPU time is not readable (CDCOUT_TEST_DSN)")
+			}
+			_, _, schema := testStore(b)
+			// The engine's state pool: interpolated arguments, MINIMAL row
+			// images.
+			dsn := srv.DSN
+			if client != "binary" {
+				dsn += map[bool]string{true: "&", false: "?"}[strings.Contains(dsn, "?")] + "character_set_client=" + client
+			}
+			pool, err := state.Open(dsn, 0)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { pool.Close() })
+			db := pool.DB
+			db.SetMaxOpenConns(1)
+			s := NewStore(db, schema, zap.NewNop())
+			var got string
+			if err := db.QueryRow("SELECT @@session.character_set_client").Scan(&got); err != nil || got != client {
+				b.Fatalf("character_set_client = %q, %v; want %s", got, err, client)
+			}
+			rng := rand.New(rand.NewPCG(1, 2))
+			blob := make([]byte, 48)
+			items := make([]Pending, maxSegmentRecords)
+			for i := range items {
+				p := gtidItem("a:app.orders:hook", 1, i)
+				for j := range blob {
+					blob[j] = byte(rng.Uint32())
+				}
+				p.Change.After["amount"] = fmt.Sprintf("%d.%02d", rng.IntN(100000), rng.IntN(100))
+				p.Change.After["at"] = time.UnixMicro(1_700_000_000_000_000 + rng.Int64N(1e12)).UTC().Format("2006-01-02 15:04:05.000000")
+				p.Change.After["doc"] = fmt.Sprintf(`{"sku":"S-%d","qty":%d,"tags":["a%d","b%d"]}`, rng.IntN(1e6), rng.IntN(50), rng.IntN(100), rng.IntN(100))
+				p.Change.After["data"] = base64.StdEncoding.EncodeToString(blob)
+				items[i] = p
+			}
+			batch, err := s.PrepareBatch(items, nil)
+			if err != nil || len(batch.segs) != 1 {
+				b.Fatalf("PrepareBatch: %d segments, %v; want one", len(batch.segs), err)
+			}
+			seg := batch.segs[0]
+			ctx := context.Background()
+			tbl := state.Table(schema, "segments")
+			// The server's CPU over the loop, less what the DELETEs that keep
+			// the table small took (/proc counts in 10 ms ticks, so it is
+			// read around spans of many statements).
+			var deletes time.Duration
+			b.ResetTimer()
+			c0, _ := srv.CPUTime()
+			for i := 0; i < b.N; i++ {
+				if i > 0 && i%50 == 0 {
+					b.StopTimer()
+					d0, _ := srv.CPUTime()
+					if _, err := db.Exec("DELETE FROM " + tbl); err != nil {
+						b.Fatal(err)
+					}
+					d1, _ := srv.CPUTime()
+					deletes += d1 - d0
+					b.StartTimer()
+				}
+				seg.firstID = fmt.Sprintf("%s%012d", seg.firstID[:len(seg.firstID)-12], i)
+				tx, err := db.BeginTx(ctx, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := s.insertSegment(ctx, tx, &seg); err != nil {
+					b.Fatal(err)
+				}
+				if err := tx.Commit(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			c1, _ := srv.CPUTime()
+			dbCPU := c1 - c0 - deletes
+			var stored []byte
+			if err := db.QueryRow("SELECT payload FROM " + tbl + " ORDER BY id DESC LIMIT 1").Scan(&stored); err != nil {
+				b.Fatal(err)
+			}
+			if string(stored) != string(seg.payload) {
+				b.Fatalf("stored payload of %d bytes differs from the %d sent", len(stored), len(seg.payload))
+			}
+			perRecord := float64(b.N * maxSegmentRecords)
+			b.ReportMetric(float64(dbCPU.Microseconds())/perRecord, "db_cpu_us/record")
+			b.ReportMetric(float64(len(seg.payload))/float64(maxSegmentRecords), "payload_B/record")
+		})
+	}
+}
