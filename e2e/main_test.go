@@ -34,8 +34,7 @@ func TestMain(m *testing.M) {
 		os.RemoveAll(dir)
 		os.Exit(1)
 	}
-	code := m.Run()
-	mysqltest.StopShared()
+	code := mysqltest.Run(m)
 	os.RemoveAll(dir)
 	os.Exit(code)
 }

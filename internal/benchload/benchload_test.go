@@ -6,6 +6,8 @@ import (
 	"github.com/cdcout/cdcout/internal/mysqltest"
 )
 
+func TestMain(m *testing.M) { mysqltest.RunMain(m) }
+
 // Every workload loads on the test flavour with the mix Load promises:
 // what is left is the inserts less the deletes, and the updates changed
 // rows (Load checks every statement's affected rows itself).

@@ -77,10 +77,16 @@ var (
 	dbCounter  atomic.Int64
 )
 
-// Shared returns the package-wide server, starting it on first use. Call
-// StopShared from TestMain (or use RunMain) to remove it.
+// Shared returns the package-wide server, starting it on first use. The
+// package's TestMain must run its tests through Run or RunMain, which stop
+// it: a test binary that exits without that leaves the server running (a
+// package without it left one per flavour behind on every CI run), so
+// Shared fails the test instead.
 func Shared(tb testing.TB) *Server {
 	tb.Helper()
+	if !inRun.Load() {
+		tb.Fatal("mysqltest.Shared: the package's TestMain must call mysqltest.RunMain (or Run), which stops the shared server")
+	}
 	sharedOnce.Do(func() {
 		if dsn := os.Getenv("CDCOUT_TEST_DSN"); dsn != "" {
 			shared, sharedErr = fromDSN(dsn)
@@ -94,11 +100,20 @@ func Shared(tb testing.TB) *Server {
 	return shared
 }
 
-// RunMain runs the package's tests and then stops the shared server.
-func RunMain(m *testing.M) {
+// inRun is whether the tests run inside Run, which stops the shared
+// server after them.
+var inRun atomic.Bool
+
+// RunMain runs the package's tests, stops the shared server and exits.
+func RunMain(m *testing.M) { os.Exit(Run(m)) }
+
+// Run runs the package's tests, stops the shared server and returns the
+// exit code, for a TestMain with more to clean up.
+func Run(m *testing.M) int {
+	inRun.Store(true)
 	code := m.Run()
 	StopShared()
-	os.Exit(code)
+	return code
 }
 
 // StopShared stops the shared server if this process started it.
