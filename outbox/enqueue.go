@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+	"unsafe"
 
 	"go.uber.org/zap"
 
@@ -257,6 +258,10 @@ func (s *Store) EnqueueBatch(ctx context.Context, claimedBy string, fence Fence,
 // one row, even if a caller hands it over twice.
 func (s *Store) prepare(items []Pending) ([]*pendingRecord, []*claimUnit, int, error) {
 	its := make([]*pendingRecord, 0, len(items))
+	// The records in one allocation, and their key hashes in another:
+	// per record, they were a tenth of the batch's preparation.
+	recs := make([]pendingRecord, len(items))
+	hashes := make([]byte, 0, 64*len(items))
 	seen := make(map[[2]string]struct{}, len(items))
 	var units []*claimUnit
 	unitOf := map[[2]string]*claimUnit{}
@@ -273,13 +278,17 @@ func (s *Store) prepare(items []Pending) ([]*pendingRecord, []*claimUnit, int, e
 			continue
 		}
 		seen[k] = struct{}{}
-		it := &pendingRecord{Pending: p, change: *p.Change}
+		it := &recs[i]
+		it.Pending, it.change = p, *p.Change
 		it.change.ChangeKey = p.ChangeKey
 		it.rowKey = canonical.KeyJSONOf(p.Change)
 		if it.rowKey == "" {
 			return nil, nil, 0, fmt.Errorf("enqueue item %d (pipe %q, change key %q): key cannot be encoded", i, p.Pipe, p.ChangeKey)
 		}
-		it.keyHash = string(appendKeyHash(make([]byte, 0, 64), []byte(it.rowKey)))
+		at := len(hashes)
+		hashes = appendKeyHash(hashes, unsafe.Slice(unsafe.StringData(it.rowKey), len(it.rowKey)))
+		h := hashes[at:len(hashes):len(hashes)]
+		it.keyHash = unsafe.String(unsafe.SliceData(h), len(h))
 		it.commitTS = time.UnixMilli(p.Change.Source.TsMs).UTC()
 		its = append(its, it)
 		uk := [2]string{p.Pipe, p.ChangeKey}
