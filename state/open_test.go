@@ -1,6 +1,7 @@
 package state
 
 import (
+	"database/sql"
 	"fmt"
 	"strings"
 	"testing"
@@ -102,16 +103,7 @@ func TestOpenIdleLimitReleasesFrozenTransaction(t *testing.T) {
 // arguments arrive intact.
 func TestOpenInterpolatesArguments(t *testing.T) {
 	s := mysqltest.Shared(t)
-	p, err := Open(s.DSN, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	conn, err := p.Conn(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := openConn(t, s.DSN)
 	prepares := func() int {
 		var name string
 		var n int
@@ -142,16 +134,7 @@ func TestOpenInterpolatesArguments(t *testing.T) {
 func TestOpenBinaryClientCharset(t *testing.T) {
 	s := mysqltest.Shared(t)
 	db := s.CreateDB(t, "st_cs")
-	p, err := Open(s.DSN, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	conn, err := p.Conn(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := openConn(t, s.DSN)
 	var client, connection string
 	if err := conn.QueryRowContext(t.Context(), "SELECT @@session.character_set_client, @@session.character_set_connection").Scan(&client, &connection); err != nil {
 		t.Fatal(err)
@@ -234,4 +217,21 @@ func TestBinaryClientSafe(t *testing.T) {
 			t.Errorf("binaryClientSafe(%s) = %v, want %v", dsn, got, want)
 		}
 	}
+}
+
+// openConn opens a state pool on dsn and one connection of it, both
+// closed when the test ends.
+func openConn(t *testing.T, dsn string) *sql.Conn {
+	t.Helper()
+	p, err := Open(dsn, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	conn, err := p.Conn(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
 }
