@@ -285,10 +285,7 @@ func (s *Store) prepare(items []Pending) ([]*pendingRecord, []*claimUnit, int, e
 		if it.rowKey == "" {
 			return nil, nil, 0, fmt.Errorf("enqueue item %d (pipe %q, change key %q): key cannot be encoded", i, p.Pipe, p.ChangeKey)
 		}
-		at := len(hashes)
-		hashes = appendKeyHash(hashes, unsafe.Slice(unsafe.StringData(it.rowKey), len(it.rowKey)))
-		h := hashes[at:len(hashes):len(hashes)]
-		it.keyHash = unsafe.String(unsafe.SliceData(h), len(h))
+		hashes, it.keyHash = appendKeyHashView(hashes, unsafe.Slice(unsafe.StringData(it.rowKey), len(it.rowKey)))
 		it.commitTS = time.UnixMilli(p.Change.Source.TsMs).UTC()
 		its = append(its, it)
 		uk := [2]string{p.Pipe, p.ChangeKey}

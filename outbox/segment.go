@@ -122,6 +122,17 @@ func appendKeyHash(dst, rowKey []byte) []byte {
 	return hex.AppendEncode(dst, sum[:])
 }
 
+// appendKeyHashView appends rowKey's key hash to hashes and returns the
+// grown buffer and the appended hash as a string viewing it, for many
+// hashes in one allocation. Appends never change bytes already written, so
+// earlier views stay valid when the buffer grows.
+func appendKeyHashView(hashes, rowKey []byte) ([]byte, string) {
+	at := len(hashes)
+	hashes = appendKeyHash(hashes, rowKey)
+	h := hashes[at:len(hashes):len(hashes)]
+	return hashes, unsafe.String(unsafe.SliceData(h), len(h))
+}
+
 var errSegmentCorrupt = errors.New("segment payload is corrupt")
 
 // parseSegment decodes a segment's payload, in either format. The
@@ -167,9 +178,7 @@ func parseSegment(b []byte) ([]segRecord, error) {
 	if v2 {
 		nf = 6 // no key hash
 	}
-	// The key hashes of a version 2 segment, computed: appends never
-	// change bytes already written, so earlier hashes stay valid views
-	// when it grows.
+	// The key hashes of a version 2 segment, computed.
 	var hashes []byte
 	var out []segRecord
 	for len(b) > 0 {
@@ -190,10 +199,7 @@ func parseSegment(b []byte) ([]segRecord, error) {
 			if hashes == nil {
 				hashes = make([]byte, 0, 64*64)
 			}
-			at := len(hashes)
-			hashes = appendKeyHash(hashes, rowKey)
-			h := hashes[at:len(hashes):len(hashes)]
-			r.keyHash = unsafe.String(unsafe.SliceData(h), len(h))
+			hashes, r.keyHash = appendKeyHashView(hashes, rowKey)
 		}
 		us, k := binary.Varint(b)
 		if k <= 0 {

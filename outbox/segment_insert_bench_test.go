@@ -5,7 +5,6 @@ import (
 	"encoding/base64"
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"testing"
 	"time"
 
@@ -36,7 +35,7 @@ func BenchmarkSegmentInsert(b *testing.B) {
 			// images.
 			dsn := srv.DSN
 			if client != "binary" {
-				dsn += map[bool]string{true: "&", false: "?"}[strings.Contains(dsn, "?")] + "character_set_client=" + client
+				dsn = srv.DSNWith("character_set_client=" + client)
 			}
 			pool, err := state.Open(dsn, 0)
 			if err != nil {

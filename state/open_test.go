@@ -143,12 +143,9 @@ func TestOpenBinaryClientCharset(t *testing.T) {
 		t.Fatalf("character_set_client, character_set_connection = %s, %s; want binary, utf8mb4", client, connection)
 	}
 	tbl := Table(db, "cs")
-	for _, q := range []string{
-		"CREATE TABLE " + tbl + " (k VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci PRIMARY KEY, v TEXT CHARACTER SET utf8mb4, b LONGBLOB)",
-	} {
-		if _, err := conn.ExecContext(t.Context(), q); err != nil {
-			t.Fatal(err)
-		}
+	if _, err := conn.ExecContext(t.Context(), "CREATE TABLE "+tbl+
+		" (k VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci PRIMARY KEY, v TEXT CHARACTER SET utf8mb4, b LONGBLOB)"); err != nil {
+		t.Fatal(err)
 	}
 	blob := make([]byte, 256)
 	for i := range blob {
@@ -177,12 +174,8 @@ func TestOpenBinaryClientCharset(t *testing.T) {
 		t.Fatalf("lookup by key does not use the primary key:\n%s", plan)
 	}
 
-	sep := "&"
-	if !strings.Contains(s.DSN, "?") {
-		sep = "?"
-	}
 	for _, param := range []string{"charset=latin1", "character_set_client=utf8mb4"} {
-		other, err := Open(s.DSN+sep+param, 0)
+		other, err := Open(s.DSNWith(param), 0)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -394,6 +394,14 @@ func (s *Server) relaunchOnPort(port int) error {
 // DataDir is the server's temporary directory (datadir is DataDir/data).
 func (s *Server) DataDir() string { return s.dataDir }
 
+// DSNWith is the server's DSN with one more parameter ("name=value").
+func (s *Server) DSNWith(param string) string {
+	if strings.Contains(s.DSN, "?") {
+		return s.DSN + "&" + param
+	}
+	return s.DSN + "?" + param
+}
+
 // Open opens a connection pool to the server, closed when the test ends.
 func (s *Server) Open(tb testing.TB) *sql.DB {
 	tb.Helper()
