@@ -123,17 +123,18 @@ var errWaits = errors.New("segment waits for older records of its sink")
 // segment, in one statement. While it reads, the pipe is marked waiting:
 // an acknowledgement in another pipe of the sink in this process wakes it
 // (Wakes).
-func (p *pipeDrainer) oldestSegment(ctx context.Context) (id string, wait bool, err error) {
+func (p *pipeDrainer) oldestSegment(ctx context.Context) (id string, wait, more bool, err error) {
 	d := p.d
-	// A pipe without waits reads only the fifo index; the END pipe also
-	// its segment's last record and payload (a few small records).
-	cols, args := "s.id, s.id, NULL, FALSE", []any{}
+	// A pipe without waits reads only the fifo index, and whether a newer
+	// segment is pending too (readAhead); the END pipe also its segment's
+	// last record and payload (a few small records).
+	cols, args := "s.id, s.id, NULL, FALSE, "+newerPendingSQL(d.segments), []any{}
 	switch {
 	case p.endRecords:
-		cols = "s.id, s.last_id, s.payload, " + pendingSQL(d.segments, d.outbox, "s.last_id")
+		cols = "s.id, s.last_id, s.payload, " + pendingSQL(d.segments, d.outbox, "s.last_id") + ", FALSE"
 		args = append(args, p.beginPipe, p.beginPipe)
 	case p.beginPipe != "":
-		cols = "s.id, s.id, NULL, " + pendingSQL(d.segments, d.outbox, "s.last_id")
+		cols = "s.id, s.id, NULL, " + pendingSQL(d.segments, d.outbox, "s.last_id") + ", FALSE"
 		args = append(args, p.beginPipe, p.beginPipe)
 	}
 	if p.beginPipe != "" {
@@ -145,17 +146,23 @@ func (p *pipeDrainer) oldestSegment(ctx context.Context) (id string, wait bool, 
 		payload []byte
 	)
 	err = d.cfg.DB.QueryRowContext(ctx, `SELECT `+cols+` FROM `+d.segments+` s
-WHERE s.pipe = ? AND s.status = 'pending' ORDER BY s.id LIMIT 1`, append(args, p.name)...).Scan(&id, &last, &payload, &wait)
+WHERE s.pipe = ? AND s.status = 'pending' ORDER BY s.id LIMIT 1`, append(args, p.name)...).Scan(&id, &last, &payload, &wait, &more)
 	if errors.Is(err, sql.ErrNoRows) {
-		return "", false, nil
+		return "", false, false, nil
 	}
 	if err != nil {
-		return "", false, fmt.Errorf("claim segment of %s: %w", p.name, err)
+		return "", false, false, fmt.Errorf("claim segment of %s: %w", p.name, err)
 	}
 	if p.endRecords && !wait {
 		wait, err = p.endWait(ctx, last, payload)
 	}
-	return id, wait, err
+	return id, wait, more, err
+}
+
+// newerPendingSQL is a column: whether the pipe has a pending segment
+// newer than s (one probe of the fifo index).
+func newerPendingSQL(segments string) string {
+	return `EXISTS (SELECT 1 FROM ` + segments + ` n WHERE n.pipe = s.pipe AND n.status = 'pending' AND n.id > s.id)`
 }
 
 // endWait reports whether a segment of the END pipe (its last record

@@ -150,6 +150,8 @@ type Drainer struct {
 	// nothing to do (idleMin) or a segment that had to wait
 	// (barrierPoll); tests of the wake-ups (Wakes) lengthen it.
 	segmentPoll time.Duration
+	// claimedAhead counts segments claimed as read ahead (readAhead).
+	claimedAhead atomic.Int64
 }
 
 type pipeDrainer struct {
@@ -180,6 +182,10 @@ type pipeDrainer struct {
 	// (release, hold or outcome): the next segment pass takes it back
 	// rather than wait out the claim lease (segdrain.go).
 	stuck *stuckClaim
+	// ahead is the pipe's next segment, read and parsed but not claimed,
+	// while the one before it was delivered (segdrain.go, readAhead);
+	// touched only by the segment loop.
+	ahead *segment
 	// unreleased are ids of rows whose claim of ours a failed release
 	// left standing: the next claim pass takes them back rather than let
 	// their keys wait out the claim lease (release.go). claiming is held

@@ -32,9 +32,16 @@ func enqueueTxns(t *testing.T, st *testState, pipe string, txns, keys int) map[s
 // enqueueTxnsFormat is enqueueTxns writing segments in the given format.
 func enqueueTxnsFormat(t *testing.T, st *testState, pipe string, txns, keys, format int) map[string][]string {
 	t.Helper()
+	return enqueueTxnRange(t, st, pipe, 1, txns, keys, format)
+}
+
+// enqueueTxnRange is enqueueTxnsFormat of the transactions numbered from
+// first on.
+func enqueueTxnRange(t *testing.T, st *testState, pipe string, first, txns, keys, format int) map[string][]string {
+	t.Helper()
 	s := NewStore(st.db, st.schema, zaptest.NewLogger(t)).WithSegmentFormat(format)
 	order := map[string][]string{}
-	for txn := 1; txn <= txns; txn++ {
+	for txn := first; txn < first+txns; txn++ {
 		var items []Pending
 		for i := 0; i < keys; i++ {
 			it := gtidItem(pipe, txn, i)
@@ -492,4 +499,98 @@ func gtidOf(t *testing.T, r Record) string {
 		t.Error(err)
 	}
 	return env.Source.GTID
+}
+
+// A backlog of segments is delivered with each next segment read while
+// the one before it goes out: every segment after the first is claimed as
+// read, once, in order. A segment claimed by someone else between the
+// read and the claim (its attempts moved) is not claimed as read: the
+// loop finds it the usual way and it is delivered once.
+func TestSegmentsReadAhead(t *testing.T) {
+	st := newTestState(t)
+	const pipe = "a:app.users:seg"
+	const txns = 8
+	order := enqueueTxns(t, st, pipe, txns, 20)
+	idOf := map[string]string{}
+	for _, r := range records(t, st.db, st.schema) {
+		idOf[r.ChangeKey] = r.ID
+	}
+	log := newDeliveryLog()
+	d := st.drainer(t, "d1", map[string]PipeConfig{pipe: {Sink: log.sink(), Concurrency: 4, BatchSize: 7}}, nil)
+	stop := wait.Background(t, 30*time.Second, d.Run)
+	segments := state.Table(st.schema, "segments")
+	waitFor(t, "every segment done", func() bool {
+		return st.count(t, "SELECT COUNT(*) FROM "+segments+" WHERE status <> 'done'") == 0
+	})
+	stop()
+	for key, changeKeys := range order {
+		var want []string
+		for _, ck := range changeKeys {
+			want = append(want, idOf[ck])
+		}
+		if got := log.byKey[key]; fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("key %s delivered %v, want %v (commit order, once each)", key, got, want)
+		}
+	}
+	if n := d.claimedAhead.Load(); n != txns-1 {
+		t.Fatalf("%d segments claimed as read ahead, want %d (all but the first)", n, txns-1)
+	}
+	if n := st.count(t, "SELECT COUNT(*) FROM "+segments+" WHERE attempts <> 1"); n != 0 {
+		t.Fatalf("%d segments with other than one attempt", n)
+	}
+
+	// Two more segments; the first is read ahead of, then the second is
+	// claimed and given back by another drainer (attempts + 1).
+	more := enqueueTxnRange(t, st, pipe, txns+1, 2, 3, SegmentFormat1)
+	d2 := st.drainer(t, "d2", map[string]PipeConfig{pipe: {Sink: log.sink()}}, nil)
+	p := d2.pipes[0]
+	var first string
+	if err := st.db.QueryRow("SELECT id FROM " + segments + " WHERE status = 'pending' ORDER BY id LIMIT 1").Scan(&first); err != nil {
+		t.Fatal(err)
+	}
+	next, err := p.readNext(context.Background(), first)
+	if err != nil || next == nil {
+		t.Fatalf("read ahead after %s: %v, %v", first, next, err)
+	}
+	if len(next.recs) != 3 || next.more || next.rowsPending {
+		t.Fatalf("read ahead %d records, more %v, rows pending %v; want 3, false, false", len(next.recs), next.more, next.rowsPending)
+	}
+	st.exec(t, "UPDATE "+segments+" SET attempts = attempts + 1 WHERE id = ?", next.id)
+	if seg, err := p.claimAhead(context.Background(), lease.Lease{}, false, next); err != nil || seg != nil {
+		t.Fatalf("claimed a segment as read after another claimed it: %v, %v", seg, err)
+	}
+	stop = wait.Background(t, 30*time.Second, d2.Run)
+	waitFor(t, "the two new segments done", func() bool {
+		return st.count(t, "SELECT COUNT(*) FROM "+segments+" WHERE status <> 'done'") == 0
+	})
+	stop()
+	for key, changeKeys := range more {
+		got := log.byKey[key]
+		tail := got[len(got)-len(changeKeys):]
+		for i, ck := range changeKeys {
+			if tail[i] != idOfKey(t, st, ck) {
+				t.Fatalf("key %s: last deliveries %v, want the new segments' records %v in order", key, tail, changeKeys)
+			}
+		}
+	}
+	if total := len(log.attempts); total != txns*20+2*3 {
+		t.Fatalf("%d records delivered, want %d", total, txns*20+2*3)
+	}
+	for id, n := range log.attempts {
+		if n != 1 {
+			t.Fatalf("record %s delivered %d times", id, n)
+		}
+	}
+}
+
+// idOfKey is the outbox id of the record with change key ck.
+func idOfKey(t *testing.T, st *testState, ck string) string {
+	t.Helper()
+	for _, r := range records(t, st.db, st.schema) {
+		if r.ChangeKey == ck {
+			return r.ID
+		}
+	}
+	t.Fatalf("no record of change key %s", ck)
+	return ""
 }
