@@ -169,11 +169,12 @@ func (e *Engine) Run(parent context.Context) error {
 	if err := e.checkRowColumns(ctx); err != nil {
 		return err
 	}
-	db, err := e.openState(ctx)
-	if db == nil {
+	pool, err := e.openState(ctx)
+	if pool == nil {
 		return err // nil when ctx ended first
 	}
-	defer db.Close()
+	defer pool.Close()
+	db := pool.DB
 	var services group
 	defer services.stop()
 	serveErr := make(chan error, 1)
@@ -183,7 +184,7 @@ func (e *Engine) Run(parent context.Context) error {
 	if err != nil {
 		return err
 	}
-	store := outbox.NewStore(db, e.cfg.StateDB, e.log).WithSegmentFormat(e.cfg.SegmentFormat)
+	store := outbox.NewStore(db, e.cfg.StateDB, e.log).WithSegmentFormat(e.cfg.SegmentFormat).WithReadCommitted(pool.ReadCommitted())
 	services.run(ctx, func(c context.Context) { e.watchRunway(c, store) }, nil) // runway.go
 	services.run(ctx, e.runHeartbeats, nil)                                     // heartbeat.go
 	runErr := e.lead(ctx, &leader{e: e, db: db, leases: leases, store: store,
@@ -226,7 +227,7 @@ func (e *Engine) preflight(ctx context.Context) error {
 
 // openState opens, checks and migrates the state database. It returns a
 // nil db and a nil error when ctx ended meanwhile.
-func (e *Engine) openState(ctx context.Context) (*sql.DB, error) {
+func (e *Engine) openState(ctx context.Context) (*state.Pool, error) {
 	cfg := e.cfg
 	db, err := openDB(cfg.EffectiveStateDSN().Value(), cfg.LeaseTTL)
 	if err != nil {
@@ -239,7 +240,7 @@ func (e *Engine) openState(ctx context.Context) (*sql.DB, error) {
 		}
 		return nil, fmt.Errorf("connect to state database %s: %w", config.DSNAddr(cfg.EffectiveStateDSN().Value()), err)
 	}
-	if err := state.Migrate(ctx, db, cfg.StateDB); err != nil {
+	if err := state.Migrate(ctx, db.DB, cfg.StateDB); err != nil {
 		db.Close()
 		if ctx.Err() != nil {
 			return nil, nil
@@ -396,14 +397,14 @@ func (e *Engine) stopDrainers(drains *drainers) {
 // MINIMAL row images where the user may set them, and a server-side idle
 // limit of one lease TTL, so a replica frozen inside a transaction loses
 // its locks about when it loses its lease instead of blocking the takeover.
-func openDB(dsn string, leaseTTL time.Duration) (*sql.DB, error) {
+func openDB(dsn string, leaseTTL time.Duration) (*state.Pool, error) {
 	p, err := state.Open(dsn, leaseTTL)
 	if err != nil {
 		return nil, err
 	}
 	p.SetMaxOpenConns(32)
 	p.SetMaxIdleConns(32)
-	return p.DB, nil
+	return p, nil
 }
 
 // sameServer reports whether two DSNs name one server address.

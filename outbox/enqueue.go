@@ -380,7 +380,7 @@ func (s *Store) enqueueOnce(ctx context.Context, claimedBy string, fence Fence, 
 	// READ COMMITTED: the locking read-back sees the latest committed claims,
 	// and InnoDB takes no gap locks, so concurrent enqueuers of neighbouring
 	// keys do not deadlock each other.
-	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	tx, err := s.beginReadCommitted(ctx)
 	if err != nil {
 		return EnqueueResult{}, fmt.Errorf("enqueue: begin: %w", err)
 	}
@@ -467,6 +467,16 @@ func (s *Store) enqueueOnce(ctx context.Context, claimedBy string, fence Fence, 
 		return EnqueueResult{}, fmt.Errorf("enqueue: commit: %w", err)
 	}
 	return res, nil
+}
+
+// beginReadCommitted begins a READ COMMITTED transaction: on the pool
+// WithReadCommitted gave, whose sessions are at that level (START
+// TRANSACTION alone), or else with SET TRANSACTION first.
+func (s *Store) beginReadCommitted(ctx context.Context) (*sql.Tx, error) {
+	if s.readCommitted != nil {
+		return s.readCommitted.BeginTx(ctx, nil)
+	}
+	return s.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 }
 
 func (s *Store) insertClaims(ctx context.Context, tx *sql.Tx, claimedBy string, chunk []*claimUnit) (int, error) {

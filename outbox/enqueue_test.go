@@ -765,3 +765,48 @@ func TestEnqueuePreparedBatch(t *testing.T) {
 		t.Fatalf("outbox records after the replay = %d, want 40", got)
 	}
 }
+
+// Enqueue transactions begin on the pool WithReadCommitted gives (a state
+// pool whose sessions are READ COMMITTED, state.Pool.ReadCommitted), and
+// work there: new claims, and a batch sent again read back as already
+// ours, with its checkpoint fenced by the lease.
+func TestEnqueueOnReadCommittedPool(t *testing.T) {
+	s, db, schema := testStore(t)
+	pool, err := state.Open(mysqltest.Shared(t).DSN, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	rc := s.WithReadCommitted(pool.ReadCommitted())
+	ctx := context.Background()
+	fence := grantLease(t, db, schema, "enqueue/a", "r1", 7, time.Hour)
+	var items []Pending
+	for i := 0; i < 5; i++ {
+		items = append(items, gtidItem("a:app.users:hook", 9, i))
+	}
+	cp := &Checkpoint{Source: "enqueue/a", Pos: binlog.Position{Flavor: "mariadb", GTIDSet: "0-1-9"}}
+	res, err := rc.Enqueue(ctx, "r1", fence, items, cp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Records != len(items) {
+		t.Fatalf("result = %+v, want %d records", res, len(items))
+	}
+	if n := pool.ReadCommitted().Stats().OpenConnections; n == 0 {
+		t.Fatal("the enqueue opened no connection of the READ COMMITTED pool")
+	}
+	res, err = rc.Enqueue(ctx, "r1", fence, items, cp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Records != 0 || res.AlreadyOurs != len(items) {
+		t.Fatalf("batch sent again: result = %+v, want all %d already ours", res, len(items))
+	}
+	if got := len(records(t, db, schema)); got != len(items) {
+		t.Fatalf("%d records, want %d", got, len(items))
+	}
+	stale := Fence{Lease: fence.Lease, Holder: fence.Holder, Epoch: fence.Epoch - 1}
+	if _, err := rc.Enqueue(ctx, "r1", stale, []Pending{gtidItem("a:app.users:hook", 10, 0)}, cp); !errors.Is(err, ErrFenced) {
+		t.Fatalf("enqueue under a stale epoch: %v, want ErrFenced", err)
+	}
+}

@@ -228,3 +228,42 @@ func openConn(t *testing.T, dsn string) *sql.Conn {
 	t.Cleanup(func() { conn.Close() })
 	return conn
 }
+
+// A transaction begun without options on the ReadCommitted pool runs at
+// READ COMMITTED (it sees a row another session commits between two of
+// its reads); one on the main pool keeps the server's REPEATABLE READ (it
+// does not see the row).
+func TestOpenReadCommittedPool(t *testing.T) {
+	s := mysqltest.Shared(t)
+	s.Exec(t, "CREATE DATABASE IF NOT EXISTS st_rc", "CREATE TABLE IF NOT EXISTS st_rc.t (id INT PRIMARY KEY)", "DELETE FROM st_rc.t")
+	p, err := Open(s.DSN, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	id := 0
+	seesLaterCommit := func(db *sql.DB) bool {
+		t.Helper()
+		tx, err := db.BeginTx(t.Context(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback()
+		var before, after int
+		if err := tx.QueryRow("SELECT COUNT(*) FROM st_rc.t").Scan(&before); err != nil {
+			t.Fatal(err)
+		}
+		id++
+		s.Exec(t, fmt.Sprintf("INSERT INTO st_rc.t VALUES (%d)", id))
+		if err := tx.QueryRow("SELECT COUNT(*) FROM st_rc.t").Scan(&after); err != nil {
+			t.Fatal(err)
+		}
+		return after > before
+	}
+	if !seesLaterCommit(p.ReadCommitted()) {
+		t.Fatal("a transaction of the ReadCommitted pool did not see a row committed during it: not READ COMMITTED")
+	}
+	if seesLaterCommit(p.DB) {
+		t.Fatal("a transaction of the main pool saw a row committed during it: the main pool's isolation changed")
+	}
+}
