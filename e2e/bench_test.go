@@ -37,6 +37,7 @@ import (
 // CDCOUT_BENCH_ROWS scales the first (inserts; a quarter as many updates
 // and deletes) and the third (rows of the transaction);
 // CDCOUT_BENCH_SECONDS sets the latency run's length (default 15).
+// CDCOUT_BENCH_CHILD_GOMAXPROCS sets GOMAXPROCS for the cdcout binary alone.
 
 // countingHook is a webhook receiver that counts distinct delivery ids and
 // calls onBody (if set) for each first delivery.

@@ -91,6 +91,12 @@ func startCdcout(t testing.TB, log *logFile, args ...string) *proc {
 	t.Helper()
 	cmd := exec.Command(binPath, args...)
 	cmd.Stdout, cmd.Stderr = log, log
+	// CDCOUT_BENCH_CHILD_GOMAXPROCS sets GOMAXPROCS for the binary alone,
+	// so a benchmark can compare it without the test process's own bare
+	// read and in-process brokers running under it too.
+	if v := os.Getenv("CDCOUT_BENCH_CHILD_GOMAXPROCS"); v != "" {
+		cmd.Env = append(os.Environ(), "GOMAXPROCS="+v)
+	}
 	fmt.Fprintf(log, "==== %s cdcout %s\n", time.Now().UTC().Format(time.RFC3339Nano), args[0])
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start cdcout: %v", err)
