@@ -22,7 +22,7 @@ func TestImagesMatchChange(t *testing.T) {
 		if got, want := DigestImages("i:shop.items:hook", c, im), DigestChange("i:shop.items:hook", c); got != want || len(got) != 64 {
 			t.Errorf("%s: digest from images %s, want %s", name, got, want)
 		}
-		got, err := MarshalEnvelopeImages(c, "0190f1a2-7b3c-7d4e-8f90-a1b2c3d4e5f6", im)
+		got, err := AppendEnvelopeImages(nil, c, "0190f1a2-7b3c-7d4e-8f90-a1b2c3d4e5f6", im)
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}

@@ -90,26 +90,35 @@ func compressSegment(dst, plain []byte) []byte {
 // appendSegment appends the plain form of recs in the given format
 // (SegmentFormat1 or SegmentFormat2).
 func appendSegment(buf []byte, recs []*segRecord, format int) []byte {
-	v2 := format == SegmentFormat2
-	if v2 {
-		buf = append(buf, segmentVersion2)
-	} else {
-		buf = append(buf, segmentVersion)
-	}
+	buf = appendSegmentVersion(buf, format)
 	for _, r := range recs {
-		for _, s := range [...]string{r.id, r.changeKey, r.db, r.tbl, r.op, r.rowKey} {
-			buf = binary.AppendUvarint(buf, uint64(len(s)))
-			buf = append(buf, s...)
-		}
-		if !v2 {
-			buf = binary.AppendUvarint(buf, uint64(len(r.keyHash)))
-			buf = append(buf, r.keyHash...)
-		}
-		buf = binary.AppendVarint(buf, r.commitTS.UnixMicro())
-		buf = binary.AppendUvarint(buf, uint64(len(r.payload)))
-		buf = append(buf, r.payload...)
+		buf = appendSegmentRecord(buf, r, format)
 	}
 	return buf
+}
+
+// appendSegmentVersion appends the version byte a plain form of the
+// format starts with.
+func appendSegmentVersion(buf []byte, format int) []byte {
+	if format == SegmentFormat2 {
+		return append(buf, segmentVersion2)
+	}
+	return append(buf, segmentVersion)
+}
+
+// appendSegmentRecord appends one record of a plain form of the format.
+func appendSegmentRecord(buf []byte, r *segRecord, format int) []byte {
+	for _, s := range [...]string{r.id, r.changeKey, r.db, r.tbl, r.op, r.rowKey} {
+		buf = binary.AppendUvarint(buf, uint64(len(s)))
+		buf = append(buf, s...)
+	}
+	if format != SegmentFormat2 {
+		buf = binary.AppendUvarint(buf, uint64(len(r.keyHash)))
+		buf = append(buf, r.keyHash...)
+	}
+	buf = binary.AppendVarint(buf, r.commitTS.UnixMicro())
+	buf = binary.AppendUvarint(buf, uint64(len(r.payload)))
+	return append(buf, r.payload...)
 }
 
 // appendKeyHash appends a row key's hash, the hex SHA-256 of its
