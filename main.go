@@ -16,7 +16,27 @@ func main() {
 	stop := cpuProfile(os.Getenv("CDCOUT_CPUPROFILE"))
 	code := command.Main(os.Args, os.Stdin, os.Stdout, os.Stderr)
 	stop()
+	allocProfile(os.Getenv("CDCOUT_MEMPROFILE"))
 	os.Exit(code)
+}
+
+// allocProfile writes the allocations of the whole run, sampled, to path
+// when it is set (CDCOUT_MEMPROFILE, for `go tool pprof -sample_index
+// alloc_space`), at a normal exit as CDCOUT_CPUPROFILE's.
+func allocProfile(path string) {
+	if path == "" {
+		return
+	}
+	f, err := os.Create(path)
+	if err == nil {
+		err = pprof.Lookup("allocs").WriteTo(f, 0)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "cdcout: CDCOUT_MEMPROFILE: %v\n", err)
+	}
 }
 
 // cpuProfile writes a CPU profile of the whole run to path when it is set
