@@ -107,13 +107,15 @@ func (s *Sink) Deliver(ctx context.Context, recs []outbox.Record) []error {
 		s.mu.Unlock()
 		return lines.Fail(errs, errors.New("file sink closed"))
 	}
-	if _, err := s.f.Write(lines.Buf); err != nil {
+	_, err := s.f.Write(lines.Buf)
+	if err != nil {
 		s.mu.Unlock()
 		return lines.Fail(errs, fmt.Errorf("append %s: %w", s.path, err))
 	}
 	s.written++
 	gen := s.written
 	s.mu.Unlock()
+	lines.Release()
 	if err := s.sync(gen); err != nil {
 		return lines.Fail(errs, err)
 	}

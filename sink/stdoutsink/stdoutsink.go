@@ -44,6 +44,7 @@ func (s *Sink) Deliver(ctx context.Context, recs []outbox.Record) []error {
 	s.mu.Lock()
 	_, err := s.w.Write(lines.Buf)
 	s.mu.Unlock()
+	lines.Release()
 	if err != nil {
 		return lines.Fail(errs, fmt.Errorf("write: %w", err))
 	}
