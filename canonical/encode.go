@@ -57,6 +57,7 @@ type encoder struct {
 	vals    []any
 	members []member // rawJSON's objects' members, a stack like keys
 	scratch []byte   // rawJSON's members being put in key order
+	images  []byte   // EncodeImages' working buffer
 	orders  [numOrders]keyOrder
 	next    int // the orders slot the next miss overwrites
 }
@@ -97,6 +98,9 @@ func putEncoder(e *encoder) {
 	}
 	if cap(e.scratch) > 64<<10 {
 		e.scratch = nil
+	}
+	if cap(e.images) > 64<<10 {
+		e.images = nil
 	}
 	// Every object clears the keys and values it pushed when it pops them,
 	// also on errors, so a pooled encoder holds no references (clearing

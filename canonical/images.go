@@ -1,6 +1,9 @@
 package canonical
 
-import "fmt"
+import (
+	"bytes"
+	"fmt"
+)
 
 // Images are a change's row images as canonical JSON, encoded once for
 // both of their uses: the change's digest (DigestImages, computed when the
@@ -13,19 +16,26 @@ type Images struct {
 	After, Before []byte
 }
 
-// EncodeImages encodes c's After and Before. They share one buffer.
+// EncodeImages encodes c's After and Before. They share one buffer, of
+// their exact size: they are encoded in the pooled encoder's buffer and
+// copied, which cost less than sizing one for them up front (ImageBytes,
+// a walk of both images' maps, a sixth of EncodeImages on realistic rows)
+// and leaves no slack to carry until the batch is written.
 func EncodeImages(c *Change) (*Images, error) {
 	e := getEncoder()
 	defer putEncoder(e)
-	buf := make([]byte, 0, 16+c.ImageBytes()*4/3)
-	buf, err := e.object(buf, c.After, 0)
+	work, err := e.object(e.images[:0], c.After, 0)
+	e.images = work
 	if err != nil {
 		return nil, fmt.Errorf("encode after: %w", err)
 	}
-	n := len(buf)
-	if buf, err = e.object(buf, c.Before, 0); err != nil {
+	n := len(work)
+	work, err = e.object(work, c.Before, 0)
+	e.images = work
+	if err != nil {
 		return nil, fmt.Errorf("encode before: %w", err)
 	}
+	buf := bytes.Clone(work)
 	return &Images{After: buf[:n:n], Before: buf[n:]}, nil
 }
 
