@@ -200,17 +200,18 @@ func (s *Sink) Deliver(ctx context.Context, recs []outbox.Record) []error {
 	spans := tracing.Start(ctx, "kafka", recs)
 	defer func() { spans.End(errs) }()
 	var wg sync.WaitGroup
+	// The records in one allocation: the client is done with each once
+	// its promise ran, and Deliver returns only after every promise.
+	krs := make([]kgo.Record, len(recs))
 	for i, rec := range recs {
 		value, topic, err := format.EncodeNamed(s.format, rec, s.topic)
 		if err != nil {
 			errs[i] = sink.Permanent(err)
 			continue
 		}
-		kr := &kgo.Record{
-			Topic:   topic,
-			Value:   value,
-			Headers: headers(spans.Context(i), rec, s.format.ContentType()),
-		}
+		kr := &krs[i]
+		kr.Topic, kr.Value = topic, value
+		kr.Headers = headers(spans.Context(i), rec, s.format.ContentType())
 		// A keyless table's records ("null") have no row identity to keep
 		// together; letting them spread avoids one hot partition.
 		if rec.Key != "" && rec.Key != "null" {
