@@ -111,10 +111,9 @@ type enqueuer struct {
 	// and where its outcome arrives. failed is the error of a write that
 	// did not commit (sticky); unsent its batch when the tenure's end cut
 	// it short, for final.
-	inflight *batch
-	done     chan writeOutcome
+	inflight []*batch
 	failed   error
-	unsent   *batch
+	unsent   []*batch
 
 	// Counters for logs and tests.
 	recordsWritten, flushes int64
@@ -385,7 +384,7 @@ func (q *enqueuer) tick(ctx context.Context) (busy bool, err error) {
 		return false, err
 	}
 	busy = q.hook != nil && q.hook.Busy()
-	if q.inflight != nil || q.cp == nil || time.Since(q.since) < q.interval {
+	if len(q.inflight) > 0 || q.cp == nil || time.Since(q.since) < q.interval {
 		return busy, nil
 	}
 	return busy, q.flush(ctx, q.cp)

@@ -23,16 +23,28 @@ import (
 // The pipeline is on unless enqueue_pipeline is false; without it flush
 // waits for the write it started, as the handler did before. Either way
 // flush prepares the batch (outbox.Store.PrepareBatch: validated, keyed,
-// its segments encoded) before it waits for the write in flight. Exactly
-// one batch is in flight. The next is cut only after the previous one
-// committed (flush waits for it), so batches commit in stream order:
-// outbox ids and segments follow commit order, the checkpoint of a batch
-// commits after the rows of every batch before it (invariant 1), and in
-// digest mode a huge transaction's partial rows are claimed after the
-// checkpoint written before them (see flushOpen). Each transaction is
-// fenced by the lease as before, and the lease's local deadline is checked
-// before every attempt. A failed write is sticky: every later flush returns
-// its error, so nothing is written after a batch that was not.
+// its segments encoded) before it waits for room.
+//
+// Two batches are in flight at most (one without the pipeline, or in
+// digest mode, or with a store that does not prepare batches). The second
+// writes its claims and segments while the first runs, the database
+// working on both, but advances its checkpoint and commits only after the
+// first committed (outbox.Batch.After): with one transaction at a time the
+// reader waited for the database's single session a quarter of the run
+// (BenchmarkKafkaEndToEnd narrow) while a core was idle. So batches commit
+// in stream order: outbox ids and segments follow commit order (a first
+// batch retried after the second drew its ids makes the second retry with
+// new ones), the checkpoint of a batch commits after the rows of every
+// batch before it (invariant 1), and a batch whose predecessor did not
+// commit does not commit either. A crash between the two commits leaves
+// the second rolled back, its changes read again from the first's
+// checkpoint. Digest mode keeps one batch in flight: its seeding counts
+// the claims written up to the checkpoint's write, so a batch's claims
+// must not be written before the checkpoint before it (see flushOpen).
+// Each transaction is fenced by the lease as before, and the lease's local
+// deadline is checked before every attempt. A failed write is sticky:
+// every later flush returns its error, so nothing is written after a
+// batch that was not.
 
 // batch is one enqueue transaction: rows in stream order and, unless nil,
 // the checkpoint after them.
@@ -46,6 +58,27 @@ type batch struct {
 	// that gave); nil for another store.
 	prepared *outbox.Batch
 	prepErr  error
+	// done receives the write's outcome, for the handler (wait);
+	// finished is closed when the write returned, lastID and err then
+	// being its outcome, for the batch after it (outbox.Batch.After).
+	done     chan writeOutcome
+	finished chan struct{}
+	lastID   string
+	err      error
+}
+
+// committed is the outbox.Batch.After wait on b: the greatest id b drew
+// once it committed, ErrPredecessor when it did not.
+func (b *batch) committed(ctx context.Context) (string, error) {
+	select {
+	case <-b.finished:
+		if b.err != nil {
+			return "", fmt.Errorf("%w: %v", outbox.ErrPredecessor, b.err)
+		}
+		return b.lastID, nil
+	case <-ctx.Done():
+		return "", ctx.Err()
+	}
 }
 
 // writeOutcome is what the writer reports of one batch.
@@ -71,10 +104,16 @@ func (q *enqueuer) flush(ctx context.Context, cp *outbox.Checkpoint) error {
 	if bs, ok := q.store.(batchStore); ok {
 		prepared, prepErr = bs.PrepareBatch(q.ready, cp)
 	}
-	if err := q.wait(ctx); err != nil {
+	if err := q.room(ctx); err != nil {
 		return err
 	}
 	b := &batch{items: q.ready, cp: cp, prepared: prepared, prepErr: prepErr}
+	if prepared != nil {
+		if n := len(q.inflight); n > 0 {
+			prepared.After(q.inflight[n-1].committed)
+		}
+		prepared.Seal()
+	}
 	if q.hook != nil {
 		b.hookMark = q.hook.Handed()
 	}
@@ -90,60 +129,108 @@ func (q *enqueuer) flush(ctx context.Context, cp *outbox.Checkpoint) error {
 	return nil
 }
 
-// start writes b in the background; its outcome arrives on q.done.
+// start writes b in the background; its outcome arrives on b.done.
 func (q *enqueuer) start(ctx context.Context, b *batch) {
-	if q.done == nil {
-		q.done = make(chan writeOutcome, 1)
-	}
-	q.inflight = b
-	go func() { q.done <- q.write(ctx, b) }()
+	b.done, b.finished = make(chan writeOutcome, 1), make(chan struct{})
+	q.inflight = append(q.inflight, b)
+	go func() {
+		w := q.write(ctx, b)
+		if b.prepared != nil {
+			// The wait holds the batch before, which held the one before
+			// it: kept, the chain held every batch of the tenure.
+			b.prepared.After(nil)
+		}
+		b.lastID, b.err = w.res.LastID, w.err
+		close(b.finished)
+		b.done <- w
+	}()
 }
 
-// wait collects the write in flight, if any: it returns once the batch
-// committed or failed (the writer gives up when ctx ends).
+// maxInflight is how many batches may be written at once (see above).
+func (q *enqueuer) maxInflight() int {
+	if _, ok := q.store.(batchStore); !ok || !q.pipeline || q.digestMode {
+		return 1
+	}
+	return 2
+}
+
+// room waits until another batch may start: for the oldest write in
+// flight while the most that may be are.
+func (q *enqueuer) room(ctx context.Context) error {
+	if q.failed != nil {
+		return q.failed
+	}
+	for len(q.inflight) >= q.maxInflight() {
+		if err := q.waitOldest(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// wait collects every write in flight: it returns once each committed or
+// one failed (the writer gives up when ctx ends).
 func (q *enqueuer) wait(ctx context.Context) error {
 	if q.failed != nil {
 		return q.failed
 	}
-	if q.inflight == nil {
-		return nil
+	for len(q.inflight) > 0 {
+		if err := q.waitOldest(ctx); err != nil {
+			return err
+		}
 	}
+	return nil
+}
+
+// waitOldest collects the oldest write in flight.
+func (q *enqueuer) waitOldest(ctx context.Context) error {
 	t0 := time.Now()
-	w := <-q.done
+	w := <-q.inflight[0].done
 	q.waitTime += time.Since(t0)
 	return q.finish(ctx, w)
 }
 
-// poll collects a write that has finished, without waiting for one that
-// has not.
+// poll collects the writes that have finished, oldest first, without
+// waiting for one that has not.
 func (q *enqueuer) poll(ctx context.Context) error {
 	if q.failed != nil {
 		return q.failed
 	}
-	if q.inflight == nil {
-		return nil
+	for len(q.inflight) > 0 {
+		select {
+		case w := <-q.inflight[0].done:
+			if err := q.finish(ctx, w); err != nil {
+				return err
+			}
+		default:
+			return nil
+		}
 	}
-	select {
-	case w := <-q.done:
-		return q.finish(ctx, w)
-	default:
-		return nil
-	}
+	return nil
 }
 
 // finish takes a write's outcome on the handler's side (under q.mu): the
 // counters, the backfill chunks now done, the batch's slice for reuse.
+// A failed write fails the ones after it (they do not commit), so they
+// are collected with it.
 func (q *enqueuer) finish(ctx context.Context, w writeOutcome) error {
-	q.inflight = nil
+	q.inflight[0] = nil
+	q.inflight = q.inflight[1:]
 	q.flushTime += w.took
 	if w.err != nil {
-		q.failed = w.err
-		if errors.Is(w.err, context.Canceled) || errors.Is(w.err, context.DeadlineExceeded) {
-			// Cut short by the tenure's end: a graceful stop writes it
-			// again (final), ahead of what was read after it.
-			q.unsent = w.b
+		if q.failed == nil {
+			q.failed = w.err
 		}
-		return w.err
+		if errors.Is(w.err, context.Canceled) || errors.Is(w.err, context.DeadlineExceeded) || (q.unsent != nil && errors.Is(w.err, outbox.ErrPredecessor)) {
+			// Cut short by the tenure's end (or after one that was): a
+			// graceful stop writes it again (final), ahead of what was
+			// read after it.
+			q.unsent = append(q.unsent, w.b)
+		}
+		for len(q.inflight) > 0 {
+			_ = q.finish(ctx, <-q.inflight[0].done)
+		}
+		return q.failed
 	}
 	q.recordsWritten += int64(w.res.Records)
 	q.flushes++
@@ -197,6 +284,10 @@ func (q *enqueuer) write(ctx context.Context, b *batch) writeOutcome {
 			w.err = fmt.Errorf("%w: %v", errLeaseLost, err)
 			return w
 		}
+		if errors.Is(err, outbox.ErrPredecessor) {
+			w.err = err // the batch before failed; its error is the one told
+			return w
+		}
 		if ctx.Err() != nil {
 			w.err = ctx.Err()
 			return w
@@ -221,11 +312,16 @@ func (q *enqueuer) final(ctx context.Context) error {
 	if err := q.wait(ctx); err != nil && q.unsent == nil {
 		return err
 	}
-	if b := q.unsent; b != nil {
+	if unsent := q.unsent; unsent != nil {
 		q.unsent, q.failed = nil, nil
-		q.start(ctx, b)
-		if err := q.wait(ctx); err != nil {
-			return err
+		for _, b := range unsent {
+			if b.prepared != nil {
+				b.prepared.After(nil) // written one after the other now
+			}
+			q.start(ctx, b)
+			if err := q.wait(ctx); err != nil {
+				return err
+			}
 		}
 	}
 	if q.cp == nil && len(q.ready) == 0 {
@@ -243,9 +339,12 @@ func (q *enqueuer) final(ctx context.Context) error {
 func (q *enqueuer) stop() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.inflight != nil {
+	if len(q.inflight) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		_ = q.finish(ctx, <-q.done)
+		_ = q.finish(ctx, <-q.inflight[0].done) // collects the rest too
+		for len(q.inflight) > 0 {
+			_ = q.finish(ctx, <-q.inflight[0].done)
+		}
 	}
 }

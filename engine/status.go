@@ -263,7 +263,7 @@ func (e *Engine) Stats() Stats {
 		RecordsWritten: q.recordsWritten, Batches: q.flushes, EnqueueTime: q.flushTime, EnqueueWait: q.waitTime,
 		Buffered: len(q.ready) + len(q.open), MaxBuffered: q.maxBuffered, Unwritten: q.cp != nil,
 	}
-	if b := q.inflight; b != nil {
+	for _, b := range q.inflight {
 		st.Buffered += len(b.items)
 		st.Unwritten = st.Unwritten || b.cp != nil
 	}

@@ -108,10 +108,11 @@ func Open(dsn string, idleLimit time.Duration) (*Pool, error) {
 	return p, nil
 }
 
-// readCommittedConns bounds the ReadCommitted pool: one enqueue
-// transaction is in flight at a time, and a retry may overlap a
-// connection still being closed.
-const readCommittedConns = 2
+// readCommittedConns bounds the ReadCommitted pool: two enqueue
+// transactions are in flight at a time (the second committing after the
+// first, outbox.Batch.After), and a retry may overlap a connection still
+// being closed.
+const readCommittedConns = 3
 
 // ReadCommitted is a second, small pool over the same server and settings
 // whose sessions run their transactions at READ COMMITTED, so a
