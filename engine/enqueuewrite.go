@@ -314,10 +314,7 @@ func (q *enqueuer) final(ctx context.Context) error {
 	}
 	if unsent := q.unsent; unsent != nil {
 		q.unsent, q.failed = nil, nil
-		for _, b := range unsent {
-			if b.prepared != nil {
-				b.prepared.After(nil) // written one after the other now
-			}
+		for _, b := range unsent { // one after the other (start dropped their waits)
 			q.start(ctx, b)
 			if err := q.wait(ctx); err != nil {
 				return err
@@ -342,8 +339,7 @@ func (q *enqueuer) stop() {
 	if len(q.inflight) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		_ = q.finish(ctx, <-q.inflight[0].done) // collects the rest too
-		for len(q.inflight) > 0 {
+		for len(q.inflight) > 0 { // a failed one collects the rest itself
 			_ = q.finish(ctx, <-q.inflight[0].done)
 		}
 	}

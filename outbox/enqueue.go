@@ -219,7 +219,8 @@ type Batch struct {
 
 // Seal decides, on the goroutine that prepared b and before it hands b to
 // another, whether b's prepared segments may serve its first attempt: only
-// if no id was drawn since they were encoded. Decided later, on the
+// if no id was drawn since they were encoded. EnqueueBatch seals a batch
+// nobody sealed. Decided later, on the
 // writer's goroutine, the next batch's preparation (on this goroutine)
 // could have drawn ids in between, so b encoded itself again inside its
 // transaction with ids greater than the next batch's (and, with two
@@ -287,6 +288,9 @@ func (s *Store) EnqueueBatch(ctx context.Context, claimedBy string, fence Fence,
 	if len(b.its) == 0 && b.cp == nil {
 		return EnqueueResult{AlreadyOurs: b.dups}, nil
 	}
+	if !b.sealed {
+		b.Seal()
+	}
 	for attempt := 1; ; attempt++ {
 		after := b.after
 		if after != nil && attempt > 1 {
@@ -297,7 +301,7 @@ func (s *Store) EnqueueBatch(ctx context.Context, claimedBy string, fence Fence,
 			}
 		}
 		var segs []encodedSegment
-		if b.sealed && b.fresh && !b.spent || !b.sealed && !b.spent && b.segs != nil && ids.drawn() == b.draws {
+		if b.fresh && !b.spent {
 			segs = b.segs
 		}
 		b.spent = true
