@@ -173,6 +173,7 @@ func brokerRun(b *testing.B, srv *mysqltest.Server, conn *sql.DB, w benchload.Wo
 	}
 	bin2 := srv.BinlogBytes(b)
 	inTx, waited := enqueueTxTimes(b, plog)
+	fromMemory := segmentsFromMemory(b, plog)
 	if digests {
 		logDigests(b, conn, n)
 	}
@@ -198,7 +199,8 @@ func brokerRun(b *testing.B, srv *mysqltest.Server, conn *sql.DB, w benchload.Wo
 	b.Logf("%s: %d changes binlog → outbox → %s in %s: %.0f changes/s (%.2f× the bare read's %.0f/s); CPU per change: cdcout %.1f µs, database %.1f µs; peak RSS %.0f MB; binlog per change: workload %d B, cdcout's state %d B",
 		w.Name, n, to.name, elapsed.Round(time.Millisecond), rate, rate/raw, raw, perChange(cdcCPU), perChange(db1-db0), float64(hwm)/(1<<20),
 		(bin1-bin0)/int64(n), (bin2-bin1)/int64(n))
-	b.Logf("%s: the reader in enqueue transactions for %s, waiting for them %s (of %s from the lease)", w.Name, inTx, waited, steady.Round(time.Millisecond))
+	b.Logf("%s: the reader in enqueue transactions for %s, waiting for them %s (of %s from the lease); %d segments delivered from memory",
+		w.Name, inTx, waited, steady.Round(time.Millisecond), fromMemory)
 	b.Logf("%s: start to lease %s (cdcout CPU %s), lease to first record stored %s; steady, from the lease: %.0f changes/s (%.2f× the bare read), cdcout %.1f µs a change",
 		w.Name, leased.Sub(start).Round(time.Millisecond), cpuLeased.Round(time.Millisecond), first.Sub(leased).Round(time.Millisecond),
 		float64(n)/steady.Seconds(), float64(n)/steady.Seconds()/raw, perChange(cdcCPU-cpuLeased))
@@ -235,4 +237,24 @@ func enqueueTxTimes(b *testing.B, log *logFile) (inTx, waited time.Duration) {
 	}
 	b.Fatalf("no \"enqueue stopped\" line in %s", log.path)
 	return 0, 0
+}
+
+// segmentsFromMemory is the count of segments the binary's drainers read
+// from the payloads its enqueue kept (outbox.Recent), from its log.
+func segmentsFromMemory(b *testing.B, log *logFile) int64 {
+	data, err := os.ReadFile(log.path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range bytes.Split(data, []byte("\n")) {
+		var l struct {
+			Msg string `json:"msg"`
+			N   int64  `json:"segments_from_memory"`
+		}
+		if json.Unmarshal(line, &l) == nil && l.Msg == "drainers stopped" {
+			return l.N
+		}
+	}
+	b.Fatalf("no \"drainers stopped\" line in %s", log.path)
+	return 0
 }

@@ -37,6 +37,10 @@ type drainers struct {
 	// of its sink (transaction records and changes, a RENAME) is woken
 	// when that pipe's records are acknowledged.
 	wakes *outbox.Wakes
+	// recent keeps the payloads of the segments this process enqueued
+	// (the enqueue's Store writes it), so the drainers do not read them
+	// back from the database.
+	recent *outbox.Recent
 
 	mu      sync.Mutex
 	byPipe  map[string]*outbox.Drainer
@@ -50,6 +54,7 @@ func newDrainers(ctx context.Context, db *sql.DB, cfg *config.Config, holder str
 	return &drainers{
 		ctx: ctx, cancel: cancel, db: db, store: outbox.NewStore(db, cfg.StateDB, log), cfg: cfg, holder: holder, sinks: sinks, log: log,
 		byPipe: map[string]*outbox.Drainer{}, skipped: map[string]bool{}, wakes: outbox.NewWakes(),
+		recent: outbox.NewRecent(outbox.DefaultRecentBytes),
 	}
 }
 
@@ -129,6 +134,7 @@ func (d *drainers) ensure(pipe string) *outbox.Drainer {
 		Metrics: d.metrics,
 		Leases:  d.leases,
 		Wakes:   d.wakes,
+		Recent:  d.recent,
 	})
 	if err != nil {
 		d.skipped[pipe] = true

@@ -184,7 +184,7 @@ func (e *Engine) Run(parent context.Context) error {
 	if err != nil {
 		return err
 	}
-	store := outbox.NewStore(db, e.cfg.StateDB, e.log).WithSegmentFormat(e.cfg.SegmentFormat).WithReadCommitted(pool.ReadCommitted())
+	store := outbox.NewStore(db, e.cfg.StateDB, e.log).WithSegmentFormat(e.cfg.SegmentFormat).WithReadCommitted(pool.ReadCommitted()).WithRecent(drains.recent)
 	services.run(ctx, func(c context.Context) { e.watchRunway(c, store) }, nil) // runway.go
 	services.run(ctx, e.runHeartbeats, nil)                                     // heartbeat.go
 	runErr := e.lead(ctx, &leader{e: e, db: db, leases: leases, store: store,
@@ -384,6 +384,7 @@ func (e *Engine) stopDrainers(drains *drainers) {
 			zap.Duration("shutdown_timeout", e.cfg.ShutdownTimeout))
 		return
 	}
+	e.log.Info("drainers stopped", zap.Int64("segments_from_memory", drains.recent.Hits()))
 	rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer rcancel()
 	if n, err := drains.releaseOrphans(rctx); err != nil {

@@ -126,6 +126,10 @@ type DrainerConfig struct {
 	// waits for another pipe's records when they are acknowledged. Nil:
 	// the Drainer's own pipes wake each other only.
 	Wakes *Wakes
+	// Recent, when it is the Recent of the Store that enqueues (Store.
+	// WithRecent), spares reading back the payloads of segments this
+	// process wrote. Nil: every payload is read from the database.
+	Recent *Recent
 }
 
 // Drainer delivers outbox rows to sinks: per pipe, it claims due rows,

@@ -505,12 +505,16 @@ func (s *Store) enqueueOnce(ctx context.Context, claimedBy string, fence Fence, 
 	if err := s.insertDeads(ctx, tx, ours); err != nil {
 		return EnqueueResult{}, err
 	}
+	// kept: the prepared segments written, whose payloads (immutable,
+	// Batch.segs) Recent may keep once committed.
+	var kept []encodedSegment
 	if segs != nil && len(ours) == len(its) {
 		for i := range segs {
 			if err := s.insertSegment(ctx, tx, &segs[i]); err != nil {
 				return EnqueueResult{}, err
 			}
 		}
+		kept = segs
 	} else if err := s.encodeSegments(ours, func(seg *encodedSegment) error { return s.insertSegment(ctx, tx, seg) }); err != nil {
 		return EnqueueResult{}, err
 	}
@@ -541,6 +545,9 @@ func (s *Store) enqueueOnce(ctx context.Context, claimedBy string, fence Fence, 
 	}
 	if err := tx.Commit(); err != nil {
 		return EnqueueResult{}, fmt.Errorf("enqueue: commit: %w", err)
+	}
+	for i := range kept {
+		s.recent.put(kept[i].firstID, kept[i].pipe, kept[i].payload)
 	}
 	return res, nil
 }

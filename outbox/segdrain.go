@@ -251,8 +251,16 @@ func (p *pipeDrainer) keepAhead(ahead <-chan *segment, clean bool) {
 // without claiming it.
 func (p *pipeDrainer) readNext(ctx context.Context, after string) (*segment, error) {
 	d := p.d
+	// With the payload of the segment most likely next kept, it is left
+	// out (an expression of it would still have the server read its
+	// pages), and read after all if the segment is another.
+	kept := d.cfg.Recent.next(p.name, after)
+	payload := ", s.payload"
+	if kept != nil {
+		payload = ""
+	}
 	rows, err := d.cfg.DB.QueryContext(ctx, `SELECT s.id, s.sink, s.attempts, EXISTS (SELECT 1 FROM `+d.outbox+` FORCE INDEX (due)
-WHERE pipe = s.pipe AND status = 'pending'), `+newerPendingSQL(d.segments)+`, s.payload FROM `+d.segments+` s
+WHERE pipe = s.pipe AND status = 'pending'), `+newerPendingSQL(d.segments)+payload+` FROM `+d.segments+` s
 WHERE s.pipe = ? AND s.status = 'pending' AND s.id > ? ORDER BY s.id LIMIT 1`, p.name, after)
 	if err != nil {
 		return nil, err
@@ -262,14 +270,63 @@ WHERE s.pipe = ? AND s.status = 'pending' AND s.id > ? ORDER BY s.id LIMIT 1`, p
 		return nil, rows.Err()
 	}
 	seg := &segment{}
+	dest := []any{&seg.id, &seg.sink, &seg.attempt, &seg.rowsPending, &seg.more}
 	var raw sql.RawBytes
-	if err := rows.Scan(&seg.id, &seg.sink, &seg.attempt, &seg.rowsPending, &seg.more, &raw); err != nil {
+	if kept == nil {
+		dest = append(dest, &raw)
+	}
+	if err := rows.Scan(dest...); err != nil {
 		return nil, err
+	}
+	if kept != nil && kept.id == seg.id {
+		if seg.recs, err = d.parseKept(kept); err != nil {
+			return nil, err
+		}
+		return seg, rows.Close()
+	}
+	if kept != nil {
+		if err := rows.Close(); err != nil {
+			return nil, err
+		}
+		return seg, d.readPayload(ctx, seg)
 	}
 	if seg.recs, err = parsePayload(raw); err != nil {
 		return nil, err
 	}
 	return seg, rows.Close()
+}
+
+// readPayload reads and parses seg's payload alone.
+func (d *Drainer) readPayload(ctx context.Context, seg *segment) error {
+	rows, err := d.cfg.DB.QueryContext(ctx, `SELECT payload FROM `+d.segments+` WHERE id = ?`, seg.id)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		return sql.ErrNoRows
+	}
+	var raw sql.RawBytes
+	if err := rows.Scan(&raw); err != nil {
+		return err
+	}
+	if seg.recs, err = parsePayload(raw); err != nil {
+		return err
+	}
+	return rows.Close()
+}
+
+// parseKept parses a kept segment's payload, which is then no longer
+// kept.
+func (d *Drainer) parseKept(kept *recentSegment) ([]segRecord, error) {
+	recs, err := parseSegment(kept.payload)
+	if err == nil {
+		d.cfg.Recent.took(kept)
+	}
+	return recs, err
 }
 
 // claimAhead claims the segment read ahead, if it is still as it was read:
@@ -384,8 +441,13 @@ func (p *pipeDrainer) claimSegment(ctx context.Context) (*segment, error) {
 // (packet, copy, decompressed).
 func (p *pipeDrainer) readSegment(ctx context.Context, seg *segment) ([]segRecord, error) {
 	d := p.d
+	kept := d.cfg.Recent.get(p.name, seg.id)
+	payload := ", payload"
+	if kept != nil {
+		payload = "" // kept in memory (Recent)
+	}
 	rows, err := d.cfg.DB.QueryContext(ctx, `SELECT sink, attempts, EXISTS (SELECT 1 FROM `+d.outbox+` FORCE INDEX (due)
-WHERE pipe = ? AND status = 'pending'), payload FROM `+d.segments+`
+WHERE pipe = ? AND status = 'pending')`+payload+` FROM `+d.segments+`
 WHERE id = ? AND status = 'pending' AND claimer = ?`, p.name, seg.id, d.claimer)
 	if err != nil {
 		return nil, err
@@ -398,10 +460,19 @@ WHERE id = ? AND status = 'pending' AND claimer = ?`, p.name, seg.id, d.claimer)
 		return nil, sql.ErrNoRows
 	}
 	var raw sql.RawBytes
-	if err := rows.Scan(&seg.sink, &seg.attempt, &seg.rowsPending, &raw); err != nil {
+	dest := []any{&seg.sink, &seg.attempt, &seg.rowsPending}
+	if kept == nil {
+		dest = append(dest, &raw)
+	}
+	if err := rows.Scan(dest...); err != nil {
 		return nil, err
 	}
-	recs, err := parsePayload(raw)
+	var recs []segRecord
+	if kept != nil {
+		recs, err = d.parseKept(kept)
+	} else {
+		recs, err = parsePayload(raw)
+	}
 	if err != nil {
 		// Not something a retry fixes, and not something to skip: the
 		// pipe stops here, loudly, until an operator looks.

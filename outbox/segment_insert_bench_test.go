@@ -49,25 +49,7 @@ func BenchmarkSegmentInsert(b *testing.B) {
 			if err := db.QueryRow("SELECT @@session.character_set_client").Scan(&got); err != nil || got != client {
 				b.Fatalf("character_set_client = %q, %v; want %s", got, err, client)
 			}
-			rng := rand.New(rand.NewPCG(1, 2))
-			blob := make([]byte, 48)
-			items := make([]Pending, maxSegmentRecords)
-			for i := range items {
-				p := gtidItem("a:app.orders:hook", 1, i)
-				for j := range blob {
-					blob[j] = byte(rng.Uint32())
-				}
-				p.Change.After["amount"] = fmt.Sprintf("%d.%02d", rng.IntN(100000), rng.IntN(100))
-				p.Change.After["at"] = time.UnixMicro(1_700_000_000_000_000 + rng.Int64N(1e12)).UTC().Format("2006-01-02 15:04:05.000000")
-				p.Change.After["doc"] = fmt.Sprintf(`{"sku":"S-%d","qty":%d,"tags":["a%d","b%d"]}`, rng.IntN(1e6), rng.IntN(50), rng.IntN(100), rng.IntN(100))
-				p.Change.After["data"] = base64.StdEncoding.EncodeToString(blob)
-				items[i] = p
-			}
-			batch, err := s.PrepareBatch(items, nil)
-			if err != nil || len(batch.segs) != 1 {
-				b.Fatalf("PrepareBatch: %d segments, %v; want one", len(batch.segs), err)
-			}
-			seg := batch.segs[0]
+			seg := realisticSegment(b, s, "a:app.orders:hook")
 			ctx := context.Background()
 			tbl := state.Table(schema, "segments")
 			// The server's CPU over the loop, less what the DELETEs that keep
@@ -116,4 +98,30 @@ func BenchmarkSegmentInsert(b *testing.B) {
 			b.ReportMetric(float64(len(seg.payload))/float64(maxSegmentRecords), "payload_B/record")
 		})
 	}
+}
+
+// realisticSegment is a prepared segment of maxSegmentRecords records of
+// the pipe shaped like the realistic workload's rows (random content, so
+// it compresses as real rows do).
+func realisticSegment(b *testing.B, s *Store, pipe string) encodedSegment {
+	b.Helper()
+	rng := rand.New(rand.NewPCG(1, 2))
+	blob := make([]byte, 48)
+	items := make([]Pending, maxSegmentRecords)
+	for i := range items {
+		p := gtidItem(pipe, 1, i)
+		for j := range blob {
+			blob[j] = byte(rng.Uint32())
+		}
+		p.Change.After["amount"] = fmt.Sprintf("%d.%02d", rng.IntN(100000), rng.IntN(100))
+		p.Change.After["at"] = time.UnixMicro(1_700_000_000_000_000 + rng.Int64N(1e12)).UTC().Format("2006-01-02 15:04:05.000000")
+		p.Change.After["doc"] = fmt.Sprintf(`{"sku":"S-%d","qty":%d,"tags":["a%d","b%d"]}`, rng.IntN(1e6), rng.IntN(50), rng.IntN(100), rng.IntN(100))
+		p.Change.After["data"] = base64.StdEncoding.EncodeToString(blob)
+		items[i] = p
+	}
+	batch, err := s.PrepareBatch(items, nil)
+	if err != nil || len(batch.segs) != 1 {
+		b.Fatalf("PrepareBatch: %d segments, %v; want one", len(batch.segs), err)
+	}
+	return batch.segs[0]
 }

@@ -37,6 +37,9 @@ type Store struct {
 	// readCommitted, when set, is where enqueue transactions begin
 	// (WithReadCommitted).
 	readCommitted *sql.DB
+	// recent, when set, keeps the payloads of committed segments for this
+	// process's drainers (WithRecent).
+	recent *Recent
 }
 
 // NewStore returns a Store over the state database schema. The schema name
@@ -71,6 +74,15 @@ func NewStore(db *sql.DB, schema string, logger *zap.Logger) *Store {
 func (s *Store) WithReadCommitted(db *sql.DB) *Store {
 	c := *s
 	c.readCommitted = db
+	return &c
+}
+
+// WithRecent returns a copy of s that keeps the payloads of the segments
+// it commits in r, for the drainers given the same Recent
+// (DrainerConfig.Recent).
+func (s *Store) WithRecent(r *Recent) *Store {
+	c := *s
+	c.recent = r
 	return &c
 }
 
