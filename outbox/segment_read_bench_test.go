@@ -37,8 +37,9 @@ func BenchmarkSegmentRead(b *testing.B) {
 			s := NewStore(db, schema, zap.NewNop())
 			const pipe = "a:app.orders:hook"
 			seg := realisticSegment(b, s, pipe)
-			// perOp segments, each read once an op.
-			const perOp = 50
+			// perOp segments, each read once an op: /proc counts in 10 ms
+			// ticks, so make bench's single op reads a span of many.
+			const perOp = 200
 			ids := make([]string, perOp)
 			ctx := context.Background()
 			for i := range ids {
