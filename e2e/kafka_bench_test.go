@@ -221,40 +221,41 @@ func logDigests(b *testing.B, conn *sql.DB, n int) {
 // time the tenure spent in enqueue transactions and the time its reader
 // waited for them (the same unless enqueue_pipeline is on).
 func enqueueTxTimes(b *testing.B, log *logFile) (inTx, waited time.Duration) {
-	data, err := os.ReadFile(log.path)
-	if err != nil {
-		b.Fatal(err)
+	var l struct {
+		InTx   float64 `json:"in_transactions"`
+		Waited float64 `json:"waited"`
 	}
-	for _, line := range bytes.Split(data, []byte("\n")) {
-		var l struct {
-			Msg    string  `json:"msg"`
-			InTx   float64 `json:"in_transactions"`
-			Waited float64 `json:"waited"`
-		}
-		if json.Unmarshal(line, &l) == nil && l.Msg == "enqueue stopped" {
-			return time.Duration(l.InTx * float64(time.Second)).Round(time.Millisecond), time.Duration(l.Waited * float64(time.Second)).Round(time.Millisecond)
-		}
-	}
-	b.Fatalf("no \"enqueue stopped\" line in %s", log.path)
-	return 0, 0
+	logLine(b, log, "enqueue stopped", &l)
+	return time.Duration(l.InTx * float64(time.Second)).Round(time.Millisecond), time.Duration(l.Waited * float64(time.Second)).Round(time.Millisecond)
 }
 
 // segmentsFromMemory is the count of segments the binary's drainers read
 // from the payloads its enqueue kept (outbox.Recent), from its log.
 func segmentsFromMemory(b *testing.B, log *logFile) int64 {
+	var l struct {
+		N int64 `json:"segments_from_memory"`
+	}
+	logLine(b, log, "drainers stopped", &l)
+	return l.N
+}
+
+// logLine decodes into v the first line of the binary's JSON log whose
+// message is msg, and fails the benchmark when there is none.
+func logLine(b *testing.B, log *logFile, msg string, v any) {
 	data, err := os.ReadFile(log.path)
 	if err != nil {
 		b.Fatal(err)
 	}
 	for _, line := range bytes.Split(data, []byte("\n")) {
-		var l struct {
+		var m struct {
 			Msg string `json:"msg"`
-			N   int64  `json:"segments_from_memory"`
 		}
-		if json.Unmarshal(line, &l) == nil && l.Msg == "drainers stopped" {
-			return l.N
+		if json.Unmarshal(line, &m) == nil && m.Msg == msg {
+			if err := json.Unmarshal(line, v); err != nil {
+				b.Fatal(err)
+			}
+			return
 		}
 	}
-	b.Fatalf("no \"drainers stopped\" line in %s", log.path)
-	return 0
+	b.Fatalf("no %q line in %s", msg, log.path)
 }

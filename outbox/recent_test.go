@@ -2,13 +2,11 @@ package outbox
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
 	"go.uber.org/zap/zaptest"
 
-	"github.com/cdcout/cdcout/internal/wait"
 	"github.com/cdcout/cdcout/state"
 )
 
@@ -23,19 +21,7 @@ func TestSegmentsFromMemory(t *testing.T) {
 	const txns, keys = 6, 15
 	recent := NewRecent(DefaultRecentBytes)
 	s := NewStore(st.db, st.schema, zaptest.NewLogger(t)).WithRecent(recent)
-	order := map[string][]string{}
-	for txn := 1; txn <= txns; txn++ {
-		var items []Pending
-		for i := 0; i < keys; i++ {
-			it := gtidItem(pipe, txn, i)
-			items = append(items, it)
-			k := fmt.Sprintf(`{"id":%d}`, i)
-			order[k] = append(order[k], it.ChangeKey)
-		}
-		if _, err := s.Enqueue(context.Background(), "r1", Fence{}, items, nil); err != nil {
-			t.Fatal(err)
-		}
-	}
+	order := enqueueTxnsWith(t, s, pipe, 1, txns, keys)
 	if n, b := recent.Len(); n != txns || b == 0 {
 		t.Fatalf("kept %d segments (%d bytes), want %d", n, b, txns)
 	}
@@ -56,20 +42,7 @@ func TestSegmentsFromMemory(t *testing.T) {
 	log := newDeliveryLog()
 	d := st.drainer(t, "d1", map[string]PipeConfig{pipe: {Sink: log.sink(), Concurrency: 4, BatchSize: 7}},
 		func(c *DrainerConfig) { c.Recent = recent })
-	stop := wait.Background(t, 30*time.Second, d.Run)
-	waitFor(t, "every segment done", func() bool {
-		return st.count(t, "SELECT COUNT(*) FROM "+segments+" WHERE status <> 'done'") == 0
-	})
-	stop()
-	for key, changeKeys := range order {
-		var want []string
-		for _, ck := range changeKeys {
-			want = append(want, idOf[ck])
-		}
-		if got := log.byKey[key]; fmt.Sprint(got) != fmt.Sprint(want) {
-			t.Fatalf("key %s delivered %v, want %v (commit order, once each)", key, got, want)
-		}
-	}
+	drainInOrder(t, st, d, log, order, idOf)
 	if total := len(log.attempts); total != txns*keys {
 		t.Fatalf("%d records delivered, want %d", total, txns*keys)
 	}

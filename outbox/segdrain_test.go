@@ -39,7 +39,12 @@ func enqueueTxnsFormat(t *testing.T, st *testState, pipe string, txns, keys, for
 // first on.
 func enqueueTxnRange(t *testing.T, st *testState, pipe string, first, txns, keys, format int) map[string][]string {
 	t.Helper()
-	s := NewStore(st.db, st.schema, zaptest.NewLogger(t)).WithSegmentFormat(format)
+	return enqueueTxnsWith(t, NewStore(st.db, st.schema, zaptest.NewLogger(t)).WithSegmentFormat(format), pipe, first, txns, keys)
+}
+
+// enqueueTxnsWith is enqueueTxnRange through the Store s.
+func enqueueTxnsWith(t *testing.T, s *Store, pipe string, first, txns, keys int) map[string][]string {
+	t.Helper()
 	order := map[string][]string{}
 	for txn := first; txn < first+txns; txn++ {
 		var items []Pending
@@ -517,21 +522,8 @@ func TestSegmentsReadAhead(t *testing.T) {
 	}
 	log := newDeliveryLog()
 	d := st.drainer(t, "d1", map[string]PipeConfig{pipe: {Sink: log.sink(), Concurrency: 4, BatchSize: 7}}, nil)
-	stop := wait.Background(t, 30*time.Second, d.Run)
+	drainInOrder(t, st, d, log, order, idOf)
 	segments := state.Table(st.schema, "segments")
-	waitFor(t, "every segment done", func() bool {
-		return st.count(t, "SELECT COUNT(*) FROM "+segments+" WHERE status <> 'done'") == 0
-	})
-	stop()
-	for key, changeKeys := range order {
-		var want []string
-		for _, ck := range changeKeys {
-			want = append(want, idOf[ck])
-		}
-		if got := log.byKey[key]; fmt.Sprint(got) != fmt.Sprint(want) {
-			t.Fatalf("key %s delivered %v, want %v (commit order, once each)", key, got, want)
-		}
-	}
 	if n := d.claimedAhead.Load(); n != txns-1 {
 		t.Fatalf("%d segments claimed as read ahead, want %d (all but the first)", n, txns-1)
 	}
@@ -559,7 +551,7 @@ func TestSegmentsReadAhead(t *testing.T) {
 	if seg, err := p.claimAhead(context.Background(), lease.Lease{}, false, next); err != nil || seg != nil {
 		t.Fatalf("claimed a segment as read after another claimed it: %v, %v", seg, err)
 	}
-	stop = wait.Background(t, 30*time.Second, d2.Run)
+	stop := wait.Background(t, 30*time.Second, d2.Run)
 	waitFor(t, "the two new segments done", func() bool {
 		return st.count(t, "SELECT COUNT(*) FROM "+segments+" WHERE status <> 'done'") == 0
 	})
@@ -579,6 +571,28 @@ func TestSegmentsReadAhead(t *testing.T) {
 	for id, n := range log.attempts {
 		if n != 1 {
 			t.Fatalf("record %s delivered %d times", id, n)
+		}
+	}
+}
+
+// drainInOrder runs d until every segment is done and checks that each
+// key's records (order: key → change keys in commit order; idOf: change
+// key → record id) were delivered in commit order, once each.
+func drainInOrder(t *testing.T, st *testState, d *Drainer, log *deliveryLog, order map[string][]string, idOf map[string]string) {
+	t.Helper()
+	stop := wait.Background(t, 30*time.Second, d.Run)
+	segments := state.Table(st.schema, "segments")
+	waitFor(t, "every segment done", func() bool {
+		return st.count(t, "SELECT COUNT(*) FROM "+segments+" WHERE status <> 'done'") == 0
+	})
+	stop()
+	for key, changeKeys := range order {
+		var want []string
+		for _, ck := range changeKeys {
+			want = append(want, idOf[ck])
+		}
+		if got := log.byKey[key]; fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("key %s delivered %v, want %v (commit order, once each)", key, got, want)
 		}
 	}
 }

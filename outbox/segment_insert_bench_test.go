@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"database/sql"
 	"encoding/base64"
 	"fmt"
 	"math/rand/v2"
@@ -26,23 +27,12 @@ import (
 func BenchmarkSegmentInsert(b *testing.B) {
 	for _, client := range []string{"binary", "utf8mb4"} {
 		b.Run("client="+client, func(b *testing.B) {
-			srv := mysqltest.Shared(b)
-			if _, ok := srv.CPUTime(); !ok {
-				b.Skip("the server's CPU time is not readable (CDCOUT_TEST_DSN)")
-			}
-			_, _, schema := testStore(b)
-			// The engine's state pool: interpolated arguments, MINIMAL row
-			// images.
-			dsn := srv.DSN
-			if client != "binary" {
-				dsn = srv.DSNWith("character_set_client=" + client)
-			}
-			pool, err := state.Open(dsn, 0)
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(func() { pool.Close() })
-			db := pool.DB
+			srv, db, schema := segmentBenchState(b, func(srv *mysqltest.Server) string {
+				if client != "binary" {
+					return srv.DSNWith("character_set_client=" + client)
+				}
+				return srv.DSN
+			})
 			db.SetMaxOpenConns(1)
 			s := NewStore(db, schema, zap.NewNop())
 			var got string
@@ -50,7 +40,6 @@ func BenchmarkSegmentInsert(b *testing.B) {
 				b.Fatalf("character_set_client = %q, %v; want %s", got, err, client)
 			}
 			seg := realisticSegment(b, s, "a:app.orders:hook")
-			ctx := context.Background()
 			tbl := state.Table(schema, "segments")
 			// The server's CPU over the loop, less what the DELETEs that keep
 			// the table small took.
@@ -72,16 +61,7 @@ func BenchmarkSegmentInsert(b *testing.B) {
 					b.StartTimer()
 				}
 				seg.firstID = fmt.Sprintf("%s%012d", seg.firstID[:len(seg.firstID)-12], i)
-				tx, err := db.BeginTx(ctx, nil)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if err := s.insertSegment(ctx, tx, &seg); err != nil {
-					b.Fatal(err)
-				}
-				if err := tx.Commit(); err != nil {
-					b.Fatal(err)
-				}
+				insertSegmentTx(b, db, s, &seg)
 			}
 			b.StopTimer()
 			c1, _ := srv.CPUTime()
@@ -124,4 +104,40 @@ func realisticSegment(b *testing.B, s *Store, pipe string) encodedSegment {
 		b.Fatalf("PrepareBatch: %d segments, %v; want one", len(batch.segs), err)
 	}
 	return batch.segs[0]
+}
+
+// segmentBenchState is the shared test server (whose CPU time must be
+// readable), a fresh state schema on it, and the engine's state pool to it
+// (state.Open: interpolated arguments, MINIMAL row images) through the DSN
+// dsn gives.
+func segmentBenchState(b *testing.B, dsn func(*mysqltest.Server) string) (*mysqltest.Server, *sql.DB, string) {
+	b.Helper()
+	srv := mysqltest.Shared(b)
+	if _, ok := srv.CPUTime(); !ok {
+		b.Skip("the server's CPU time is not readable (CDCOUT_TEST_DSN)")
+	}
+	_, _, schema := testStore(b)
+	pool, err := state.Open(dsn(srv), 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { pool.Close() })
+	return srv, pool.DB, schema
+}
+
+// insertSegmentTx writes seg in a transaction of its own, as an enqueue
+// writes a batch's segment.
+func insertSegmentTx(b *testing.B, db *sql.DB, s *Store, seg *encodedSegment) {
+	ctx := context.Background()
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer tx.Rollback()
+	if err := s.insertSegment(ctx, tx, seg); err != nil {
+		b.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		b.Fatal(err)
+	}
 }

@@ -10,7 +10,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/cdcout/cdcout/internal/mysqltest"
-	"github.com/cdcout/cdcout/state"
 )
 
 // BenchmarkSegmentRead measures what reading a pending segment ahead
@@ -23,17 +22,7 @@ import (
 func BenchmarkSegmentRead(b *testing.B) {
 	for _, from := range []string{"table", "memory"} {
 		b.Run("from="+from, func(b *testing.B) {
-			srv := mysqltest.Shared(b)
-			if _, ok := srv.CPUTime(); !ok {
-				b.Skip("the server's CPU time is not readable (CDCOUT_TEST_DSN)")
-			}
-			_, _, schema := testStore(b)
-			pool, err := state.Open(srv.DSN, 0)
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(func() { pool.Close() })
-			db := pool.DB
+			srv, db, schema := segmentBenchState(b, func(srv *mysqltest.Server) string { return srv.DSN })
 			s := NewStore(db, schema, zap.NewNop())
 			const pipe = "a:app.orders:hook"
 			seg := realisticSegment(b, s, pipe)
@@ -45,16 +34,7 @@ func BenchmarkSegmentRead(b *testing.B) {
 			for i := range ids {
 				seg.firstID = fmt.Sprintf("%s%012d", seg.firstID[:len(seg.firstID)-12], i)
 				ids[i] = seg.firstID
-				tx, err := db.BeginTx(ctx, nil)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if err := s.insertSegment(ctx, tx, &seg); err != nil {
-					b.Fatal(err)
-				}
-				if err := tx.Commit(); err != nil {
-					b.Fatal(err)
-				}
+				insertSegmentTx(b, db, s, &seg)
 			}
 			recent := NewRecent(DefaultRecentBytes)
 			cfg := DrainerConfig{DB: db, Schema: schema, ClaimedBy: "bench", Pipes: map[string]PipeConfig{pipe: {Sink: fakeSink{}}}}
