@@ -7,9 +7,11 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/urfave/cli/v2"
+	"go.uber.org/zap"
 
 	"github.com/cdcout/cdcout/config"
 	"github.com/cdcout/cdcout/engine"
+	"github.com/cdcout/cdcout/internal/gctune"
 )
 
 // sinkList collects repeated --sink values without splitting them on
@@ -110,6 +112,10 @@ func runAction(c *cli.Context, set []config.Setting) error {
 		return err
 	}
 	defer func() { _ = logger.Sync() }()
+	if limit, soft := gctune.Container(); limit > 0 {
+		logger.Info("soft memory limit set from the container's (set GOMEMLIMIT to choose another)",
+			zap.Int64("container_limit_bytes", limit), zap.Int64("soft_limit_bytes", soft))
+	}
 	if cfg.ResetPosition {
 		logger.Warn("--reset-position is set: the stored checkpoint will be discarded and capture starts at --from")
 	}

@@ -43,7 +43,17 @@ type logFile struct {
 
 func newLogFile(t testing.TB, name string) *logFile {
 	t.Helper()
-	path := t.TempDir() + "/" + name + ".log"
+	dir := t.TempDir()
+	// CDCOUT_TEST_LOGS keeps the logs in a directory of one's own, to read
+	// after the run (they are otherwise removed with the test's temp dir).
+	if keep := os.Getenv("CDCOUT_TEST_LOGS"); keep != "" {
+		if err := os.MkdirAll(keep, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		dir = keep
+		name += "-" + time.Now().UTC().Format("150405.000")
+	}
+	path := dir + "/" + name + ".log"
 	f, err := os.Create(path)
 	if err != nil {
 		t.Fatal(err)
@@ -90,6 +100,12 @@ func (l *logFile) count(s string) int {
 func startCdcout(t testing.TB, log *logFile, args ...string) *proc {
 	t.Helper()
 	cmd := exec.Command(binPath, args...)
+	// CDCOUT_BENCH_CHILD_CGROUP names a cgroup directory the binary runs
+	// in (a memory limit of its own, say): the shell joins it, then
+	// becomes the binary, keeping its pid.
+	if dir := os.Getenv("CDCOUT_BENCH_CHILD_CGROUP"); dir != "" {
+		cmd = exec.Command("sh", append([]string{"-c", `echo $$ > "$0/cgroup.procs" && exec "$@"`, dir, binPath}, args...)...)
+	}
 	cmd.Stdout, cmd.Stderr = log, log
 	// CDCOUT_BENCH_CHILD_GOMAXPROCS sets GOMAXPROCS for the binary alone,
 	// so a benchmark can compare it without the test process's own bare

@@ -54,10 +54,36 @@ var (
 	wideBase  int64 // runtime memory when the wide period began
 	prevLimit int64
 	restore   *time.Timer
+
+	// container is the cgroup's memory limit Apply found, containerSoft
+	// the soft limit it set from it; 0 when it set none.
+	container, containerSoft int64
 )
 
-// Apply sets Percent unless GOGC is set in the environment, which wins.
+// Container returns the memory limit of the process's cgroup and the soft
+// memory limit Apply set from it, both 0 when it set none (no limit, or
+// GOMEMLIMIT set).
+func Container() (limit, soft int64) {
+	mu.Lock()
+	defer mu.Unlock()
+	return container, containerSoft
+}
+
+// Apply sets Percent unless GOGC is set in the environment, which wins,
+// and, unless GOMEMLIMIT is set, a soft memory limit of ContainerShare of
+// the memory limit of the cgroup the process runs in, if it has one.
 func Apply() {
+	if os.Getenv("GOMEMLIMIT") == "" {
+		if self, err := os.ReadFile("/proc/self/cgroup"); err == nil {
+			if l := cgroupMemoryLimit("/sys/fs/cgroup", self); l > 0 {
+				soft := int64(float64(l) * ContainerShare)
+				debug.SetMemoryLimit(soft)
+				mu.Lock()
+				container, containerSoft = l, soft
+				mu.Unlock()
+			}
+		}
+	}
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(Percent)
 		mu.Lock()
