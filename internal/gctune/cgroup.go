@@ -38,6 +38,31 @@ const noLimit = 1 << 60
 // container's limit there.
 func cgroupMemoryLimit(root string, self []byte) int64 {
 	var best int64
+	for _, h := range memoryHierarchies(root, self) {
+		for g := h.group; ; g = path.Dir(g) {
+			if l := readLimit(path.Join(h.dir, g, h.file)); l > 0 && (best == 0 || l < best) {
+				best = l
+			}
+			if g == "/" {
+				break
+			}
+		}
+	}
+	return best
+}
+
+// memoryHierarchy is a cgroup hierarchy that limits memory, as
+// /proc/self/cgroup names it: where it is mounted, the process's group in
+// it, and the name of a group's limit file.
+type memoryHierarchy struct {
+	dir, group, file string
+}
+
+// memoryHierarchies lists the hierarchies of self (/proc/self/cgroup) that
+// limit memory, mounted under root: cgroup v2's unified one and v1's
+// memory controller.
+func memoryHierarchies(root string, self []byte) []memoryHierarchy {
+	var hs []memoryHierarchy
 	sc := bufio.NewScanner(bytes.NewReader(self))
 	for sc.Scan() {
 		// hierarchy-ID:controller-list:cgroup-path
@@ -49,25 +74,14 @@ func cgroupMemoryLimit(root string, self []byte) int64 {
 		if !ok || !strings.HasPrefix(group, "/") {
 			continue
 		}
-		var dir, file string
 		switch {
 		case id == "0" && controllers == "":
-			dir, file = root, "memory.max" // v2, the unified hierarchy
+			hs = append(hs, memoryHierarchy{root, path.Clean(group), "memory.max"}) // v2, the unified hierarchy
 		case hasController(controllers, "memory"):
-			dir, file = path.Join(root, "memory"), "memory.limit_in_bytes" // v1
-		default:
-			continue
-		}
-		for g := path.Clean(group); ; g = path.Dir(g) {
-			if l := readLimit(path.Join(dir, g, file)); l > 0 && (best == 0 || l < best) {
-				best = l
-			}
-			if g == "/" {
-				break
-			}
+			hs = append(hs, memoryHierarchy{path.Join(root, "memory"), path.Clean(group), "memory.limit_in_bytes"}) // v1
 		}
 	}
-	return best
+	return hs
 }
 
 func hasController(list, name string) bool {

@@ -106,29 +106,19 @@ func newMemoryGroup(t *testing.T, limit int64) (dir, procs string) {
 		t.Skipf("no /proc/self/cgroup: %v", err)
 	}
 	name := fmt.Sprintf("cdcout-gctune-%d", os.Getpid())
-	for _, line := range strings.Split(string(self), "\n") {
-		parts := strings.SplitN(line, ":", 3)
-		if len(parts) != 3 {
-			continue
-		}
-		var base, file string
-		switch {
-		case hasController(parts[1], "memory"):
-			base, file = filepath.Join("/sys/fs/cgroup/memory", parts[2]), "memory.limit_in_bytes"
-		case parts[0] == "0" && parts[1] == "":
-			base, file = filepath.Join("/sys/fs/cgroup", parts[2]), "memory.max"
+	for _, h := range memoryHierarchies("/sys/fs/cgroup", self) {
+		base := filepath.Join(h.dir, h.group)
+		if h.file == "memory.max" {
 			if b, err := os.ReadFile(filepath.Join(base, "cgroup.subtree_control")); err != nil || !strings.Contains(string(b), "memory") {
 				continue // v2 without the memory controller for new groups here
 			}
-		default:
-			continue
 		}
 		dir = filepath.Join(base, name)
 		if err := os.Mkdir(dir, 0o755); err != nil {
 			continue
 		}
 		t.Cleanup(func() { os.Remove(dir) })
-		if err := os.WriteFile(filepath.Join(dir, file), []byte(strconv.FormatInt(limit, 10)), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, h.file), []byte(strconv.FormatInt(limit, 10)), 0o644); err != nil {
 			t.Fatalf("set the limit of %s: %v", dir, err)
 		}
 		return dir, filepath.Join(dir, "cgroup.procs")
