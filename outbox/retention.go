@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"time"
 
 	"go.uber.org/zap"
@@ -95,8 +96,15 @@ func NewJanitor(cfg JanitorConfig) (*Janitor, error) {
 }
 
 // Run sweeps every cfg.Every until ctx ends, then returns nil. Every
-// replica may run one: the deletes are idempotent and batched.
+// replica may run one: the deletes are idempotent and batched. The first
+// sweep comes a random quarter to three quarters of Every after the start,
+// not at once: a start is when a replica catches up through its backlog,
+// and a restarted fleet does not sweep all at the same moment.
 func (j *Janitor) Run(ctx context.Context) error {
+	first := j.cfg.Every/4 + rand.N(j.cfg.Every/2+1)
+	if pause.For(ctx, first) != nil {
+		return nil
+	}
 	pause.Repeat(ctx, func() time.Duration {
 		sw, err := j.Sweep(ctx)
 		switch {
@@ -155,26 +163,131 @@ func (j *Janitor) Sweep(ctx context.Context) (Swept, error) {
 		}
 	}
 	for {
-		res, err := j.cfg.DB.ExecContext(ctx, `DELETE FROM `+j.claims+`
-WHERE created_at < NOW(6) - INTERVAL ? MICROSECOND LIMIT ?`, j.cfg.DedupWindow.Microseconds(), j.cfg.BatchSize)
+		n, err := j.sweepClaims(ctx)
+		sw.Claims += n
 		if err != nil {
 			return sw, fmt.Errorf("delete old claims: %w", err)
 		}
-		n, _ := res.RowsAffected()
-		sw.Claims += n
 		if n < int64(j.cfg.BatchSize) {
 			break
 		}
 	}
-	// Member leases only count live replicas; an expired one is never
-	// renewed again (its holder name carries the dead process's nonce).
-	res, err := j.cfg.DB.ExecContext(ctx, `DELETE FROM `+j.leases+`
-WHERE name LIKE 'member/%' AND expires_at < NOW(6) - INTERVAL 1 HOUR`)
+	n, err := j.sweepMembers(ctx)
+	sw.Members = n
 	if err != nil {
 		return sw, fmt.Errorf("delete old member leases: %w", err)
 	}
-	sw.Members, _ = res.RowsAffected()
 	return sw, nil
+}
+
+// sweepClaims deletes one batch of claims older than the dedup window.
+//
+// It reads the batch's keys with a plain read and deletes them by primary
+// key, in READ COMMITTED, rather than with one
+// "DELETE … WHERE created_at < … LIMIT n". That statement, in REPEATABLE
+// READ, walks the created_at index with next-key locks up to the first
+// record past the range: a claim an enqueue transaction has just inserted
+// and not committed. The sweep then waits for that transaction holding a
+// gap lock in front of it, and every other enqueue transaction's claim
+// with an earlier created_at waits on that gap. When the one waited for is
+// itself waiting, in cdcout rather than in InnoDB, for an earlier enqueue
+// transaction to commit (enqueues commit in record-id order), the cycle is
+// one no deadlock detector sees: it lasts until a lock wait timeout. Here
+// nothing the sweep takes is a gap, and what it locks is only claims past
+// the window, which no enqueue touches.
+func (j *Janitor) sweepClaims(ctx context.Context) (int64, error) {
+	tx, err := j.cfg.DB.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback()
+	window := j.cfg.DedupWindow.Microseconds()
+	r, err := tx.QueryContext(ctx, `SELECT pipe, change_key FROM `+j.claims+`
+WHERE created_at < NOW(6) - INTERVAL ? MICROSECOND ORDER BY created_at LIMIT ?`, window, j.cfg.BatchSize)
+	if err != nil {
+		return 0, err
+	}
+	byPipe := map[string][]any{}
+	var order []string
+	for r.Next() {
+		var pipe, key string
+		if err := r.Scan(&pipe, &key); err != nil {
+			r.Close()
+			return 0, err
+		}
+		if byPipe[pipe] == nil {
+			order = append(order, pipe)
+		}
+		byPipe[pipe] = append(byPipe[pipe], key)
+	}
+	r.Close()
+	if err := r.Err(); err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, pipe := range order {
+		keys := byPipe[pipe]
+		// The window again: a claim taken again since the read stays.
+		// FORCE INDEX (PRIMARY): on the created_at index, which the
+		// optimizer may prefer for a small table, the delete would walk
+		// into, and wait on, an enqueue transaction's fresh claim.
+		args := append(append([]any{pipe}, keys...), window)
+		res, err := tx.ExecContext(ctx, `DELETE `+j.claims+` FROM `+j.claims+` FORCE INDEX (PRIMARY)
+WHERE pipe = ? AND change_key IN (`+state.Placeholders(len(keys))+`) AND created_at < NOW(6) - INTERVAL ? MICROSECOND`, args...)
+		if err != nil {
+			return 0, err
+		}
+		d, _ := res.RowsAffected()
+		n += d
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+// sweepMembers deletes member leases (member/<holder>/<instance>) expired
+// for over an hour. Member leases only count live replicas; an expired one
+// is never renewed again (its holder name carries the dead process's
+// nonce). As sweepClaims: a plain read, then deletes by primary key in READ
+// COMMITTED, so no gap lock sits in front of a lease being taken.
+func (j *Janitor) sweepMembers(ctx context.Context) (int64, error) {
+	tx, err := j.cfg.DB.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback()
+	r, err := tx.QueryContext(ctx, `SELECT name FROM `+j.leases+`
+WHERE name LIKE 'member/%' AND expires_at < NOW(6) - INTERVAL 1 HOUR LIMIT ?`, j.cfg.BatchSize)
+	if err != nil {
+		return 0, err
+	}
+	var names []any
+	for r.Next() {
+		var name string
+		if err := r.Scan(&name); err != nil {
+			r.Close()
+			return 0, err
+		}
+		names = append(names, name)
+	}
+	r.Close()
+	if err := r.Err(); err != nil {
+		return 0, err
+	}
+	if len(names) == 0 {
+		return 0, nil
+	}
+	res, err := tx.ExecContext(ctx, `DELETE FROM `+j.leases+` WHERE name IN (`+state.Placeholders(len(names))+`)
+AND name LIKE 'member/%' AND expires_at < NOW(6) - INTERVAL 1 HOUR`, names...)
+	if err != nil {
+		return 0, err
+	}
+	n, _ := res.RowsAffected()
+	if err := tx.Commit(); err != nil {
+		return 0, err
+	}
+	return n, nil
 }
 
 // pipes lists the pipes that have outbox rows or segments.

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"testing"
 	"time"
@@ -102,9 +103,15 @@ VALUES (?, ?, REPEAT('a', 64), 'r/1', NOW(6) - INTERVAL `+age+`)`, pipe, fmt.Spr
 	if n := s.count(t, `SELECT COUNT(*) FROM {claims}`); n != 1 {
 		t.Fatalf("%d claims left, want the recent one", n)
 	}
-	// Run sweeps at once and stops with its context.
+	// Run sweeps, a fraction of Every after its start, and stops with its
+	// context.
 	recentDead := s.insert(t, pipe, `["x"]`)
 	old(recentDead, "dead")
+	j, err = NewJanitor(JanitorConfig{DB: s.db, Schema: s.schema, Retention: 72 * time.Hour, DedupWindow: time.Hour, BatchSize: 2,
+		Every: 400 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
 	stop := wait.Background(t, 30*time.Second, j.Run)
 	waitFor(t, "Run sweeps", func() bool {
 		return s.count(t, `SELECT COUNT(*) FROM {outbox} WHERE id = ?`, recentDead) == 0
@@ -112,6 +119,76 @@ VALUES (?, ?, REPEAT('a', 64), 'r/1', NOW(6) - INTERVAL `+age+`)`, pipe, fmt.Spr
 	stop()
 	if n := s.count(t, `SELECT COUNT(*) FROM {outbox}`); n != len(kept) {
 		t.Fatalf("%d rows left after Run, want %d", n, len(kept))
+	}
+}
+
+// TestJanitorClaimSweepTakesNoGapLocks: a claims sweep while an enqueue
+// transaction holds a fresh, uncommitted claim neither waits for that
+// transaction nor stops another from inserting a claim in front of it.
+// A range DELETE in REPEATABLE READ did both: it waited on the fresh
+// claim holding a gap lock in front of it, and the other transaction's
+// insert waited on that gap; with enqueues committing in record-id
+// order, that was a cycle only a lock wait timeout broke.
+func TestJanitorClaimSweepTakesNoGapLocks(t *testing.T) {
+	s := newTestState(t)
+	ctx := context.Background()
+	const pipe = "i:app.t:fake"
+	for i := range 3 {
+		s.exec(t, `INSERT INTO `+state.Table(s.schema, "claims")+` (pipe, change_key, digest, claimed_by, created_at)
+VALUES (?, ?, REPEAT('a', 64), 'r/1', NOW(6) - INTERVAL 2 HOUR)`, pipe, fmt.Sprintf("g:old:%d", i))
+	}
+	begin := func() *sql.Tx {
+		c, err := s.db.Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if _, err := c.ExecContext(ctx, `SET SESSION innodb_lock_wait_timeout = 2`); err != nil {
+			t.Fatal(err)
+		}
+		tx, err := c.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { tx.Rollback() })
+		return tx
+	}
+	claim := func(tx *sql.Tx, key, age string) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO `+state.Table(s.schema, "claims")+` (pipe, change_key, digest, claimed_by, created_at)
+VALUES (?, ?, REPEAT('b', 64), 'r/1', NOW(6) - INTERVAL `+age+`)`, pipe, key)
+		return err
+	}
+	later := begin()
+	if err := claim(later, "g:later", "0 SECOND"); err != nil {
+		t.Fatal(err)
+	}
+	j, err := NewJanitor(JanitorConfig{DB: s.db, Schema: s.schema, DedupWindow: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	sw, err := j.Sweep(sctx)
+	if err != nil {
+		t.Fatalf("sweep with an enqueue transaction open: %v", err)
+	}
+	if sw.Claims != 3 {
+		t.Fatalf("swept %d claims, want the 3 old ones", sw.Claims)
+	}
+	// An earlier transaction's claim, in front of the open one in the
+	// created_at index, goes in at once.
+	earlier := begin()
+	if err := claim(earlier, "g:earlier", "1 SECOND"); err != nil {
+		t.Fatalf("claim in front of an open one after a sweep: %v", err)
+	}
+	if err := earlier.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := later.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.count(t, `SELECT COUNT(*) FROM {claims}`); n != 2 {
+		t.Fatalf("%d claims left, want the 2 fresh ones", n)
 	}
 }
 
