@@ -4,8 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/cdcout/cdcout/binlog"
 	"github.com/cdcout/cdcout/state"
@@ -135,9 +139,14 @@ func TestEnqueueBatchAfter(t *testing.T) {
 
 	// The batch before is slow: this one lets its locks go and waits for
 	// it outside its transaction, then commits.
+	// It logs the state database's busy sessions, its own open
+	// transaction among them.
 	old := predecessorWait
 	predecessorWait = 100 * time.Millisecond
 	t.Cleanup(func() { predecessorWait = old })
+	core, logs := observer.New(zap.InfoLevel)
+	s.logger = zap.New(core)
+	lastWaitsLog.Store(0)
 	fifth, _, _ := afterBatch(t, s, 4)
 	p = newPredecessor()
 	fifth.After(p.wait)
@@ -154,5 +163,29 @@ func TestEnqueueBatchAfter(t *testing.T) {
 	p.answer <- predAnswer{lastID: r2.LastID}
 	if err := <-done; err != nil || claims(4) != 20 || checkpoint() != "0-1-4" {
 		t.Fatalf("after the slow one committed: %v, %d claims, checkpoint %s", err, claims(4), checkpoint())
+	}
+	waits := logs.FilterMessageSnippet("waited over its limit").All()
+	if len(waits) != 1 {
+		t.Fatalf("%d logs of the busy sessions, want 1", len(waits))
+	}
+	sessions := fmt.Sprint(waits[0].ContextMap()["sessions"])
+	t.Logf("busy sessions: %s", sessions)
+	if !strings.Contains(sessions, "Sleep") || !strings.Contains(sessions, "trx=RUNNING") {
+		t.Fatalf("busy sessions %s: want the waiting enqueue transaction's, idle in a RUNNING transaction", sessions)
+	}
+}
+
+func TestStatementHeadLeavesValuesOut(t *testing.T) {
+	for q, want := range map[string]string{
+		"INSERT IGNORE INTO `s`.`claims` (pipe, change_key) VALUES ('p', 'k')": "INSERT IGNORE INTO `s`.`claims`",
+		"CHANGE MASTER TO MASTER_PASSWORD='hunter2', MASTER_HOST='h'":          "CHANGE MASTER TO MASTER_PASSWORD",
+		"ALTER USER u IDENTIFIED BY 'hunter2'":                                 "ALTER USER u IDENTIFIED",
+		"SET PASSWORD=PASSWORD('hunter2')":                                     "SET PASSWORD",
+		"SELECT\n1":                                                            "SELECT 1",
+		"":                                                                     "",
+	} {
+		if got := statementHead(q); got != want || strings.Contains(got, "hunter2") {
+			t.Errorf("statementHead(%q) = %q, want %q", q, got, want)
+		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 	"unsafe"
@@ -120,9 +121,13 @@ var errIDOrder = errors.New("ids drawn before the previous transaction's retry")
 // predecessorWait bounds how long a transaction holds its locks waiting
 // for the one before it to commit; past it, it rolls back and waits for
 // that one outside any transaction. The two take disjoint claims, so the
-// wait is normally the other's remaining statements, milliseconds. (A
-// variable for tests.)
-var predecessorWait = 5 * time.Second
+// wait is normally the other's remaining statements, milliseconds; a
+// predecessor that takes longer is a very large batch, or one waiting on a
+// lock this transaction or another holds, which only this rollback may
+// release (InnoDB sees no cycle that runs through cdcout). A second keeps
+// such a stall short (it was 5 s) at the price of writing a batch twice
+// behind a predecessor that is only slow. (A variable for tests.)
+var predecessorWait = time.Second
 
 // errPredecessorSlow: the transaction before this one took longer than
 // predecessorWait to commit; this one rolls back and retries.
@@ -535,6 +540,9 @@ func (s *Store) enqueueOnce(ctx context.Context, claimedBy string, fence Fence, 
 
 	if after != nil {
 		if err := awaitPredecessor(ctx, after, its); err != nil {
+			if errors.Is(err, errPredecessorSlow) {
+				s.logServerWaits(ctx)
+			}
 			return EnqueueResult{}, err
 		}
 	}
@@ -853,4 +861,68 @@ func (s *Store) encodeSegments(ours []*pendingRecord, emit func(*encodedSegment)
 		}
 	}
 	return nil
+}
+
+// lastWaitsLog is when logServerWaits last logged (unix nanoseconds).
+var lastWaitsLog atomic.Int64
+
+// logServerWaits logs, at most once a minute, what the state database's
+// busy sessions are doing while an enqueue transaction waits for a slow
+// predecessor (still open, so whatever holds the predecessor up still
+// does): each session's command, state and time, its InnoDB transaction's
+// state and the start of its statement. That is what tells a lock held by
+// another tool, a metadata lock or a cycle through cdcout apart. Of each
+// statement only its head is logged (statementHead): past it are values,
+// and another tool's statement may carry a password.
+func (s *Store) logServerWaits(ctx context.Context) {
+	now := time.Now().UnixNano()
+	last := lastWaitsLog.Load()
+	if now-last < int64(time.Minute) || !lastWaitsLog.CompareAndSwap(last, now) {
+		return
+	}
+	qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	rows, err := s.db.QueryContext(qctx, `SELECT p.ID, p.COMMAND, p.TIME, COALESCE(p.STATE, ''), LEFT(COALESCE(p.INFO, ''), 200),
+COALESCE(t.trx_state, ''), COALESCE(t.trx_rows_locked, 0)
+FROM information_schema.PROCESSLIST p LEFT JOIN information_schema.INNODB_TRX t ON t.trx_mysql_thread_id = p.ID
+WHERE p.ID <> CONNECTION_ID() AND (p.COMMAND NOT IN ('Sleep', 'Binlog Dump', 'Binlog Dump GTID', 'Daemon') OR t.trx_id IS NOT NULL)
+ORDER BY p.ID LIMIT 50`)
+	if err != nil {
+		s.logger.Debug("read the state database's sessions", zap.Error(err))
+		return
+	}
+	defer rows.Close()
+	var sessions []string
+	for rows.Next() {
+		var (
+			id, secs, locked                int64
+			command, state, query, trxState string
+		)
+		if err := rows.Scan(&id, &command, &secs, &state, &query, &trxState, &locked); err != nil {
+			s.logger.Debug("read the state database's sessions", zap.Error(err))
+			return
+		}
+		sessions = append(sessions, fmt.Sprintf("%d %s %ds %q trx=%s locked=%d %q", id, command, secs, state, trxState, locked, statementHead(query)))
+	}
+	if err := rows.Err(); err != nil {
+		s.logger.Debug("read the state database's sessions", zap.Error(err))
+		return
+	}
+	s.logger.Info("an enqueue transaction waited over its limit for the one before it; the state database's busy sessions",
+		zap.Duration("limit", predecessorWait), zap.Strings("sessions", sessions))
+}
+
+// statementHead is the first four words of a statement, each cut at its
+// first quote, '=' or '(': "INSERT IGNORE INTO `s`.`claims`" or "UPDATE
+// `s`.`leases` l JOIN", never a value ("CHANGE MASTER TO
+// MASTER_PASSWORD='…'" is "CHANGE MASTER TO MASTER_PASSWORD").
+func statementHead(q string) string {
+	words := strings.Fields(q)
+	words = words[:min(len(words), 4)]
+	for i, w := range words {
+		if cut := strings.IndexAny(w, "'\"=("); cut >= 0 {
+			words[i] = w[:cut]
+		}
+	}
+	return strings.Join(words, " ")
 }
