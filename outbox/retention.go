@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"go.uber.org/zap"
@@ -163,7 +164,7 @@ func (j *Janitor) Sweep(ctx context.Context) (Swept, error) {
 		}
 	}
 	for {
-		n, err := j.sweepClaims(ctx)
+		n, err := j.readCommitted(ctx, j.sweepClaims)
 		sw.Claims += n
 		if err != nil {
 			return sw, fmt.Errorf("delete old claims: %w", err)
@@ -172,12 +173,36 @@ func (j *Janitor) Sweep(ctx context.Context) (Swept, error) {
 			break
 		}
 	}
-	n, err := j.sweepMembers(ctx)
-	sw.Members = n
-	if err != nil {
-		return sw, fmt.Errorf("delete old member leases: %w", err)
+	for {
+		n, err := j.readCommitted(ctx, j.sweepMembers)
+		sw.Members += n
+		if err != nil {
+			return sw, fmt.Errorf("delete old member leases: %w", err)
+		}
+		if n < int64(j.cfg.BatchSize) {
+			break
+		}
 	}
 	return sw, nil
+}
+
+// readCommitted runs one batch of a sweep in a READ COMMITTED transaction
+// and commits it: no gap locks, so a sweep never blocks what is inserted
+// beside the records it deletes. It returns what sweep deleted.
+func (j *Janitor) readCommitted(ctx context.Context, sweep func(context.Context, *sql.Tx) (int64, error)) (int64, error) {
+	tx, err := j.cfg.DB.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback()
+	n, err := sweep(ctx, tx)
+	if err != nil {
+		return 0, err
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, err
+	}
+	return n, nil
 }
 
 // sweepClaims deletes one batch of claims older than the dedup window.
@@ -195,34 +220,21 @@ func (j *Janitor) Sweep(ctx context.Context) (Swept, error) {
 // one no deadlock detector sees: it lasts until a lock wait timeout. Here
 // nothing the sweep takes is a gap, and what it locks is only claims past
 // the window, which no enqueue touches.
-func (j *Janitor) sweepClaims(ctx context.Context) (int64, error) {
-	tx, err := j.cfg.DB.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
-	if err != nil {
-		return 0, err
-	}
-	defer tx.Rollback()
+func (j *Janitor) sweepClaims(ctx context.Context, tx *sql.Tx) (int64, error) {
 	window := j.cfg.DedupWindow.Microseconds()
-	r, err := tx.QueryContext(ctx, `SELECT pipe, change_key FROM `+j.claims+`
-WHERE created_at < NOW(6) - INTERVAL ? MICROSECOND ORDER BY created_at LIMIT ?`, window, j.cfg.BatchSize)
+	old, err := state.Collect(ctx, tx, `SELECT pipe, change_key FROM `+j.claims+`
+WHERE created_at < NOW(6) - INTERVAL ? MICROSECOND ORDER BY created_at LIMIT ?`, []any{window, j.cfg.BatchSize},
+		func(r *sql.Rows) (c [2]string, err error) { return c, r.Scan(&c[0], &c[1]) })
 	if err != nil {
 		return 0, err
 	}
 	byPipe := map[string][]any{}
 	var order []string
-	for r.Next() {
-		var pipe, key string
-		if err := r.Scan(&pipe, &key); err != nil {
-			r.Close()
-			return 0, err
+	for _, c := range old {
+		if byPipe[c[0]] == nil {
+			order = append(order, c[0])
 		}
-		if byPipe[pipe] == nil {
-			order = append(order, pipe)
-		}
-		byPipe[pipe] = append(byPipe[pipe], key)
-	}
-	r.Close()
-	if err := r.Err(); err != nil {
-		return 0, err
+		byPipe[c[0]] = append(byPipe[c[0]], c[1])
 	}
 	var n int64
 	for _, pipe := range order {
@@ -240,53 +252,31 @@ WHERE pipe = ? AND change_key IN (`+state.Placeholders(len(keys))+`) AND created
 		d, _ := res.RowsAffected()
 		n += d
 	}
-	if err := tx.Commit(); err != nil {
-		return 0, err
-	}
 	return n, nil
 }
 
-// sweepMembers deletes member leases (member/<holder>/<instance>) expired
-// for over an hour. Member leases only count live replicas; an expired one
-// is never renewed again (its holder name carries the dead process's
-// nonce). As sweepClaims: a plain read, then deletes by primary key in READ
-// COMMITTED, so no gap lock sits in front of a lease being taken.
-func (j *Janitor) sweepMembers(ctx context.Context) (int64, error) {
-	tx, err := j.cfg.DB.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
-	if err != nil {
-		return 0, err
-	}
-	defer tx.Rollback()
-	r, err := tx.QueryContext(ctx, `SELECT name FROM `+j.leases+`
+// sweepMembers deletes one batch of member leases
+// (member/<holder>/<instance>) expired for over an hour. Member leases
+// only count live replicas; an expired one is never renewed again (its
+// holder name carries the dead process's nonce). As sweepClaims: a plain
+// read, then deletes by primary key, so no gap lock sits in front of a
+// lease being taken.
+func (j *Janitor) sweepMembers(ctx context.Context, tx *sql.Tx) (int64, error) {
+	names, err := state.Strings(ctx, tx, `SELECT name FROM `+j.leases+`
 WHERE name LIKE 'member/%' AND expires_at < NOW(6) - INTERVAL 1 HOUR LIMIT ?`, j.cfg.BatchSize)
-	if err != nil {
+	if err != nil || len(names) == 0 {
 		return 0, err
 	}
-	var names []any
-	for r.Next() {
-		var name string
-		if err := r.Scan(&name); err != nil {
-			r.Close()
-			return 0, err
-		}
-		names = append(names, name)
-	}
-	r.Close()
-	if err := r.Err(); err != nil {
-		return 0, err
-	}
-	if len(names) == 0 {
-		return 0, nil
+	args := make([]any, len(names))
+	for i, name := range names {
+		args[i] = name
 	}
 	res, err := tx.ExecContext(ctx, `DELETE FROM `+j.leases+` WHERE name IN (`+state.Placeholders(len(names))+`)
-AND name LIKE 'member/%' AND expires_at < NOW(6) - INTERVAL 1 HOUR`, names...)
+AND name LIKE 'member/%' AND expires_at < NOW(6) - INTERVAL 1 HOUR`, args...)
 	if err != nil {
 		return 0, err
 	}
 	n, _ := res.RowsAffected()
-	if err := tx.Commit(); err != nil {
-		return 0, err
-	}
 	return n, nil
 }
 
@@ -372,58 +362,40 @@ ON DUPLICATE KEY UPDATE deleted_to = GREATEST(deleted_to, VALUES(deleted_to)), u
 func (j *Janitor) sweepRows(ctx context.Context, pipe string, status Status) (rows, atts int64, err error) {
 	// READ COMMITTED: no gap locks on the due index, so the sweep never
 	// blocks the drainer moving rows to delivered meanwhile.
-	tx, err := j.cfg.DB.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
-	if err != nil {
-		return 0, 0, err
-	}
-	defer tx.Rollback()
-	// FOR UPDATE locks the chosen rows, so a concurrent dead-letter retry
-	// either happens first (and the row is no longer chosen) or waits.
-	r, err := tx.QueryContext(ctx, `SELECT id FROM `+j.outbox+`
+	rows, err = j.readCommitted(ctx, func(ctx context.Context, tx *sql.Tx) (int64, error) {
+		// FOR UPDATE locks the chosen rows, so a concurrent dead-letter retry
+		// either happens first (and the row is no longer chosen) or waits.
+		chosen, err := state.Strings(ctx, tx, `SELECT id FROM `+j.outbox+`
 WHERE pipe = ? AND status = ? AND next_attempt_at < NOW(6) - INTERVAL ? MICROSECOND
 ORDER BY next_attempt_at LIMIT ? FOR UPDATE`, pipe, string(status), j.cfg.Retention.Microseconds(), j.cfg.BatchSize)
-	if err != nil {
-		return 0, 0, err
-	}
-	var ids []any
-	for r.Next() {
-		var id string
-		if err := r.Scan(&id); err != nil {
-			r.Close()
-			return 0, 0, err
+		if err != nil || len(chosen) == 0 {
+			return 0, err
 		}
-		ids = append(ids, id)
-	}
-	r.Close()
-	if err := r.Err(); err != nil {
-		return 0, 0, err
-	}
-	if len(ids) == 0 {
-		return 0, 0, nil
-	}
-	in := state.Placeholders(len(ids))
-	res, err := tx.ExecContext(ctx, `DELETE FROM `+j.attempts+` WHERE outbox_id IN (`+in+`)`, ids...)
-	if err != nil {
-		return 0, 0, err
-	}
-	atts, _ = res.RowsAffected()
-	// The status condition again, as a belt to FOR UPDATE's braces:
-	// whatever happens, a pending row is never deleted.
-	res, err = tx.ExecContext(ctx, `DELETE FROM `+j.outbox+` WHERE id IN (`+in+`) AND status IN ('delivered','dead')`, ids...)
-	if err != nil {
-		return 0, 0, err
-	}
-	rows, _ = res.RowsAffected()
-	newest := ""
-	for _, id := range ids {
-		newest = max(newest, id.(string))
-	}
-	if rows > 0 {
-		if err := j.markDeleted(ctx, tx, pipe, newest); err != nil {
-			return 0, 0, err
+		ids := make([]any, len(chosen))
+		for i, id := range chosen {
+			ids[i] = id
 		}
-	}
-	if err := tx.Commit(); err != nil {
+		in := state.Placeholders(len(ids))
+		res, err := tx.ExecContext(ctx, `DELETE FROM `+j.attempts+` WHERE outbox_id IN (`+in+`)`, ids...)
+		if err != nil {
+			return 0, err
+		}
+		atts, _ = res.RowsAffected()
+		// The status condition again, as a belt to FOR UPDATE's braces:
+		// whatever happens, a pending row is never deleted.
+		res, err = tx.ExecContext(ctx, `DELETE FROM `+j.outbox+` WHERE id IN (`+in+`) AND status IN ('delivered','dead')`, ids...)
+		if err != nil {
+			return 0, err
+		}
+		n, _ := res.RowsAffected()
+		if n > 0 {
+			if err := j.markDeleted(ctx, tx, pipe, slices.Max(chosen)); err != nil {
+				return 0, err
+			}
+		}
+		return n, nil
+	})
+	if err != nil {
 		return 0, 0, err
 	}
 	return rows, atts, nil

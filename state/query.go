@@ -6,9 +6,15 @@ import (
 	"strings"
 )
 
+// Querier is what Collect and Strings query: a *sql.DB, *sql.Conn or
+// *sql.Tx.
+type Querier interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
 // Strings runs a query whose rows are one string each and returns them in
 // order.
-func Strings(ctx context.Context, db *sql.DB, query string, args ...any) ([]string, error) {
+func Strings(ctx context.Context, db Querier, query string, args ...any) ([]string, error) {
 	return Collect(ctx, db, query, args, func(rows *sql.Rows) (s string, err error) {
 		err = rows.Scan(&s)
 		return s, err
@@ -17,7 +23,7 @@ func Strings(ctx context.Context, db *sql.DB, query string, args ...any) ([]stri
 
 // Collect runs a query and returns what scan makes of each row, in order
 // (nil for no rows); the first error ends it.
-func Collect[T any](ctx context.Context, db *sql.DB, query string, args []any, scan func(*sql.Rows) (T, error)) ([]T, error) {
+func Collect[T any](ctx context.Context, db Querier, query string, args []any, scan func(*sql.Rows) (T, error)) ([]T, error) {
 	rows, err := db.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err
