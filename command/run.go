@@ -54,7 +54,7 @@ var runFlags = []struct {
 	{name: "enqueue-flush-interval", usage: "longest a change waits before its batch is written (default 20ms)"},
 	{name: "enqueue-max-buffer", usage: "buffered rows before a mid-transaction flush (default 5000)"},
 	{name: "enqueue-pipeline", usage: "read the next batch while one enqueue transaction is in flight (default true; --enqueue-pipeline=false to write each batch before reading on)", bool: true},
-	{name: "segment-format", usage: "segment format enqueues write: 1, or 2 (smaller) once every replica reads it (default 1)"},
+	{name: "segment-format", usage: "segment format enqueues write: auto (2 while every replica of the fleet reads it, else 1), 1, or 2 (default auto)"},
 	{name: "shutdown-timeout", usage: "how long a stop waits for in-flight deliveries (default 30s)"},
 	{name: "max-row-bytes", usage: "dead-letter a change whose row images exceed this many bytes, e.g. 16MiB (default 0: no ceiling)"},
 	{name: "admin-token", usage: "bearer token of the admin API's write endpoints (POST /v1/…); without it (or --admin-token-file) they are off"},

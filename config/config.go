@@ -97,14 +97,16 @@ type Config struct {
 	// with it in every interleaved pair but one (docs/ARCHITECTURE.md);
 	// off holds one batch less in memory.
 	EnqueuePipeline bool `yaml:"enqueue_pipeline"`
-	// SegmentFormat is the form enqueues write segments in: 1 (default),
-	// which every release reads, or 2, which leaves out each record's key
-	// hash (the reader computes it from the row key), about a third less
-	// payload for the database to parse and log. A replica of a release
-	// before format 2 halts the pipe at the first such segment (nothing is
-	// lost or skipped, but nothing moves until it is upgraded), so set 2
-	// only once every replica of the fleet runs a release that reads it.
-	SegmentFormat int `yaml:"segment_format"`
+	// SegmentFormat is the form enqueues write segments in: "1", which
+	// every release reads; "2", which leaves out each record's key hash
+	// (the reader computes it from the row key), about a quarter less
+	// payload for the database to parse and log; or "auto" (the default):
+	// 2 while every replica of the instance's fleet says it reads it, else
+	// 1 (engine/segformat.go). A replica of a release before format 2
+	// halts the pipe at the first such segment (nothing is lost or
+	// skipped, but nothing moves until it is upgraded), so set "2" only
+	// once every replica runs a release that reads it.
+	SegmentFormat string `yaml:"segment_format"`
 	// MaxRowBytes, when positive, is the ceiling on a change's row images
 	// (the value bytes of before and after): a change above it is not
 	// written as a record but dead-lettered with the reason, its images
@@ -236,6 +238,10 @@ type NATSOptions struct {
 	Token           Secret `yaml:"token"`
 }
 
+// SegmentFormatAuto is segment_format's default: format 2 while every
+// replica of the fleet reads it, else format 1.
+const SegmentFormatAuto = "auto"
+
 // Sink defaults.
 const (
 	DefaultSinkTimeout     = 10 * time.Second
@@ -268,7 +274,7 @@ func Default() *Config {
 		EnqueueFlushInterval: 20 * time.Millisecond,
 		EnqueueMaxBuffer:     5000,
 		EnqueuePipeline:      true,
-		SegmentFormat:        1,
+		SegmentFormat:        SegmentFormatAuto,
 		ShutdownTimeout:      30 * time.Second,
 	}
 }

@@ -50,6 +50,7 @@ func TestDefaults(t *testing.T) {
 		{"http_addr", cfg.HTTPAddr, "127.0.0.1:8080"},
 		{"handoff_buffer_size", cfg.HandoffBufferSize, 10000},
 		{"enqueue_pipeline", cfg.EnqueuePipeline, true},
+		{"segment_format", cfg.SegmentFormat, "auto"},
 		{"state dsn", cfg.EffectiveStateDSN(), DSN(goodDSN)},
 		{"sink name", cfg.Sinks[0].Name, "stdout"},
 		{"sink format", cfg.Sinks[0].Format, "debezium"},
@@ -94,6 +95,35 @@ func TestEnqueuePipelineOff(t *testing.T) {
 		if cfg.EnqueuePipeline {
 			t.Errorf("enqueue-pipeline false from the %s left the pipeline on", name)
 		}
+	}
+}
+
+// TestSegmentFormatValues: the file takes a number as well as "auto" (a
+// file written when the setting was a number keeps working), and the flag
+// and its environment variable the same words.
+func TestSegmentFormatValues(t *testing.T) {
+	for _, c := range []struct{ yaml, want string }{{"1", "1"}, {"2", "2"}, {"auto", "auto"}, {`"2"`, "2"}} {
+		cfg := Default()
+		if err := parseYAML(cfg, []byte("segment_format: "+c.yaml+"\n")); err != nil {
+			t.Fatalf("segment_format: %s: %v", c.yaml, err)
+		}
+		if cfg.SegmentFormat != c.want {
+			t.Errorf("segment_format: %s read as %q, want %q", c.yaml, cfg.SegmentFormat, c.want)
+		}
+	}
+	cfg, err := Resolve(Sources{Flags: []Setting{{"dsn", goodDSN}, {"sink", "stdout:"}, {"segment-format", "1"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.SegmentFormat != "1" {
+		t.Errorf("--segment-format 1 resolved to %q", cfg.SegmentFormat)
+	}
+	cfg, err = Resolve(Sources{Flags: []Setting{{"dsn", goodDSN}, {"sink", "stdout:"}, {"segment-format", "two"}}})
+	if err == nil {
+		err = cfg.Validate()
+	}
+	if err == nil || !strings.Contains(err.Error(), `segment_format: "two" is not auto, 1 or 2`) {
+		t.Errorf("--segment-format two: got %v", err)
 	}
 }
 
@@ -287,7 +317,7 @@ func TestValidate(t *testing.T) {
 		{"instance", func(c *Config) { c.Instance = "a:b" }, []string{"instance:"}},
 		{"ttl", func(c *Config) { c.LeaseTTL = 10 * time.Millisecond }, []string{"lease_ttl:"}},
 		{"dedup", func(c *Config) { c.DedupWindow = 5 * time.Second }, []string{"dedup_window:"}},
-		{"segment format", func(c *Config) { c.SegmentFormat = 3 }, []string{"segment_format: must be 1 or 2, got 3"}},
+		{"segment format", func(c *Config) { c.SegmentFormat = "3" }, []string{`segment_format: "3" is not auto, 1 or 2`}},
 		{"http addr", func(c *Config) { c.HTTPAddr = "8080" }, []string{"http_addr:"}},
 		{"partial capture pattern", func(c *Config) { c.Tables = []string{"shop.order_*"} }, []string{"tables[0]:", "whole name"}},
 		{"kafka without host", func(c *Config) { c.Sinks[0].URL = "kafka:///topic" }, []string{"sinks[0].url: want kafka://"}},

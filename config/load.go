@@ -102,7 +102,7 @@ var settings = map[string]setter{
 	"enqueue-flush-interval": func(c *Config, v string) error { return setDuration(&c.EnqueueFlushInterval, v) },
 	"enqueue-max-buffer":     func(c *Config, v string) error { return setInt(&c.EnqueueMaxBuffer, v) },
 	"enqueue-pipeline":       func(c *Config, v string) error { return setBool(&c.EnqueuePipeline, v) },
-	"segment-format":         func(c *Config, v string) error { return setInt(&c.SegmentFormat, v) },
+	"segment-format":         func(c *Config, v string) error { c.SegmentFormat = v; return nil },
 	"max-row-bytes":          func(c *Config, v string) error { return setBytes(&c.MaxRowBytes, v) },
 	"shutdown-timeout":       func(c *Config, v string) error { return setDuration(&c.ShutdownTimeout, v) },
 	"admin-token":            func(c *Config, v string) error { c.AdminToken = Secret(v); return nil },

@@ -112,8 +112,10 @@ func (c *Config) Validate() error {
 	if c.EnqueueMaxBuffer < c.EnqueueBatchSize {
 		errs.add("enqueue_max_buffer", "%d must be at least enqueue_batch_size %d", c.EnqueueMaxBuffer, c.EnqueueBatchSize)
 	}
-	if c.SegmentFormat < 0 || c.SegmentFormat > 2 { // 0: unset, format 1
-		errs.add("segment_format", "must be 1 or 2, got %d", c.SegmentFormat)
+	switch c.SegmentFormat {
+	case SegmentFormatAuto, "1", "2":
+	default:
+		errs.add("segment_format", "%q is not auto, 1 or 2", c.SegmentFormat)
 	}
 	if c.MaxRowBytes < 0 {
 		errs.add("max_row_bytes", "must be 0 (no ceiling) or a positive byte count, got %d", c.MaxRowBytes)

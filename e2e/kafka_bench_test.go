@@ -37,8 +37,9 @@ import (
 // (by digest: count, total and per-change time), to see where its CPU
 // per change goes.
 //
-// The binary inherits the environment, so CDCOUT_SEGMENT_FORMAT=2 runs it
-// with segment format 2 (docs/ARCHITECTURE.md, "Segments and outbox rows").
+// The binary inherits the environment, so CDCOUT_SEGMENT_FORMAT=1 runs it
+// with segment format 1 (the default, auto, writes format 2 to a fleet of
+// one; docs/ARCHITECTURE.md, "Segments and outbox rows").
 func BenchmarkKafkaEndToEnd(b *testing.B) {
 	brokerEndToEnd(b, func(b *testing.B, w benchload.Workload) broker {
 		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(16, "bench."+w.Name))

@@ -93,9 +93,12 @@ type Engine struct {
 	// what they are for (readiness: a replica that cannot write its
 	// leases, outbox rows or checkpoint is not making progress).
 	writeFails map[string]writeFailure
-	runway     runwayState      // runway.go
-	rowCols    []sinkRowColumns // msgkey.go
-	hb         heartbeats       // heartbeat.go
+	runway     runwayState // runway.go
+	// segFmt is the segment format the store writes and why (segformat.go).
+	segFmt    int
+	segFmtWhy string
+	rowCols   []sinkRowColumns // msgkey.go
+	hb        heartbeats       // heartbeat.go
 	// noFleetBackfills: see WithoutFleetBackfills.
 	noFleetBackfills bool
 }
@@ -184,7 +187,13 @@ func (e *Engine) Run(parent context.Context) error {
 	if err != nil {
 		return err
 	}
-	store := outbox.NewStore(db, e.cfg.StateDB, e.log).WithSegmentFormat(e.cfg.SegmentFormat).WithReadCommitted(pool.ReadCommitted()).WithRecent(drains.recent)
+	fixedFormat := segmentFormat(e.cfg.SegmentFormat) // 0: auto
+	store := outbox.NewStore(db, e.cfg.StateDB, e.log).WithSegmentFormat(fixedFormat).WithReadCommitted(pool.ReadCommitted()).WithRecent(drains.recent)
+	if fixedFormat == 0 {
+		services.run(ctx, func(c context.Context) { e.watchSegmentFormat(c, db, store) }, nil) // segformat.go
+	} else {
+		e.setSegFormat(fixedFormat, "segment_format "+e.cfg.SegmentFormat)
+	}
 	services.run(ctx, func(c context.Context) { e.watchRunway(c, store) }, nil) // runway.go
 	services.run(ctx, e.runHeartbeats, nil)                                     // heartbeat.go
 	runErr := e.lead(ctx, &leader{e: e, db: db, leases: leases, store: store,

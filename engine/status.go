@@ -14,6 +14,7 @@ import (
 	"github.com/cdcout/cdcout/fleet"
 	"github.com/cdcout/cdcout/inspect"
 	"github.com/cdcout/cdcout/internal/buildinfo"
+	"github.com/cdcout/cdcout/outbox"
 )
 
 // writeFailure is the first of a run of failed attempts of one write.
@@ -214,7 +215,7 @@ func (e *Engine) stoppedObservation() fleet.Observation {
 // observation is this replica's fleet row.
 func (e *Engine) observation() fleet.Observation {
 	e.mu.Lock()
-	role, dl := e.role, e.dl
+	role, dl, segFmt, segFmtWhy := e.role, e.dl, e.segFmt, e.segFmtWhy
 	e.mu.Unlock()
 	n := 0
 	if dl != nil {
@@ -227,7 +228,8 @@ func (e *Engine) observation() fleet.Observation {
 	runway, _ := e.runway.get()
 	return fleet.Observation{
 		ReplicaID: e.cfg.ReplicaID, Kind: fleet.KindEngine, StartedAt: e.started, Version: buildinfo.Version(),
-		Payload:     inspect.EngineInfo{Instance: e.cfg.Instance, Holder: e.holder, Role: role, DrainLeases: n, Sinks: e.servedSinks(), BinlogRunway: runway},
+		Payload: inspect.EngineInfo{Instance: e.cfg.Instance, Holder: e.holder, Role: role, DrainLeases: n, Sinks: e.servedSinks(), BinlogRunway: runway,
+			ReadsSegmentFormat: outbox.SegmentFormatRead, SegmentFormat: segFmt, SegmentFormatReason: segFmtWhy},
 		ReachableAt: reach,
 	}
 }

@@ -115,6 +115,14 @@ type EngineInfo struct {
 	Sinks []ServedSink `json:"sinks,omitempty"`
 	// BinlogRunway is the leader's last binlog runway reading.
 	BinlogRunway *binlog.Runway `json:"binlogRunway,omitempty"`
+	// ReadsSegmentFormat is the newest outbox segment format the replica
+	// reads (outbox.SegmentFormatRead); 0, from a release before it said,
+	// means format 1 only.
+	ReadsSegmentFormat int `json:"readsSegmentFormat,omitempty"`
+	// SegmentFormat is the format the leader writes segments in, and why
+	// (segment_format auto: the replica that holds it at 1).
+	SegmentFormat       int    `json:"segmentFormat,omitempty"`
+	SegmentFormatReason string `json:"segmentFormatReason,omitempty"`
 }
 
 // ServedSink is one sink a replica delivers to and what reaches it: the

@@ -794,6 +794,9 @@ func (s *Store) encodeSegments(ours []*pendingRecord, emit func(*encodedSegment)
 		n           int
 		first, last *pendingRecord
 	)
+	// One format for the whole call: a segment's version byte and its
+	// records must agree though SetSegmentFormat may run meanwhile.
+	format := s.SegmentFormat()
 	bufs := segmentBuffers.Get().(*segmentBuffer)
 	defer bufs.put()
 	buf, zbuf, envel := bufs.plain, bufs.compressed, bufs.envelope
@@ -842,9 +845,9 @@ func (s *Store) encodeSegments(ours []*pendingRecord, emit func(*encodedSegment)
 				}
 			}
 			if n == 0 {
-				buf, first = appendSegmentVersion(buf[:0], s.segmentFormat), it
+				buf, first = appendSegmentVersion(buf[:0], format), it
 			}
-			buf = appendSegmentRecord(buf, &r, s.segmentFormat)
+			buf = appendSegmentRecord(buf, &r, format)
 			n, last = n+1, it
 			if cap(envel) > wideSegmentBytes {
 				envel = nil

@@ -50,6 +50,11 @@ const segmentS2 = 2
 const (
 	SegmentFormat1 = 1 // version 1 inside S2: what every release reads
 	SegmentFormat2 = 2 // segmentVersion2 inside S2
+
+	// SegmentFormatRead is the newest format this release reads (it reads
+	// every older one too); replicas say so in their fleet rows, for
+	// segment_format auto.
+	SegmentFormatRead = SegmentFormat2
 )
 
 // Segment bounds: a segment holds at most this many records and payload
@@ -229,4 +234,24 @@ func parseSegment(b []byte) ([]segRecord, error) {
 		out = append(out, r)
 	}
 	return out, nil
+}
+
+// SegmentFormatOf reports the format (SegmentFormat1 or SegmentFormat2) a
+// stored segment payload was written in.
+func SegmentFormatOf(payload []byte) (int, error) {
+	b := payload
+	if len(b) > 0 && b[0] == segmentS2 {
+		plain, err := s2.Decode(nil, b[1:])
+		if err != nil {
+			return 0, fmt.Errorf("%w: %v", errSegmentCorrupt, err)
+		}
+		b = plain
+	}
+	switch {
+	case len(b) > 0 && b[0] == segmentVersion:
+		return SegmentFormat1, nil
+	case len(b) > 0 && b[0] == segmentVersion2:
+		return SegmentFormat2, nil
+	}
+	return 0, fmt.Errorf("%w: unknown version", errSegmentCorrupt)
 }

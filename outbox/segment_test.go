@@ -125,3 +125,33 @@ func BenchmarkParseSegment(b *testing.B) {
 		})
 	}
 }
+
+// TestSetSegmentFormatReachesCopies: SetSegmentFormat (segment_format
+// auto) changes the format of the copies the With methods made, the one
+// the engine's enqueue uses, for the segments prepared after it.
+func TestSetSegmentFormatReachesCopies(t *testing.T) {
+	base := NewStore(nil, "cdcout", nil).WithSegmentFormat(0)
+	s := base.WithRecent(NewRecent(1 << 20))
+	var items []Pending
+	for i := 0; i < 10; i++ {
+		items = append(items, gtidItem("a:app.users:hook", 1, i))
+	}
+	for _, f := range []int{SegmentFormat1, SegmentFormat2, SegmentFormat1} {
+		base.SetSegmentFormat(f)
+		b, err := s.PrepareBatch(items, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(b.segs) == 0 {
+			t.Fatal("no segment prepared")
+		}
+		for _, seg := range b.segs {
+			if got, err := SegmentFormatOf(seg.payload); err != nil || got != f {
+				t.Errorf("after SetSegmentFormat(%d) a copy's segment is format %d (%v)", f, got, err)
+			}
+		}
+	}
+	if _, err := SegmentFormatOf([]byte{9, 9}); err == nil {
+		t.Error("SegmentFormatOf took an unknown version")
+	}
+}

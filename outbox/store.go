@@ -8,6 +8,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"sync/atomic"
 
 	"go.uber.org/zap"
 
@@ -31,9 +32,10 @@ type Store struct {
 	outbox, segments, claims, checkpoints, leases string
 
 	// segmentFormat is the form Enqueue writes segments in
-	// (SegmentFormat1 unless WithSegmentFormat says otherwise); every
-	// Store reads both.
-	segmentFormat int
+	// (SegmentFormat1 unless WithSegmentFormat or SetSegmentFormat says
+	// otherwise); every Store reads both. Shared by the copies the With
+	// methods make, so SetSegmentFormat reaches them all.
+	segmentFormat *atomic.Int32
 	// readCommitted, when set, is where enqueue transactions begin
 	// (WithReadCommitted).
 	readCommitted *sql.DB
@@ -62,8 +64,14 @@ func NewStore(db *sql.DB, schema string, logger *zap.Logger) *Store {
 		checkpoints: state.Table(schema, "checkpoints"),
 		leases:      state.Table(schema, "leases"),
 
-		segmentFormat: SegmentFormat1,
+		segmentFormat: newSegmentFormat(SegmentFormat1),
 	}
+}
+
+func newSegmentFormat(f int) *atomic.Int32 {
+	var v atomic.Int32
+	v.Store(int32(f))
+	return &v
 }
 
 // WithReadCommitted returns a copy of s whose enqueue transactions begin
@@ -93,12 +101,24 @@ func (s *Store) WithRecent(r *Recent) *Store {
 // whose every replica reads it (config segment_format).
 func (s *Store) WithSegmentFormat(f int) *Store {
 	c := *s
-	c.segmentFormat = SegmentFormat1
-	if f == SegmentFormat2 {
-		c.segmentFormat = SegmentFormat2
-	}
+	c.segmentFormat = newSegmentFormat(SegmentFormat1)
+	c.SetSegmentFormat(f)
 	return &c
 }
+
+// SetSegmentFormat makes the segments encoded from now on, by s and by
+// the copies it shares its format with, format f (SegmentFormat1 or
+// SegmentFormat2; anything else is SegmentFormat1). Segments already
+// encoded keep theirs: each says its own format.
+func (s *Store) SetSegmentFormat(f int) {
+	if f != SegmentFormat2 {
+		f = SegmentFormat1
+	}
+	s.segmentFormat.Store(int32(f))
+}
+
+// SegmentFormat is the format s encodes segments in now.
+func (s *Store) SegmentFormat() int { return int(s.segmentFormat.Load()) }
 
 // RaiseIDFloor makes this process's later outbox ids sort after the newest
 // id already in the outbox. A replica calls it when it takes over the
