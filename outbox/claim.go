@@ -189,10 +189,15 @@ ORDER BY o.next_attempt_at, o.id LIMIT ?`, append(args, limit)...)
 // claimIDs claims the rows ids for us and reports how many it claimed.
 // The row conditions are re-checked here: between the SELECT and this
 // UPDATE another drainer may have claimed a row, and then it matches
-// nothing.
+// nothing. The primary key is forced: it locks the rows named and no gap,
+// where the `due` index (matching on pipe, which the optimizer has
+// picked on stale statistics, see notBlocked) would lock the range up
+// to the next record, and that may be a row another transaction is
+// inserting (the janitor's claim sweep waited that way on an enqueue's
+// claims and stalled it).
 func (p *pipeDrainer) claimIDs(ctx context.Context, l lease.Lease, fenced bool, ids []any) (int64, error) {
 	d := p.d
-	q, args := d.claimUpdate(l, fenced, d.outbox+` o`,
+	q, args := d.claimUpdate(l, fenced, d.outbox+` o FORCE INDEX (PRIMARY)`,
 		`o.claimer = ?, o.next_attempt_at = NOW(6) + INTERVAL ? MICROSECOND, o.attempts = o.attempts + 1`,
 		`o.pipe = ? AND o.id IN (`+state.Placeholders(len(ids))+`) AND o.status = 'pending' AND o.next_attempt_at <= NOW(6)`,
 		append([]any{p.name}, ids...))
