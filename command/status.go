@@ -129,16 +129,28 @@ func writeStatus(w io.Writer, st inspect.Status) error {
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	if len(f.Replicas) > 0 {
-		fmt.Fprintln(tw, "  REPLICA\tVERSION\tROLE\tWRITTEN\tREACHABLE AT")
+		fmt.Fprintln(tw, "  REPLICA\tVERSION\tROLE\tSEGMENT FORMAT\tWRITTEN\tREACHABLE AT")
 		for _, r := range f.Replicas {
 			written := ago(r.AgeSeconds) + " ago"
 			if r.Stale {
 				written += " (stale)"
 			}
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", r.ReplicaID, dash(r.Version), dash(r.Payload.Role), written, dash(r.ReachableAt))
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\n", r.ReplicaID, dash(r.Version), dash(r.Payload.Role), segmentFormats(r.Payload), written, dash(r.ReachableAt))
 		}
 	}
 	return tw.Flush()
+}
+
+// segmentFormats is what a replica's fleet row says of outbox segment
+// formats: the newest it reads (1 from a release that does not say) and
+// the one it writes, when it says (segment_format auto holds at 1 while
+// any replica reads only 1).
+func segmentFormats(info inspect.EngineInfo) string {
+	s := "reads " + strconv.Itoa(max(info.ReadsSegmentFormat, 1))
+	if info.SegmentFormat > 0 {
+		s += ", writes " + strconv.Itoa(info.SegmentFormat)
+	}
+	return s
 }
 
 // ago renders seconds compactly: "850ms", "12.3s", "4m05s", "2h10m".

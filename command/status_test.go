@@ -45,7 +45,7 @@ func statusFixture(t *testing.T) (dsn, schema string) {
 		"INSERT INTO "+q+"checkpoints (source, position, epoch, holder, updated_at) VALUES "+
 			"('enqueue/shop', '{\"flavor\":\"mariadb\",\"gtid_set\":\"0-1-77\"}', 2, 'r1/aa', NOW(6))")
 	for _, o := range []fleet.Observation{
-		{ReplicaID: "r1", Kind: fleet.KindEngine, Version: "v2", Payload: inspect.EngineInfo{Instance: "shop", Role: "leader"}},
+		{ReplicaID: "r1", Kind: fleet.KindEngine, Version: "v2", Payload: inspect.EngineInfo{Instance: "shop", Role: "leader", ReadsSegmentFormat: 2, SegmentFormat: 1}},
 		{ReplicaID: "r3", Kind: fleet.KindEngine, Version: "v1", Payload: inspect.EngineInfo{Instance: "shop", Role: "standby"}},
 	} {
 		if err := fleet.Write(ctx, db, schema, o); err != nil {
@@ -73,6 +73,9 @@ func TestStatus(t *testing.T) {
 			"enqueue/shop", "drain/shop:app.orders:hook",
 			// r1 wrote; r2 holds a lease but wrote nothing; r3 is stale.
 			"FLEET 1/3 responded; missing: r2; stale: r3 (2m30s old); mixed versions: v1×1, v2×1",
+			// r1 writes format 1 because r3, of an older release, says
+			// nothing of formats.
+			"SEGMENT FORMAT", "leader   reads 2, writes 1", "standby  reads 1 ",
 		} {
 			if !strings.Contains(out, want) {
 				t.Errorf("output lacks %q:\n%s", want, out)
