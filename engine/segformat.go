@@ -40,7 +40,7 @@ func (e *Engine) watchSegmentFormat(ctx context.Context, db *sql.DB, store *outb
 	every := heartbeatEvery(e.cfg.LeaseTTL)
 	t := time.NewTimer(0)
 	defer t.Stop()
-	failing := false
+	failing, looked := false, false
 	for {
 		select {
 		case <-ctx.Done():
@@ -60,11 +60,12 @@ func (e *Engine) watchSegmentFormat(ctx context.Context, db *sql.DB, store *outb
 			continue
 		}
 		failing = false
-		if was := store.SegmentFormat(); f != was || e.segFormat() == 0 {
+		if was := store.SegmentFormat(); f != was || !looked {
 			store.SetSegmentFormat(f)
 			e.log.Info("segment format chosen (segment_format auto)", zap.Int("segment_format", f), zap.Int("was", was), zap.String("why", why))
 		}
 		e.setSegFormat(f, why)
+		looked = true
 	}
 }
 
@@ -75,16 +76,9 @@ func readFleetSegmentFormat(ctx context.Context, db *sql.DB, schema, instance, s
 	if err != nil {
 		return 0, "", err
 	}
-	var rows []fleet.Row
-	for _, r := range all {
-		var info inspect.EngineInfo
-		if len(r.Payload) > 0 && json.Unmarshal(r.Payload, &info) == nil && info.Instance != instance {
-			continue
-		}
-		rows = append(rows, r) // undecodable rows stay in, and hold the format at 1
-	}
 	// Stopped replicas' rows count too (unlike the fleet view's
 	// membership): one may be started again as it was.
+	rows, _ := inspect.InstanceRows(all, instance)
 	members, err := fleet.Members(ctx, db, schema, instance, rows, fleet.DefaultStaleAfter)
 	if err != nil {
 		return 0, "", err

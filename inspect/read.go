@@ -368,20 +368,7 @@ func (r Reader) Fleet(ctx context.Context) (Fleet, error) {
 	if err != nil {
 		return Fleet{}, err
 	}
-	var rows, running []fleet.Row
-	for _, row := range all {
-		var info EngineInfo
-		decoded := len(row.Payload) > 0 && json.Unmarshal(row.Payload, &info) == nil
-		if decoded && info.Instance != r.Instance {
-			continue
-		}
-		// Undecodable payloads stay in: Merge reports them as unreadable
-		// (their member missing) rather than this filter hiding them.
-		rows = append(rows, row)
-		if !decoded || info.Role != RoleStopped {
-			running = append(running, row)
-		}
-	}
+	rows, running := InstanceRows(all, r.Instance)
 	// A stopped replica's row does not make it a member (expected to
 	// answer); a live lease it still holds would.
 	members, err := fleet.Members(ctx, r.DB, r.Schema, r.Instance, running, r.StaleAfter)
@@ -389,6 +376,25 @@ func (r Reader) Fleet(ctx context.Context) (Fleet, error) {
 		return Fleet{}, err
 	}
 	return fleet.Merge[EngineInfo](rows, members, r.StaleAfter), nil
+}
+
+// InstanceRows are the engine fleet rows of instance, and of them those
+// of replicas not stopped. Rows whose payload does not decode stay in
+// both: the fleet view reports them as unreadable, and segment_format
+// auto holds at format 1 for them, rather than this filter hiding them.
+func InstanceRows(all []fleet.Row, instance string) (rows, running []fleet.Row) {
+	for _, row := range all {
+		var info EngineInfo
+		decoded := len(row.Payload) > 0 && json.Unmarshal(row.Payload, &info) == nil
+		if decoded && info.Instance != instance {
+			continue
+		}
+		rows = append(rows, row)
+		if !decoded || info.Role != RoleStopped {
+			running = append(running, row)
+		}
+	}
+	return rows, running
 }
 
 // rowKeyShown bounds the row key a dead row shows (a key of wide

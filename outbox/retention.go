@@ -163,27 +163,26 @@ func (j *Janitor) Sweep(ctx context.Context) (Swept, error) {
 			}
 		}
 	}
-	for {
-		n, err := j.readCommitted(ctx, j.sweepClaims)
-		sw.Claims += n
-		if err != nil {
-			return sw, fmt.Errorf("delete old claims: %w", err)
-		}
-		if n < int64(j.cfg.BatchSize) {
-			break
-		}
+	if sw.Claims, err = j.batches(ctx, j.sweepClaims); err != nil {
+		return sw, fmt.Errorf("delete old claims: %w", err)
 	}
-	for {
-		n, err := j.readCommitted(ctx, j.sweepMembers)
-		sw.Members += n
-		if err != nil {
-			return sw, fmt.Errorf("delete old member leases: %w", err)
-		}
-		if n < int64(j.cfg.BatchSize) {
-			break
-		}
+	if sw.Members, err = j.batches(ctx, j.sweepMembers); err != nil {
+		return sw, fmt.Errorf("delete old member leases: %w", err)
 	}
 	return sw, nil
+}
+
+// batches runs sweep batch by batch (each in readCommitted) until one
+// deletes less than a whole batch, and returns what they deleted.
+func (j *Janitor) batches(ctx context.Context, sweep func(context.Context, *sql.Tx) (int64, error)) (int64, error) {
+	var total int64
+	for {
+		n, err := j.readCommitted(ctx, sweep)
+		total += n
+		if err != nil || n < int64(j.cfg.BatchSize) {
+			return total, err
+		}
+	}
 }
 
 // readCommitted runs one batch of a sweep in a READ COMMITTED transaction

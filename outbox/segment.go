@@ -159,16 +159,9 @@ var errSegmentCorrupt = errors.New("segment payload is corrupt")
 // before, 13 now). An
 // uncompressed (old) payload may be the caller's buffer, and is copied.
 func parseSegment(b []byte) ([]segRecord, error) {
-	owned := false
-	if len(b) > 0 && b[0] == segmentS2 {
-		plain, err := s2.Decode(nil, b[1:])
-		if err != nil {
-			return nil, fmt.Errorf("%w: %v", errSegmentCorrupt, err)
-		}
-		b, owned = plain, true
-	}
-	if len(b) == 0 || (b[0] != segmentVersion && b[0] != segmentVersion2) {
-		return nil, fmt.Errorf("%w: unknown version", errSegmentCorrupt)
+	b, owned, err := plainSegment(b)
+	if err != nil {
+		return nil, err
 	}
 	v2 := b[0] == segmentVersion2
 	b = b[1:]
@@ -236,22 +229,31 @@ func parseSegment(b []byte) ([]segRecord, error) {
 	return out, nil
 }
 
+// plainSegment is a stored payload's plain form, S2-decoded (owned: a
+// buffer of its own) when compressed, after checking that its first byte
+// is a version this release reads.
+func plainSegment(b []byte) (plain []byte, owned bool, err error) {
+	if len(b) > 0 && b[0] == segmentS2 {
+		if b, err = s2.Decode(nil, b[1:]); err != nil {
+			return nil, false, fmt.Errorf("%w: %v", errSegmentCorrupt, err)
+		}
+		owned = true
+	}
+	if len(b) == 0 || (b[0] != segmentVersion && b[0] != segmentVersion2) {
+		return nil, false, fmt.Errorf("%w: unknown version", errSegmentCorrupt)
+	}
+	return b, owned, nil
+}
+
 // SegmentFormatOf reports the format (SegmentFormat1 or SegmentFormat2) a
 // stored segment payload was written in.
 func SegmentFormatOf(payload []byte) (int, error) {
-	b := payload
-	if len(b) > 0 && b[0] == segmentS2 {
-		plain, err := s2.Decode(nil, b[1:])
-		if err != nil {
-			return 0, fmt.Errorf("%w: %v", errSegmentCorrupt, err)
-		}
-		b = plain
+	plain, _, err := plainSegment(payload)
+	if err != nil {
+		return 0, err
 	}
-	switch {
-	case len(b) > 0 && b[0] == segmentVersion:
-		return SegmentFormat1, nil
-	case len(b) > 0 && b[0] == segmentVersion2:
+	if plain[0] == segmentVersion2 {
 		return SegmentFormat2, nil
 	}
-	return 0, fmt.Errorf("%w: unknown version", errSegmentCorrupt)
+	return SegmentFormat1, nil
 }
