@@ -58,6 +58,9 @@ var (
 	// container is the cgroup's memory limit Apply found, containerSoft
 	// the soft limit it set from it; 0 when it set none.
 	container, containerSoft int64
+
+	// followed is the soft limit followOnce set last.
+	followed int64
 )
 
 // Container returns the memory limit of the process's cgroup and the soft
@@ -89,6 +92,59 @@ func Apply() {
 		mu.Lock()
 		applied = true
 		mu.Unlock()
+		if os.Getenv("GOMEMLIMIT") == "" {
+			go followLive()
+		}
+	}
+}
+
+// At Percent the heap may grow to five times what the last collection
+// found live, and a collection that runs while much is live for a moment
+// (batches in flight, kept segments, a burst of rows) sets that target
+// for the whole cycle: a 200,000-change realistic backlog peaked at
+// 264–300 MB RSS in 8 of 28 runs where the others stayed at 152–231 MB
+// (live heap 13–23 MB, heap at a collection 70–115 MB). So, unless GOGC
+// or GOMEMLIMIT is set, a soft memory limit follows the live heap: three
+// times it (GOGC=200's target), never below liveFloor, which the usual
+// targets stay under, so it costs nothing while little is live, and never
+// above the container's soft limit. It is read every liveEvery; while
+// wide rows pass their own limit stands.
+const (
+	liveFloor  = 160 << 20
+	liveFactor = 3
+	liveEvery  = 250 * time.Millisecond
+)
+
+// liveLimit is the soft memory limit for a live heap of live bytes under
+// a container's soft limit (0: none).
+func liveLimit(live, container int64) int64 {
+	l := max(liveFloor, liveFactor*live)
+	if container > 0 {
+		l = min(l, container)
+	}
+	return l
+}
+
+func followLive() {
+	for range time.Tick(liveEvery) {
+		followOnce()
+	}
+}
+
+// followOnce sets the soft memory limit for the live heap now, outside a
+// wide period.
+func followOnce() {
+	s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindUint64 {
+		return
+	}
+	live := int64(s[0].Value.Uint64())
+	mu.Lock()
+	defer mu.Unlock()
+	if l := liveLimit(live, containerSoft); wideMax == 0 && l != followed {
+		debug.SetMemoryLimit(l)
+		followed = l
 	}
 }
 
