@@ -58,9 +58,6 @@ var (
 	// container is the cgroup's memory limit Apply found, containerSoft
 	// the soft limit it set from it; 0 when it set none.
 	container, containerSoft int64
-
-	// followed is the soft limit followOnce set last.
-	followed int64
 )
 
 // Container returns the memory limit of the process's cgroup and the soft
@@ -142,9 +139,8 @@ func followOnce() {
 	live := int64(s[0].Value.Uint64())
 	mu.Lock()
 	defer mu.Unlock()
-	if l := liveLimit(live, containerSoft); wideMax == 0 && l != followed {
+	if l := liveLimit(live, containerSoft); wideMax == 0 && l != debug.SetMemoryLimit(-1) {
 		debug.SetMemoryLimit(l)
-		followed = l
 	}
 }
 

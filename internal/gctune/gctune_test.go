@@ -68,9 +68,6 @@ var held []byte
 // floor, and is left alone while wide rows pass.
 func TestFollowLive(t *testing.T) {
 	defer debug.SetMemoryLimit(debug.SetMemoryLimit(-1))
-	mu.Lock()
-	followed = 0
-	mu.Unlock()
 
 	held = make([]byte, 200<<20)
 	for i := range held {
