@@ -451,7 +451,8 @@ func (r *faultRig) settle(what string) {
 	for k, want := range committed {
 		got := delivered[k]
 		if len(got) < len(want) || fmt.Sprint(got[:len(want)]) != fmt.Sprint(want) {
-			r.t.Fatalf("%s: key %d delivered %v, committed %v (lost or out of order)", what, k, trim(got), trim(want))
+			r.t.Fatalf("%s: key %d delivered %v, committed %v (lost or out of order): %s",
+				what, k, trim(got), trim(want), r.diagnose(got, want))
 		}
 	}
 	// One record per change: no sequence number in two records.
@@ -474,6 +475,58 @@ func (r *faultRig) settle(what string) {
 		}
 		seen[env.After.V] = rec.ID
 	}
+}
+
+// diagnose says, for the first committed change of a key that is not
+// where its commit order puts it among the key's first deliveries, whether
+// it arrived at all (and where), and what the outbox holds for it.
+func (r *faultRig) diagnose(got, want []int64) string {
+	i := 0
+	for i < len(want) && i < len(got) && got[i] == want[i] {
+		i++
+	}
+	if i == len(want) {
+		return "no difference"
+	}
+	v := want[i]
+	at := slices.Index(got, v)
+	out := fmt.Sprintf("change %d (the key's %d. commit) is first delivered at position %d of %d (-1: never)", v, i+1, at, len(got))
+	recs, err := outbox.ReadRecords(context.Background(), r.db, r.stateDB, "%")
+	if err != nil {
+		return out + "; outbox: " + err.Error()
+	}
+	// A claim whose unit's first record is not in the outbox is a change
+	// claimed and never written (the enqueue side lost it).
+	ids := make(map[string]bool, len(recs))
+	for _, rec := range recs {
+		ids[rec.ID] = true
+	}
+	var orphans []string
+	if rows, err := r.db.Query("SELECT change_key, COALESCE(outbox_id, '') FROM `" + r.stateDB + "`.claims"); err == nil {
+		for rows.Next() {
+			var key, id string
+			if rows.Scan(&key, &id) == nil && !ids[id] {
+				orphans = append(orphans, key+"→"+id)
+			}
+		}
+		rows.Close()
+	}
+	out += fmt.Sprintf("; %d claims without their records %v", len(orphans), orphans[:min(len(orphans), 5)])
+	var found []string
+	for _, rec := range recs {
+		var env struct {
+			After struct {
+				V int64 `json:"v"`
+			} `json:"after"`
+		}
+		if json.Unmarshal(rec.Payload, &env) == nil && env.After.V == v {
+			found = append(found, fmt.Sprintf("record %s change key %s status %s segment %q", rec.ID, rec.ChangeKey, rec.Status, rec.InSegment))
+		}
+	}
+	if len(found) == 0 {
+		return out + "; the outbox holds no record of it (never enqueued)"
+	}
+	return out + "; the outbox holds " + strings.Join(found, ", ")
 }
 
 // missing describes committed changes not delivered (for failures).
