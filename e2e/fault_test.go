@@ -462,18 +462,14 @@ func (r *faultRig) settle(what string) {
 	}
 	seen := make(map[int64]string, len(recs))
 	for _, rec := range recs {
-		var env struct {
-			After struct {
-				V int64 `json:"v"`
-			} `json:"after"`
-		}
-		if err := json.Unmarshal(rec.Payload, &env); err != nil {
+		v, err := afterV(rec.Payload)
+		if err != nil {
 			r.t.Fatalf("%s: record %s: %v", what, rec.ID, err)
 		}
-		if other, dup := seen[env.After.V]; dup {
-			r.t.Fatalf("%s: change %d is in the outbox twice: records %s and %s", what, env.After.V, other, rec.ID)
+		if other, dup := seen[v]; dup {
+			r.t.Fatalf("%s: change %d is in the outbox twice: records %s and %s", what, v, other, rec.ID)
 		}
-		seen[env.After.V] = rec.ID
+		seen[v] = rec.ID
 	}
 }
 
@@ -502,7 +498,10 @@ func (r *faultRig) diagnose(got, want []int64) string {
 		ids[rec.ID] = true
 	}
 	var orphans []string
-	if rows, err := r.db.Query("SELECT change_key, COALESCE(outbox_id, '') FROM `" + r.stateDB + "`.claims"); err == nil {
+	rows, err := r.db.Query("SELECT change_key, COALESCE(outbox_id, '') FROM `" + r.stateDB + "`.claims")
+	if err != nil {
+		out += "; claims: " + err.Error()
+	} else {
 		for rows.Next() {
 			var key, id string
 			if rows.Scan(&key, &id) == nil && !ids[id] {
@@ -510,16 +509,11 @@ func (r *faultRig) diagnose(got, want []int64) string {
 			}
 		}
 		rows.Close()
+		out += fmt.Sprintf("; %d claims without their records %v", len(orphans), orphans[:min(len(orphans), 5)])
 	}
-	out += fmt.Sprintf("; %d claims without their records %v", len(orphans), orphans[:min(len(orphans), 5)])
 	var found []string
 	for _, rec := range recs {
-		var env struct {
-			After struct {
-				V int64 `json:"v"`
-			} `json:"after"`
-		}
-		if json.Unmarshal(rec.Payload, &env) == nil && env.After.V == v {
+		if got, err := afterV(rec.Payload); err == nil && got == v {
 			found = append(found, fmt.Sprintf("record %s change key %s status %s segment %q", rec.ID, rec.ChangeKey, rec.Status, rec.InSegment))
 		}
 	}
@@ -527,6 +521,17 @@ func (r *faultRig) diagnose(got, want []int64) string {
 		return out + "; the outbox holds no record of it (never enqueued)"
 	}
 	return out + "; the outbox holds " + strings.Join(found, ", ")
+}
+
+// afterV is the writer's sequence number in a record: its after image's v.
+func afterV(payload []byte) (int64, error) {
+	var env struct {
+		After struct {
+			V int64 `json:"v"`
+		} `json:"after"`
+	}
+	err := json.Unmarshal(payload, &env)
+	return env.After.V, err
 }
 
 // missing describes committed changes not delivered (for failures).
