@@ -1,7 +1,9 @@
 // Package faultproxy is an in-process TCP proxy for fault tests: it sits
 // between cdcout and a dependency (the source, the state database, a sink)
 // and can blackhole the link (sockets stay open, nothing is forwarded),
-// reset every connection, refuse new ones, or delay what it forwards.
+// reset every connection, refuse new ones, lose answers (a request reaches
+// the server, the link dies before its answer comes back), or delay what
+// it forwards.
 //
 // A blackhole holds what it read and forwards it on Heal, which is what a
 // real partition does to a TCP connection that survives it (the peer
@@ -9,6 +11,7 @@
 package faultproxy
 
 import (
+	"bytes"
 	"fmt"
 	"net"
 	"sync"
@@ -24,6 +27,9 @@ type Proxy struct {
 	cond   *sync.Cond
 	hole   bool          // blackholed: pumps hold their data
 	refuse bool          // new connections are closed at once
+	cut    []byte        // answers lost to requests holding cut (LoseAnswersTo)
+	cutAll bool          // … or to every request
+	lost   int           // links reset for a lost answer
 	delay  time.Duration // added before each forwarded chunk
 	conns  map[*link]struct{}
 	closed bool
@@ -33,6 +39,7 @@ type Proxy struct {
 type link struct {
 	client, server net.Conn
 	dead           bool // reset: a held pump gives up (guarded by Proxy.mu)
+	asked          bool // sent a request whose answer is to be lost (guarded by Proxy.mu)
 }
 
 // Start listens on a random loopback port and forwards to target
@@ -71,10 +78,28 @@ func (p *Proxy) Refuse() {
 	p.mu.Unlock()
 }
 
-// Heal ends a blackhole and refusal: held data is forwarded.
+// LoseAnswersTo makes the answers to requests holding pattern (every
+// request, for "") get lost, until Heal: the request reaches the server
+// (a statement runs, a COMMIT commits) and, when the server answers, the
+// link is reset instead. With "", a new connection dies at the server's
+// greeting.
+func (p *Proxy) LoseAnswersTo(pattern string) {
+	p.mu.Lock()
+	p.cut, p.cutAll = []byte(pattern), pattern == ""
+	p.mu.Unlock()
+}
+
+// Lost is how many links were reset for a lost answer.
+func (p *Proxy) Lost() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.lost
+}
+
+// Heal ends a blackhole, refusal and lost answers: held data is forwarded.
 func (p *Proxy) Heal() {
 	p.mu.Lock()
-	p.hole, p.refuse = false, false
+	p.hole, p.refuse, p.cut, p.cutAll = false, false, nil, false
 	p.cond.Broadcast()
 	p.mu.Unlock()
 }
@@ -189,8 +214,20 @@ func (p *Proxy) pump(l *link, dst, src net.Conn) {
 				p.cond.Wait()
 			}
 			delay, dead := p.delay, l.dead
+			if dst == l.server && p.cut != nil && bytes.Contains(buf[:n], p.cut) {
+				l.asked = true
+			}
+			cut := dst == l.client && !dead && (p.cutAll || l.asked && p.cut != nil)
+			if cut {
+				l.dead = true
+				p.lost++
+			}
 			p.mu.Unlock()
-			if dead {
+			if cut {
+				abort(l.client)
+				abort(l.server)
+			}
+			if dead || cut {
 				return
 			}
 			if delay > 0 {

@@ -102,3 +102,85 @@ func TestProxyFaults(t *testing.T) {
 		t.Fatalf("after refusal healed = %q, %v; want ping", got, err)
 	}
 }
+
+// Lost answers: a request holding the pattern reaches the server, and
+// the client's connection is reset instead of answered; other requests
+// are answered; after Heal the pattern is answered too.
+func TestProxyLosesAnswers(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	got := make(chan string, 4)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				r := bufio.NewReader(c)
+				for {
+					line, err := r.ReadString('\n')
+					if err != nil {
+						return
+					}
+					got <- line
+					if _, err := c.Write([]byte(line)); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	p, err := Start(ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	p.LoseAnswersTo("ping")
+	c0, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c0.Close()
+	r0 := bufio.NewReader(c0)
+	_ = c0.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c0.Write([]byte("pong\n")); err != nil {
+		t.Fatal(err)
+	}
+	if ans, err := r0.ReadString('\n'); err != nil || ans != "pong\n" {
+		t.Fatalf("a request without the pattern = %q, %v; want its answer", ans, err)
+	}
+	<-got
+	if ans, err := roundTrip(c, bufio.NewReader(c), 2*time.Second); err == nil {
+		t.Fatalf("an answer came through while answers are lost: %q", ans)
+	}
+	select {
+	case line := <-got:
+		if line != "ping\n" {
+			t.Fatalf("server got %q, want ping", line)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("the request did not reach the server")
+	}
+	if n := p.Lost(); n != 1 {
+		t.Fatalf("Lost() = %d, want 1", n)
+	}
+	p.Heal()
+	c2, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	if ans, err := roundTrip(c2, bufio.NewReader(c2), 2*time.Second); err != nil || ans != "ping\n" {
+		t.Fatalf("after heal = %q, %v; want ping", ans, err)
+	}
+}
