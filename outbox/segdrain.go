@@ -166,8 +166,8 @@ func (p *pipeDrainer) drainSegment(ctx context.Context) (int, error) {
 			return 0, nil
 		}
 	}
-	recorded, unsure := false, false
-	defer func() { p.finishDetached(wctx, seg.id, left, recorded, unsure) }()
+	recorded := false
+	defer func() { p.finishDetached(wctx, left, recorded) }()
 	if len(delivered) == 0 && untried(left) && (ctx.Err() != nil || !p.leaseHeld()) {
 		// Stopped before anything was sent: the segment stays as it was.
 		// (A segment whose keys are all blocked is not released: it would
@@ -186,7 +186,6 @@ func (p *pipeDrainer) drainSegment(ctx context.Context) (int, error) {
 		if !detached(left) {
 			c.outcome = &segOutcome{seg: seg, left: left, delivered: delivered}
 		}
-		unsure = true // a try may have committed, its answer lost
 		p.setStuck(c)
 		return len(seg.recs), err
 	}
@@ -356,12 +355,8 @@ func (p *pipeDrainer) claimAhead(ctx context.Context, l lease.Lease, fenced bool
 // wait for on its row, in the background, once the call returns; when the
 // segment was not recorded (its claim lapsed, or writing failed) there is
 // no row, and whoever delivers the segment again sends the record again
-// under the same id. When writing failed unsure whether a try committed
-// (its answer lost), the segment's status says: done under our claim, the
-// rows are there and the outcome lands on them; dropped, the stalled
-// record's row would stay claimed by us for the claim lease, its key's
-// later records behind it.
-func (p *pipeDrainer) finishDetached(ctx context.Context, segID string, left []leftRecord, recorded, unsure bool) {
+// under the same id.
+func (p *pipeDrainer) finishDetached(ctx context.Context, left []leftRecord, recorded bool) {
 	seen := map[*detachedCall]bool{}
 	for _, l := range left {
 		c := l.call
@@ -373,7 +368,7 @@ func (p *pipeDrainer) finishDetached(ctx context.Context, segID string, left []l
 		go func() {
 			defer p.bg.Done()
 			errs := <-c.done
-			if !recorded && (!unsure || !p.recordedAfterAll(ctx, segID)) {
+			if !recorded {
 				return
 			}
 			if err := p.record(ctx, c.recs, errs, time.Since(c.start)); err != nil {
@@ -382,25 +377,6 @@ func (p *pipeDrainer) finishDetached(ctx context.Context, segID string, left []l
 			p.poke() // the key's later rows may go now
 		}()
 	}
-}
-
-// recordedAfterAll reports whether a segment whose outcome could not be
-// written was written after all (doneByUs), asking with the outcome
-// write's retries; false when it cannot tell.
-func (p *pipeDrainer) recordedAfterAll(ctx context.Context, segID string) bool {
-	var done bool
-	if err := p.writeOutcome(ctx, func(wctx context.Context) (err error) {
-		done, err = p.doneByUs(wctx, p.d.cfg.DB, segID)
-		return err
-	}); err != nil {
-		p.log.Warn("cannot tell whether a segment's outcome was written; its stalled records wait out their claim",
-			zap.String("segment", segID), zap.Error(err))
-		return false
-	}
-	if done {
-		p.log.Info("segment outcome was written after all (its answer was lost)", zap.String("segment", segID))
-	}
-	return done
 }
 
 // untried reports whether no record of left was sent.

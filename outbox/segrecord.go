@@ -3,7 +3,6 @@ package outbox
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -25,13 +24,6 @@ func (p *pipeDrainer) recordSegment(ctx context.Context, seg *segment, left []le
 
 // writeSegment is recordSegment's transaction; false when our claim
 // lapsed and the segment is another drainer's.
-//
-// A try whose commit reached the database but whose answer was lost (the
-// link dropped) leaves the segment done under our claim, with the rows
-// that left it: the next try finds nothing pending to mark, and reports
-// the outcome written (doneByUs) rather than a lapsed claim. Taken for a
-// lapse, the records of stalled calls were left claimed by us for the
-// claim lease, their outcomes dropped, and their keys waited it out.
 func (p *pipeDrainer) writeSegment(ctx context.Context, seg *segment, left []leftRecord) (bool, error) {
 	d := p.d
 	done := `UPDATE ` + d.segments + ` SET status = 'done', next_attempt_at = NOW(6)
@@ -42,10 +34,8 @@ WHERE id = ? AND status = 'pending' AND claimer = ?`
 		if err != nil {
 			return false, fmt.Errorf("mark segment done: %w", err)
 		}
-		if n, _ := res.RowsAffected(); n > 0 {
-			return true, nil
-		}
-		return p.doneByUs(ctx, d.cfg.DB, seg.id)
+		n, _ := res.RowsAffected()
+		return n > 0, nil
 	}
 	tx, err := d.cfg.DB.BeginTx(ctx, nil)
 	if err != nil {
@@ -57,31 +47,12 @@ WHERE id = ? AND status = 'pending' AND claimer = ?`
 		return false, fmt.Errorf("mark segment done: %w", err)
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
-		return p.doneByUs(ctx, tx, seg.id)
+		return false, nil
 	}
 	if err := p.insertLeft(ctx, tx, seg, left); err != nil {
 		return false, err
 	}
 	return true, tx.Commit()
-}
-
-// doneByUs reports whether segment id is done under our claim: an earlier
-// try of its outcome committed (writeSegment). Nobody else marks a segment
-// done with our claimer, and only this process's segment pass of the pipe
-// claims with it.
-func (p *pipeDrainer) doneByUs(ctx context.Context, q interface {
-	QueryRowContext(context.Context, string, ...any) *sql.Row
-}, id string) (bool, error) {
-	var done bool
-	err := q.QueryRowContext(ctx, `SELECT status = 'done' AND claimer = ? FROM `+p.d.segments+` WHERE id = ?`,
-		p.d.claimer, id).Scan(&done)
-	if errors.Is(err, sql.ErrNoRows) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("read segment %s's status: %w", id, err)
-	}
-	return done, nil
 }
 
 // segmentRecorded reports a segment's written outcome (ok), or that its
