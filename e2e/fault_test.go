@@ -441,11 +441,18 @@ func (r *faultRig) settle(what string) {
 	// Generous: on a loaded 2-core machine the webhook behind its proxy
 	// takes a few hundred changes a second, and the big phases write tens
 	// of thousands.
+	start := time.Now()
 	waitFor(r.t, 150*time.Second, func() (bool, string) {
 		if r.p.exited() {
 			r.t.Fatalf("%s: cdcout exited: %v\n%s", what, r.p.err, r.log.tail(30))
 		}
-		return covered(), fmt.Sprintf("%s: committed changes not delivered (missing: %s); outbox: %s", what, r.missing(), outboxSummary(r.db, r.stateDB))
+		if covered() {
+			return true, ""
+		}
+		// The last polls say what the outbox holds for the first missing
+		// change (reading every record: not on every poll).
+		return false, fmt.Sprintf("%s: committed changes not delivered (missing: %s); outbox: %s", what,
+			r.missing(time.Since(start) > 140*time.Second), outboxSummary(r.db, r.stateDB))
 	})
 	delivered := r.rcv.byKey()
 	for k, want := range committed {
@@ -487,10 +494,29 @@ func (r *faultRig) diagnose(got, want []int64) string {
 	v := want[i]
 	at := slices.Index(got, v)
 	out := fmt.Sprintf("change %d (the key's %d. commit) is first delivered at position %d of %d (-1: never)", v, i+1, at, len(got))
+	return out + "; " + r.outboxHolds(v)
+}
+
+// outboxHolds says what the outbox holds for change v (the writer's
+// sequence number): its records (status, segment), or none; how many
+// claims have no records; and how many changes are in two records.
+func (r *faultRig) outboxHolds(v int64) string {
 	recs, err := outbox.ReadRecords(context.Background(), r.db, r.stateDB, "%")
 	if err != nil {
-		return out + "; outbox: " + err.Error()
+		return "outbox: " + err.Error()
 	}
+	out := fmt.Sprintf("%d records", len(recs))
+	seen := make(map[int64]bool, len(recs))
+	twice := 0
+	for _, rec := range recs {
+		if got, err := afterV(rec.Payload); err == nil {
+			if seen[got] {
+				twice++
+			}
+			seen[got] = true
+		}
+	}
+	out += fmt.Sprintf(", %d changes in two records", twice)
 	// A claim whose unit's first record is not in the outbox is a change
 	// claimed and never written (the enqueue side lost it).
 	ids := make(map[string]bool, len(recs))
@@ -514,13 +540,13 @@ func (r *faultRig) diagnose(got, want []int64) string {
 	var found []string
 	for _, rec := range recs {
 		if got, err := afterV(rec.Payload); err == nil && got == v {
-			found = append(found, fmt.Sprintf("record %s change key %s status %s segment %q", rec.ID, rec.ChangeKey, rec.Status, rec.InSegment))
+			found = append(found, fmt.Sprintf("record %s change key %s status %s segment %q (%s)", rec.ID, rec.ChangeKey, rec.Status, rec.InSegment, r.rcv.sawID(rec.ID)))
 		}
 	}
 	if len(found) == 0 {
-		return out + "; the outbox holds no record of it (never enqueued)"
+		return out + fmt.Sprintf("; the outbox holds no record of change %d (never enqueued)", v)
 	}
-	return out + "; the outbox holds " + strings.Join(found, ", ")
+	return out + fmt.Sprintf("; for change %d the outbox holds ", v) + strings.Join(found, ", ")
 }
 
 // afterV is the writer's sequence number in a record: its after image's v.
@@ -534,17 +560,17 @@ func afterV(payload []byte) (int64, error) {
 	return env.After.V, err
 }
 
-// missing describes committed changes not delivered (for failures).
-func (r *faultRig) missing() string {
+// missing describes committed changes not delivered (for failures), and
+// with detail what the outbox holds for the first of them.
+func (r *faultRig) missing(detail bool) string {
 	delivered := map[int64]bool{}
 	for _, vs := range r.rcv.byKey() {
 		for _, v := range vs {
 			delivered[v] = true
 		}
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	var miss []int64
+	r.mu.Lock()
 	for _, vs := range r.committed {
 		for _, v := range vs {
 			if !delivered[v] {
@@ -552,10 +578,13 @@ func (r *faultRig) missing() string {
 			}
 		}
 	}
+	r.mu.Unlock()
 	slices.Sort(miss)
-	var records int
-	_ = r.db.QueryRow("SELECT COALESCE(SUM(records), 0) FROM `" + r.stateDB + "`.segments").Scan(&records)
-	return fmt.Sprintf("%d changes, first %v; %d records in the outbox", len(miss), miss[:min(len(miss), 10)], records)
+	out := fmt.Sprintf("%d changes, first %v", len(miss), miss[:min(len(miss), 10)])
+	if detail && len(miss) > 0 {
+		out += "; " + r.outboxHolds(miss[0])
+	}
+	return out
 }
 
 func trim(s []int64) []int64 {
@@ -647,13 +676,14 @@ type faultReceiver struct {
 
 	mu      sync.Mutex
 	byID    map[string]int
-	keys    map[int][]int64 // key → v of first deliveries, in arrival order
-	arrived []time.Time     // successful requests' arrival times
+	firstV  map[string]int64 // id → v of its first delivery
+	keys    map[int][]int64  // key → v of first deliveries, in arrival order
+	arrived []time.Time      // successful requests' arrival times
 	redeliv int
 }
 
 func newFaultReceiver(t *testing.T) *faultReceiver {
-	f := &faultReceiver{byID: map[string]int{}, keys: map[int][]int64{}, retryAfter: "2"}
+	f := &faultReceiver{byID: map[string]int{}, firstV: map[string]int64{}, keys: map[int][]int64{}, retryAfter: "2"}
 	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		body, _ := io.ReadAll(req.Body)
 		if f.failing.Load() {
@@ -678,6 +708,7 @@ func newFaultReceiver(t *testing.T) *faultReceiver {
 		f.byID[env.ID]++
 		if f.byID[env.ID] == 1 {
 			f.keys[env.Key.ID] = append(f.keys[env.Key.ID], env.After.V)
+			f.firstV[env.ID] = env.After.V
 		} else {
 			f.redeliv++
 		}
@@ -686,6 +717,17 @@ func newFaultReceiver(t *testing.T) *faultReceiver {
 	}))
 	t.Cleanup(f.srv.Close)
 	return f
+}
+
+// sawID says how often the receiver got record id, and the change its
+// first delivery carried.
+func (f *faultReceiver) sawID(id string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.byID[id] == 0 {
+		return "the receiver never got its id"
+	}
+	return fmt.Sprintf("the receiver got its id %d times, first with change %d", f.byID[id], f.firstV[id])
 }
 
 func (f *faultReceiver) redeliveries() int {
