@@ -8,7 +8,11 @@ import (
 )
 
 // echoServer echoes every line back.
-func echoServer(t *testing.T) string {
+func echoServer(t *testing.T) string { return recordingEchoServer(t, nil) }
+
+// recordingEchoServer echoes every line back, after sending it on got
+// unless got is nil.
+func recordingEchoServer(t *testing.T, got chan<- string) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -29,6 +33,9 @@ func echoServer(t *testing.T) string {
 					if err != nil {
 						return
 					}
+					if got != nil {
+						got <- line
+					}
 					if _, err := c.Write([]byte(line)); err != nil {
 						return
 					}
@@ -47,19 +54,26 @@ func roundTrip(c net.Conn, r *bufio.Reader, timeout time.Duration) (string, erro
 	return r.ReadString('\n')
 }
 
-// Forwarding, a blackhole that holds data until healed, a reset that
-// aborts open connections, and refusal of new ones.
-func TestProxyFaults(t *testing.T) {
-	p, err := Start(echoServer(t))
+// proxyTo starts a proxy to addr and dials it; both close with the test.
+func proxyTo(t *testing.T, addr string) (*Proxy, net.Conn) {
+	t.Helper()
+	p, err := Start(addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer p.Close()
+	t.Cleanup(p.Close)
 	c, err := net.Dial("tcp", p.Addr())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	t.Cleanup(func() { c.Close() })
+	return p, c
+}
+
+// Forwarding, a blackhole that holds data until healed, a reset that
+// aborts open connections, and refusal of new ones.
+func TestProxyFaults(t *testing.T) {
+	p, c := proxyTo(t, echoServer(t))
 	r := bufio.NewReader(c)
 	if got, err := roundTrip(c, r, 2*time.Second); err != nil || got != "ping\n" {
 		t.Fatalf("forwarded = %q, %v; want ping", got, err)
@@ -107,44 +121,9 @@ func TestProxyFaults(t *testing.T) {
 // the client's connection is reset instead of answered; other requests
 // are answered; after Heal the pattern is answered too.
 func TestProxyLosesAnswers(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
 	got := make(chan string, 4)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				r := bufio.NewReader(c)
-				for {
-					line, err := r.ReadString('\n')
-					if err != nil {
-						return
-					}
-					got <- line
-					if _, err := c.Write([]byte(line)); err != nil {
-						return
-					}
-				}
-			}()
-		}
-	}()
-	p, err := Start(ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	c, err := net.Dial("tcp", p.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	addr := recordingEchoServer(t, got)
+	p, c := proxyTo(t, addr)
 	p.LoseAnswersTo("ping")
 	c0, err := net.Dial("tcp", p.Addr())
 	if err != nil {
