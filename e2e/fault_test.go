@@ -505,24 +505,27 @@ func (r *faultRig) outboxHolds(v int64) string {
 	if err != nil {
 		return "outbox: " + err.Error()
 	}
-	out := fmt.Sprintf("%d records", len(recs))
+	// One pass: a claim whose unit's first record is not in the outbox is a
+	// change claimed and never written (the enqueue side lost it).
+	ids := make(map[string]bool, len(recs))
 	seen := make(map[int64]bool, len(recs))
 	twice := 0
-	for _, rec := range recs {
-		if got, err := afterV(rec.Payload); err == nil {
-			if seen[got] {
-				twice++
-			}
-			seen[got] = true
-		}
-	}
-	out += fmt.Sprintf(", %d changes in two records", twice)
-	// A claim whose unit's first record is not in the outbox is a change
-	// claimed and never written (the enqueue side lost it).
-	ids := make(map[string]bool, len(recs))
+	var found []string
 	for _, rec := range recs {
 		ids[rec.ID] = true
+		got, err := afterV(rec.Payload)
+		if err != nil {
+			continue
+		}
+		if seen[got] {
+			twice++
+		}
+		seen[got] = true
+		if got == v {
+			found = append(found, fmt.Sprintf("record %s change key %s status %s segment %q (%s)", rec.ID, rec.ChangeKey, rec.Status, rec.InSegment, r.rcv.sawID(rec.ID)))
+		}
 	}
+	out := fmt.Sprintf("%d records, %d changes in two records", len(recs), twice)
 	var orphans []string
 	rows, err := r.db.Query("SELECT change_key, COALESCE(outbox_id, '') FROM `" + r.stateDB + "`.claims")
 	if err != nil {
@@ -536,12 +539,6 @@ func (r *faultRig) outboxHolds(v int64) string {
 		}
 		rows.Close()
 		out += fmt.Sprintf("; %d claims without their records %v", len(orphans), orphans[:min(len(orphans), 5)])
-	}
-	var found []string
-	for _, rec := range recs {
-		if got, err := afterV(rec.Payload); err == nil && got == v {
-			found = append(found, fmt.Sprintf("record %s change key %s status %s segment %q (%s)", rec.ID, rec.ChangeKey, rec.Status, rec.InSegment, r.rcv.sawID(rec.ID)))
-		}
 	}
 	if len(found) == 0 {
 		return out + fmt.Sprintf("; the outbox holds no record of change %d (never enqueued)", v)

@@ -28,7 +28,6 @@ type Proxy struct {
 	hole   bool          // blackholed: pumps hold their data
 	refuse bool          // new connections are closed at once
 	cut    []byte        // answers lost to requests holding cut (LoseAnswersTo)
-	cutAll bool          // … or to every request
 	lost   int           // links reset for a lost answer
 	delay  time.Duration // added before each forwarded chunk
 	conns  map[*link]struct{}
@@ -81,11 +80,10 @@ func (p *Proxy) Refuse() {
 // LoseAnswersTo makes the answers to requests holding pattern (every
 // request, for "") get lost, until Heal: the request reaches the server
 // (a statement runs, a COMMIT commits) and, when the server answers, the
-// link is reset instead. With "", a new connection dies at the server's
-// greeting.
+// link is reset instead.
 func (p *Proxy) LoseAnswersTo(pattern string) {
 	p.mu.Lock()
-	p.cut, p.cutAll = []byte(pattern), pattern == ""
+	p.cut = []byte(pattern)
 	p.mu.Unlock()
 }
 
@@ -99,7 +97,7 @@ func (p *Proxy) Lost() int {
 // Heal ends a blackhole, refusal and lost answers: held data is forwarded.
 func (p *Proxy) Heal() {
 	p.mu.Lock()
-	p.hole, p.refuse, p.cut, p.cutAll = false, false, nil, false
+	p.hole, p.refuse, p.cut = false, false, nil
 	p.cond.Broadcast()
 	p.mu.Unlock()
 }
@@ -217,7 +215,7 @@ func (p *Proxy) pump(l *link, dst, src net.Conn) {
 			if dst == l.server && p.cut != nil && bytes.Contains(buf[:n], p.cut) {
 				l.asked = true
 			}
-			cut := dst == l.client && !dead && (p.cutAll || l.asked && p.cut != nil)
+			cut := dst == l.client && !dead && l.asked && p.cut != nil
 			if cut {
 				l.dead = true
 				p.lost++
