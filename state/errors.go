@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"reflect"
 	"syscall"
 
 	"github.com/go-sql-driver/mysql"
@@ -60,14 +61,15 @@ func Refused(err error) bool {
 // restart, a shutdown, a killed or timed-out session, a network failure —
 // rather than a statement the server refused. A retry on a new connection
 // may succeed. It decides by the error's type and server error number
-// (errors.Is / errors.As), never by its text.
+// (errors.Is / errors.As), not by its text, with one exception:
+// go-sql-driver's unexported errBadConnNoWrite (driverNoWrite).
 func ConnectionLost(err error) bool {
 	if err == nil {
 		return false
 	}
 	var ne net.Error
 	switch {
-	case errors.As(err, &ne),
+	case errors.As(err, &ne), driverNoWrite(err),
 		errors.Is(err, driver.ErrBadConn), errors.Is(err, mysql.ErrInvalidConn),
 		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
 		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE):
@@ -80,3 +82,22 @@ func ConnectionLost(err error) bool {
 	}
 	return false
 }
+
+// driverNoWrite reports go-sql-driver's errBadConnNoWrite in err's chain:
+// a write that failed before sending a byte. The driver maps it to
+// driver.ErrBadConn on its statement paths, but not on all (a new
+// connection whose handshake write fails returns it as is), and then it
+// reached the engine as a fatal "read backfill fences: bad connection"
+// during a storm of connection resets. It is unexported, so it is known
+// by its type (errors.New's) and exact text; TestDriverNoWriteIsLost
+// pins it to the driver's own value.
+func driverNoWrite(err error) bool {
+	for ; err != nil; err = errors.Unwrap(err) {
+		if reflect.TypeOf(err) == errorsNewType && err.Error() == "bad connection" {
+			return true
+		}
+	}
+	return false
+}
+
+var errorsNewType = reflect.TypeOf(errors.New(""))

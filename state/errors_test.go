@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"testing"
 	"time"
+	_ "unsafe" // go:linkname
 
 	"github.com/go-sql-driver/mysql"
 
@@ -169,3 +170,29 @@ func TestConnectionLostIgnoresText(t *testing.T) {
 		t.Error("ConnectionLost(nil) = true")
 	}
 }
+
+// driverErrBadConnNoWrite is go-sql-driver's own unexported sentinel.
+//
+//go:linkname driverErrBadConnNoWrite github.com/go-sql-driver/mysql.errBadConnNoWrite
+var driverErrBadConnNoWrite error
+
+// TestDriverNoWriteIsLost: the driver's errBadConnNoWrite, which some of
+// its paths return without mapping it to driver.ErrBadConn, is a lost
+// connection, wrapped or not; the same text in another type is not.
+func TestDriverNoWriteIsLost(t *testing.T) {
+	if driverErrBadConnNoWrite == nil {
+		t.Fatal("go-sql-driver's errBadConnNoWrite is not linked")
+	}
+	for _, err := range []error{driverErrBadConnNoWrite, fmt.Errorf("read backfill fences: %w", driverErrBadConnNoWrite)} {
+		if !ConnectionLost(err) {
+			t.Errorf("ConnectionLost(%v) = false, want true", err)
+		}
+	}
+	if ConnectionLost(textError("bad connection")) {
+		t.Error(`ConnectionLost(textError("bad connection")) = true: only the driver's sentinel type counts`)
+	}
+}
+
+type textError string
+
+func (e textError) Error() string { return string(e) }
