@@ -13,6 +13,7 @@ import (
 	"github.com/cdcout/cdcout/internal/faultproxy"
 	"github.com/cdcout/cdcout/internal/mysqltest"
 	"github.com/cdcout/cdcout/internal/wait"
+	"github.com/cdcout/cdcout/state"
 )
 
 // proxiedDB opens the shared server through a fault proxy.
@@ -196,6 +197,55 @@ func TestStuckSegmentClaimIsTakenBack(t *testing.T) {
 		defer log.mu.Unlock()
 		r.checkSegmentKeyOrder(t, log.byKey)
 	})
+}
+
+// A claim of ours on a segment that our segment pass does not hold is
+// taken at once, not left to lapse. It is what a claim whose answer was
+// lost leaves when its release reached the server first: the reset
+// connection's UPDATE was still under way there, and it claimed the
+// segment after the release (seen in the fault test's storm of resets,
+// 150 in 10 s: the pipe held for the claim lease). The rig makes that
+// state directly: the oldest segment claimed by us for 5 minutes, nothing
+// of ours in flight. A hold of ours whose release failed is not taken
+// early: its stuck claim says when it ends.
+func TestLeftoverSegmentClaimOfOursIsTaken(t *testing.T) {
+	r := newSegmentFaultRig(t)
+	log := newDeliveryLog()
+	d := r.drainer(t, PipeConfig{Sink: log.sink()})
+	p := d.pipes[0]
+	oldest := func() string {
+		var id string
+		if err := r.st.db.QueryRow("SELECT MIN(id) FROM " + state.Table(r.st.schema, "segments")).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	claimByUs := func(id string) {
+		if _, err := r.st.db.Exec("UPDATE "+state.Table(r.st.schema, "segments")+
+			" SET claimer = ?, next_attempt_at = NOW(6) + INTERVAL 5 MINUTE, attempts = attempts + 1 WHERE id = ?", d.claimer, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held := oldest()
+	claimByUs(held)
+	p.setStuck(&stuckClaim{id: held, notBefore: time.Now().Add(time.Hour)})
+	if seg, err := p.claimSegment(context.Background()); err != nil || seg != nil {
+		t.Fatalf("claim while our hold of %s stands = %+v, %v; want nothing (the hold waits for its end)", held, seg, err)
+	}
+	p.setStuck(nil)
+	start := time.Now()
+	drainUntil(t, d, "every segment delivered", func() bool {
+		return r.st.count(t, "SELECT COUNT(*) FROM {segments} WHERE status <> 'done'") == 0
+	})
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("the segments took %v, want within seconds (not the claim lease)", took)
+	}
+	if n := r.st.count(t, "SELECT COUNT(*) FROM {segments} WHERE id = ? AND attempts = 2", held); n != 1 {
+		t.Fatalf("segment %s: want it claimed once more by the pass (attempts 2)", held)
+	}
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	r.checkSegmentKeyOrder(t, log.byKey)
 }
 
 // Issue 14, defect 1, for rows: claimed rows whose release failed because

@@ -415,10 +415,21 @@ func (p *pipeDrainer) claimSegment(ctx context.Context) (*segment, error) {
 		return nil, fmt.Errorf("segment %s of %s: %w", id, p.name, errWaits)
 	}
 	// Due: unclaimed and not held (next_attempt_at is its creation or
-	// release), a lapsed claim, or a hold that ended.
+	// release), a lapsed claim, or a hold that ended; or claimed by us and
+	// in nobody's hands, unless it is our stuck claim (a hold whose
+	// release failed waits for its end). Only this pass claims the pipe's
+	// segments with our claimer, and it holds none while it claims, so
+	// such a claim is a leftover: a claim whose answer was lost and whose
+	// release ran before the server ran the claim (a reset connection's
+	// statement still under way there). Left to lapse, it held the pipe
+	// for the claim lease.
+	due, where := `s.next_attempt_at <= NOW(6)`, []any{id}
+	if !p.stuckOn(id) {
+		due, where = `(s.next_attempt_at <= NOW(6) OR s.claimer = ?)`, append(where, d.claimer)
+	}
 	q, args := d.claimUpdate(l, fenced, d.segments+` s`,
 		`s.claimer = ?, s.next_attempt_at = NOW(6) + INTERVAL ? MICROSECOND, s.attempts = s.attempts + 1`,
-		`s.id = ? AND s.status = 'pending' AND s.next_attempt_at <= NOW(6)`, []any{id})
+		`s.id = ? AND s.status = 'pending' AND `+due, where)
 	res, err := d.cfg.DB.ExecContext(cctx, q, args...)
 	if err != nil {
 		p.releaseSegment(cctx, id)
@@ -532,6 +543,13 @@ func detached(left []leftRecord) bool {
 		}
 	}
 	return false
+}
+
+// stuckOn reports whether id is our stuck claim, not yet taken back.
+func (p *pipeDrainer) stuckOn(id string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stuck != nil && p.stuck.id == id
 }
 
 func (p *pipeDrainer) setStuck(c *stuckClaim) {
