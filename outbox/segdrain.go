@@ -75,6 +75,9 @@ type segment struct {
 	// more: a newer segment of the pipe was pending when this one was
 	// found, so the next is read while this one is delivered (readAhead).
 	more bool
+	// Of a segment read ahead: when, and under which drain lease epoch.
+	readAt    time.Time
+	readEpoch uint64
 }
 
 // leftRecord is a record that leaves its segment as an outbox row.
@@ -210,11 +213,21 @@ func (p *pipeDrainer) drainSegment(ctx context.Context) (int, error) {
 // own delivery, ours). Its claim then checks, in the one UPDATE, that it
 // is still pending and due and that its attempts are those it read, so
 // nobody claimed it in between; if not, the loop finds, claims and reads
-// as before. Anything else (a hold, a record left as a row, a release, an
+// as before. What was read is trusted for aheadMaxAge, and only under the
+// drain lease epoch it was read under. Anything else (a hold, a record left as a row, a release, an
 // error) drops what was read: it was never claimed, so there is nothing to
 // give back. Pipes whose segments wait for other pipes' records (sinks
 // with transactions) do not read ahead: their waits are decided per
 // segment (oldestSegment).
+
+// aheadMaxAge bounds how long what was read ahead is trusted, and only
+// under the drain lease epoch it was read under: what it says of the
+// pipe's pending rows holds only while no other drainer delivered the
+// pipe's segments since (a drainer that lost its lease, and took it back
+// after another had delivered segments that left rows, would otherwise
+// send a key's newer record ahead of its older row). The next pass
+// usually comes within milliseconds.
+const aheadMaxAge = time.Second
 
 // readAhead starts reading seg's successor when there is one to read; the
 // channel yields it (nil when there was none or reading failed: the loop
@@ -223,13 +236,22 @@ func (p *pipeDrainer) readAhead(ctx context.Context, seg *segment) <-chan *segme
 	if !seg.more || p.endRecords || p.beginPipe != "" {
 		return nil
 	}
+	l, _, err := p.drainLease()
+	if err != nil {
+		return nil
+	}
 	ch := make(chan *segment, 1)
 	go func() {
 		rctx, cancel := context.WithTimeout(ctx, p.d.stmtTimeout)
 		defer cancel()
+		at := time.Now()
 		next, err := p.readNext(rctx, seg.id)
 		if err != nil {
 			p.log.Debug("read ahead", zap.String("after", seg.id), zap.Error(err))
+			next = nil
+		}
+		if next != nil {
+			next.readAt, next.readEpoch = at, l.Epoch
 		}
 		ch <- next
 	}()
@@ -401,12 +423,13 @@ func (p *pipeDrainer) claimSegment(ctx context.Context) (*segment, error) {
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	if ahead := p.ahead; ahead != nil {
+	if ahead := p.ahead; ahead != nil && ahead.readEpoch == l.Epoch && time.Since(ahead.readAt) < aheadMaxAge {
 		p.ahead = nil
 		if seg, err := p.claimAhead(cctx, l, fenced, ahead); seg != nil || err != nil {
 			return seg, err
 		}
 	}
+	p.ahead = nil // too old to trust, or read under another lease
 	id, wait, more, err := p.oldestSegment(ctx)
 	if err != nil || id == "" {
 		return nil, err

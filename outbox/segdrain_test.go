@@ -608,3 +608,50 @@ func idOfKey(t *testing.T, st *testState, ck string) string {
 	t.Fatalf("no record of change key %s", ck)
 	return ""
 }
+
+// What was read ahead is claimed as read only soon after the read and
+// under the drain lease it was read under: a drainer that lost its lease
+// and took it back may find rows left by another's segments meanwhile,
+// which the read said nothing of. Otherwise the segment is found, claimed
+// and read again.
+func TestStaleReadAheadIsReadAgain(t *testing.T) {
+	st := newTestState(t)
+	const pipe = "a:app.users:seg"
+	enqueueTxns(t, st, pipe, 2, 5)
+	log := newDeliveryLog()
+	d := st.drainer(t, "d1", map[string]PipeConfig{pipe: {Sink: log.sink()}}, nil)
+	p := d.pipes[0]
+	next, err := p.readNext(context.Background(), "")
+	if err != nil || next == nil {
+		t.Fatalf("read ahead: %v, %v", next, err)
+	}
+	for _, tc := range []struct {
+		name  string
+		at    time.Time
+		epoch uint64
+		ahead bool
+	}{
+		{"fresh", time.Now(), 0, true},
+		{"old", time.Now().Add(-2 * aheadMaxAge), 0, false},
+		{"another epoch", time.Now(), 7, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st.exec(t, "UPDATE "+state.Table(st.schema, "segments")+" SET claimer = 0, next_attempt_at = NOW(6), attempts = 0")
+			seg := *next
+			seg.recs = append([]segRecord(nil), next.recs...)
+			seg.attempt, seg.readAt, seg.readEpoch = 0, tc.at, tc.epoch
+			p.ahead = &seg
+			before := d.claimedAhead.Load()
+			got, err := p.claimSegment(context.Background())
+			if err != nil || got == nil || got.id != next.id {
+				t.Fatalf("claim: %v, %v; want segment %s", got, err, next.id)
+			}
+			if ahead := d.claimedAhead.Load() > before; ahead != tc.ahead {
+				t.Fatalf("claimed as read ahead: %v, want %v", ahead, tc.ahead)
+			}
+			if p.ahead != nil {
+				t.Fatal("the read ahead is still kept after the claim")
+			}
+		})
+	}
+}
