@@ -409,7 +409,7 @@ sinks:
 		envs = append(envs, d.env)
 	}
 	if got := len(hookIDs); got != n {
-		t.Errorf("receiver got %d distinct changes, want %d", got, n)
+		t.Errorf("receiver got %d distinct changes, want %d; not delivered: %s", got, n, undelivered(db, stateDB, rows, hookIDs))
 	}
 	for _, v := range orderViolations(envs) {
 		t.Errorf("receiver per-key order: %s", v)
@@ -432,4 +432,40 @@ func roundAll(ds []time.Duration) []string {
 		out = append(out, d.Round(10*time.Millisecond).String())
 	}
 	return out
+}
+
+// undelivered says where the outbox holds the changes the receiver never
+// got: per segment (or row), the count, the record ids first and last,
+// and the segment's state, for a failure message.
+func undelivered(db *sql.DB, stateDB string, rows []outboxRow, got map[change]string) string {
+	type where struct{ segment, status string }
+	count := map[where]int{}
+	first := map[where]string{}
+	var order []where
+	for _, r := range rows {
+		if _, ok := got[r.env.change()]; ok {
+			continue
+		}
+		w := where{r.segment, string(r.status)}
+		if count[w] == 0 {
+			order = append(order, w)
+			first[w] = r.id
+		}
+		count[w]++
+	}
+	var parts []string
+	for _, w := range order[:min(len(order), 8)] {
+		desc := fmt.Sprintf("%d in ", count[w])
+		if w.segment == "" {
+			desc += "rows"
+		} else {
+			var recs, attempts int
+			var claimer int64
+			var status string
+			err := db.QueryRow("SELECT status, records, attempts, claimer FROM `"+stateDB+"`.segments WHERE id = ?", w.segment).Scan(&status, &recs, &attempts, &claimer)
+			desc += fmt.Sprintf("segment %s (%s, %d records, %d attempts, claimer %d, err %v)", w.segment, status, recs, attempts, claimer, err)
+		}
+		parts = append(parts, desc+fmt.Sprintf(" status %s, first record %s", w.status, first[w]))
+	}
+	return fmt.Sprintf("%d places: %s", len(order), strings.Join(parts, "; "))
 }

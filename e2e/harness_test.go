@@ -373,6 +373,7 @@ type outboxRow struct {
 	id, pipe, changeKey string
 	status              outbox.Status
 	env                 envelope
+	segment             string // the segment holding it, "" for a row
 }
 
 // readOutbox returns every record enqueued, each once, as
@@ -385,7 +386,7 @@ func readOutbox(t testing.TB, db *sql.DB, stateDB string) []outboxRow {
 	}
 	out := make([]outboxRow, 0, len(recs))
 	for _, rec := range recs {
-		r := outboxRow{id: rec.ID, pipe: rec.Pipe, changeKey: rec.ChangeKey, status: rec.Status}
+		r := outboxRow{id: rec.ID, pipe: rec.Pipe, changeKey: rec.ChangeKey, status: rec.Status, segment: rec.InSegment}
 		if r.env, err = parseEnvelope(rec.Payload); err != nil {
 			t.Fatalf("outbox record %s: %v", r.id, err)
 		}
