@@ -435,7 +435,7 @@ func roundAll(ds []time.Duration) []string {
 }
 
 // undelivered says where the outbox holds the changes the receiver never
-// got: per segment (or row), the count, the record ids first and last,
+// got: per segment (or row), the count, the first record id,
 // and the segment's state, for a failure message.
 func undelivered(db *sql.DB, stateDB string, rows []outboxRow, got map[change]string) string {
 	type where struct{ segment, status string }

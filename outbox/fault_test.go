@@ -300,3 +300,35 @@ func TestUnreleasedRowClaimIsTakenBack(t *testing.T) {
 		checkKeyOrder(t, snk.got, r.order)
 	})
 }
+
+// A read ahead that fails yields nothing. readNext, reading the payload
+// alone (the segment kept in memory was another), used to return the
+// segment it had found with the payload's error and no records; the read
+// ahead kept it, and the next pass claimed a segment of no records,
+// delivered nothing and marked it done: a whole segment lost.
+func TestFailedReadAheadYieldsNothing(t *testing.T) {
+	r := newSegmentFaultRig(t)
+	recent := NewRecent(1 << 20)
+	d := r.st.drainer(t, "d1", map[string]PipeConfig{r.pipe: {Sink: newDeliveryLog().sink()}}, func(c *DrainerConfig) {
+		c.DB = r.db
+		c.Recent = recent
+	})
+	p := d.pipes[0]
+	var first string
+	if err := r.st.db.QueryRow("SELECT MIN(id) FROM " + state.Table(r.st.schema, "segments")).Scan(&first); err != nil {
+		t.Fatal(err)
+	}
+	// Kept: a later segment than the one next, so its payload is read alone.
+	recent.put("ffffffff-ffff-7fff-bfff-ffffffffffff", r.pipe, []byte{segmentVersion})
+	r.proxy.LoseAnswersTo("SELECT payload FROM")
+	defer r.proxy.Heal()
+	if next, err := p.readNext(context.Background(), first); next != nil || err == nil {
+		t.Fatalf("readNext with its payload's answer lost = %+v, %v; want nothing and the error", next, err)
+	}
+	if next := <-p.readAhead(context.Background(), &segment{id: first, more: true}); next != nil {
+		t.Fatalf("read ahead with its payload's answer lost yielded segment %s of %d records; want nothing", next.id, len(next.recs))
+	}
+	if r.proxy.Lost() == 0 {
+		t.Fatal("no answer was lost: the test did not reach the payload read")
+	}
+}

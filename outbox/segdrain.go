@@ -214,9 +214,9 @@ func (p *pipeDrainer) drainSegment(ctx context.Context) (int, error) {
 // is still pending and due and that its attempts are those it read, so
 // nobody claimed it in between; if not, the loop finds, claims and reads
 // as before. What was read is trusted for aheadMaxAge, and only under the
-// drain lease epoch it was read under. Anything else (a hold, a record left as a row, a release, an
-// error) drops what was read: it was never claimed, so there is nothing to
-// give back. Pipes whose segments wait for other pipes' records (sinks
+// drain lease epoch it was read under. Anything else (a hold, a record
+// left as a row, a release, an error) drops what was read: it was never
+// claimed, so there is nothing to give back. Pipes whose segments wait for other pipes' records (sinks
 // with transactions) do not read ahead: their waits are decided per
 // segment (oldestSegment).
 
@@ -248,7 +248,6 @@ func (p *pipeDrainer) readAhead(ctx context.Context, seg *segment) <-chan *segme
 		next, err := p.readNext(rctx, seg.id)
 		if err != nil {
 			p.log.Debug("read ahead", zap.String("after", seg.id), zap.Error(err))
-			next = nil
 		}
 		if next != nil {
 			next.readAt, next.readEpoch = at, l.Epoch
@@ -270,7 +269,9 @@ func (p *pipeDrainer) keepAhead(ahead <-chan *segment, clean bool) {
 }
 
 // readNext reads and parses the pipe's oldest pending segment after id,
-// without claiming it.
+// without claiming it; nil with any error (a segment found whose payload
+// was not read has no records: claimed as read, it would be marked done
+// with nothing sent).
 func (p *pipeDrainer) readNext(ctx context.Context, after string) (*segment, error) {
 	d := p.d
 	// With the payload of the segment most likely next kept, it is left
@@ -304,18 +305,20 @@ WHERE s.pipe = ? AND s.status = 'pending' AND s.id > ? ORDER BY s.id LIMIT 1`, p
 		if seg.recs, err = d.parseKept(kept); err != nil {
 			return nil, err
 		}
-		return seg, rows.Close()
-	}
-	if kept != nil {
+	} else if kept != nil {
 		if err := rows.Close(); err != nil {
 			return nil, err
 		}
-		return seg, d.readPayload(ctx, seg)
-	}
-	if seg.recs, err = parsePayload(raw); err != nil {
+		if err := d.readPayload(ctx, seg); err != nil {
+			return nil, err
+		}
+	} else if seg.recs, err = parsePayload(raw); err != nil {
 		return nil, err
 	}
-	return seg, rows.Close()
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	return seg, nil
 }
 
 // readPayload reads and parses seg's payload alone.
@@ -423,13 +426,15 @@ func (p *pipeDrainer) claimSegment(ctx context.Context) (*segment, error) {
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	if ahead := p.ahead; ahead != nil && ahead.readEpoch == l.Epoch && time.Since(ahead.readAt) < aheadMaxAge {
-		p.ahead = nil
+	// What was read ahead serves this claim or none: too old to trust,
+	// or read under another lease, it is dropped.
+	ahead := p.ahead
+	p.ahead = nil
+	if ahead != nil && ahead.readEpoch == l.Epoch && time.Since(ahead.readAt) < aheadMaxAge {
 		if seg, err := p.claimAhead(cctx, l, fenced, ahead); seg != nil || err != nil {
 			return seg, err
 		}
 	}
-	p.ahead = nil // too old to trust, or read under another lease
 	id, wait, more, err := p.oldestSegment(ctx)
 	if err != nil || id == "" {
 		return nil, err
